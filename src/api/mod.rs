@@ -1,0 +1,107 @@
+//! The programming model: what a rank function sees.
+//!
+//! Modules follow the MPI standard's chapters, with rsmpi's names:
+//! [`comm`] (point-to-point, communicators), [`collective`], [`window`]
+//! (one-sided RMA), [`datatype`] (element types and reduction operations).
+//! The entry point is [`Ctx`], handed to the rank function by [`crate::run`].
+
+pub mod collective;
+pub mod comm;
+pub mod datatype;
+pub mod window;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::engine::Engine;
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+use comm::Communicator;
+
+/// A rank's handle on the runtime, passed to the rank function.
+///
+/// A rank function is *restartable*: after a failure the runtime calls it
+/// again, and [`Ctx::restore_or_else`] returns the state of the checkpoint
+/// recovery selected (or runs `init` on a fresh start).
+pub struct Ctx {
+    engine: Rc<RefCell<Engine>>,
+    world: Communicator,
+}
+
+impl Ctx {
+    pub(crate) fn new(engine: Rc<RefCell<Engine>>) -> Self {
+        let world = Communicator::world(engine.clone());
+        Ctx { engine, world }
+    }
+
+    /// The communicator of all ranks (MPI_COMM_WORLD).
+    pub fn world(&self) -> Communicator {
+        self.world.clone()
+    }
+
+    /// This rank in the world.
+    pub fn rank(&self) -> Rank {
+        self.world.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.world.size()
+    }
+
+    /// The placement of ranks into failure domains.
+    pub fn placement(&self) -> Placement {
+        self.engine.borrow().placement().clone()
+    }
+
+    /// The protected state: restored from the checkpoint that recovery
+    /// selected, or `init()` when the rank starts fresh. Call it once, before
+    /// the first [`Ctx::checkpoint`].
+    pub fn restore_or_else<S, F>(&mut self, init: F) -> Result<S>
+    where
+        S: DeserializeOwned,
+        F: FnOnce() -> S,
+    {
+        let mut e = self.engine.borrow_mut();
+        e.enter()?;
+        match e.take_restored_app() {
+            Some(bytes) => postcard::from_bytes(&bytes).map_err(|err| Error::CorruptCheckpoint {
+                owner: e.rank(),
+                generation: e.restored_generation().unwrap_or(0),
+                detail: format!("application state does not decode as the requested type: {err}"),
+            }),
+            None => Ok(init()),
+        }
+    }
+
+    /// A safe point: the protocol may checkpoint `state` here (with the
+    /// runtime's own state: unexpected messages, window memory, counters).
+    /// All ranks must call it the same number of times.
+    pub fn checkpoint<S: Serialize>(&mut self, state: &S) -> Result<()> {
+        let mut ser = || postcard::to_allocvec(state).map_err(Error::from);
+        self.engine.borrow_mut().safe_point(&mut ser)
+    }
+
+    /// Report how far the job is (0..=1). Kills given as `R@P%` use it.
+    pub fn set_progress(&self, fraction: f64) {
+        self.engine.borrow_mut().set_progress(fraction);
+    }
+
+    /// Safe points this rank has passed (restored with the checkpoint).
+    pub fn safe_points(&self) -> u64 {
+        self.engine.borrow().safe_points()
+    }
+
+    /// The checkpoint generation this execution was restored from.
+    pub fn restored_generation(&self) -> Option<u64> {
+        self.engine.borrow().restored_generation()
+    }
+
+    /// Failure events seen so far (the world epoch).
+    pub fn epoch(&self) -> u64 {
+        self.engine.borrow().epoch()
+    }
+}

@@ -1,0 +1,280 @@
+//! One-sided communication: RMA windows (MPI chapter 11; 003 §2).
+//!
+//! A window is memory a rank exposes; other ranks read and change it with
+//! PUT/GET-family actions without the target's code running. Window memory is
+//! owned by the runtime (so it is saved and restored with checkpoints, and
+//! lost with its rank). Access happens inside epochs: a fence (GSYNC) opens one
+//! to every target, `lock`/`lock_all` open passive-target epochs, and `flush`
+//! and `unlock` close the epoch to a target (003 §2.2's `E(p -> q)`).
+
+use std::marker::PhantomData;
+
+use bytes::Bytes;
+
+use super::comm::Communicator;
+use super::datatype::{Equivalence, ReduceOp, slice_to_bytes, to_vec};
+use crate::driver::{LockType, RmaOp, RmaReply, WinId};
+use crate::{Error, Rank, Result};
+
+/// A window of `T` elements on every rank of a communicator.
+pub struct Window<T: Equivalence> {
+    comm: Communicator,
+    id: WinId,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Equivalence> std::fmt::Debug for Window<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Allocate a window of `len` zeroed elements on every rank (collective).
+    /// After a rollback, re-allocating it in the same order restores its
+    /// checkpointed contents.
+    pub fn allocate_window<T: Equivalence>(&self, len: usize) -> Result<Window<T>> {
+        let id = self.agree_context(1)?;
+        self.engine
+            .borrow_mut()
+            .window_create(id, len * std::mem::size_of::<T>())?;
+        self.barrier()?;
+        Ok(Window {
+            comm: self.clone(),
+            id,
+            len,
+            _t: PhantomData,
+        })
+    }
+}
+
+fn data_of(reply: RmaReply, id: WinId) -> Result<Bytes> {
+    match reply {
+        RmaReply::Data(b) => Ok(b),
+        other => Err(Error::Rma {
+            window: id,
+            detail: format!("expected data, driver replied {other:?}"),
+        }),
+    }
+}
+
+impl<T: Equivalence> Window<T> {
+    const ELEM: usize = std::mem::size_of::<T>();
+
+    fn op(&self, target: Rank, op: RmaOp) -> Result<RmaReply> {
+        let t = self.comm.world_rank(target)?;
+        self.comm.engine.borrow_mut().rma(self.id, t, op)
+    }
+
+    fn decode(&self, b: &[u8]) -> Result<Vec<T>> {
+        to_vec(b).ok_or(Error::Rma {
+            window: self.id,
+            detail: "reply is not a whole number of elements".into(),
+        })
+    }
+
+    /// The window's id.
+    pub fn id(&self) -> WinId {
+        self.id
+    }
+
+    /// Elements in this rank's part of the window.
+    pub fn local_len(&self) -> usize {
+        self.len
+    }
+
+    /// The communicator the window spans.
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// PUT: write `data` at element `offset` of `target`'s window.
+    pub fn put(&self, target: Rank, offset: usize, data: &[T]) -> Result<()> {
+        self.op(
+            target,
+            RmaOp::Put {
+                offset: offset * Self::ELEM,
+                data: slice_to_bytes(data),
+            },
+        )
+        .map(|_| ())
+    }
+
+    /// GET: read `len` elements at `offset` of `target`'s window.
+    pub fn get(&self, target: Rank, offset: usize, len: usize) -> Result<Vec<T>> {
+        let b = data_of(
+            self.op(
+                target,
+                RmaOp::Get {
+                    offset: offset * Self::ELEM,
+                    len: len * Self::ELEM,
+                },
+            )?,
+            self.id,
+        )?;
+        self.decode(&b)
+    }
+
+    /// Combining PUT: `target[offset..] = target[offset..] op data`.
+    pub fn accumulate(&self, target: Rank, offset: usize, data: &[T], op: ReduceOp) -> Result<()> {
+        self.op(
+            target,
+            RmaOp::Accumulate {
+                offset: offset * Self::ELEM,
+                data: slice_to_bytes(data),
+                dtype: T::DTYPE,
+                op,
+                fetch: false,
+            },
+        )
+        .map(|_| ())
+    }
+
+    /// Accumulate and return the previous contents, atomically.
+    pub fn get_accumulate(
+        &self,
+        target: Rank,
+        offset: usize,
+        data: &[T],
+        op: ReduceOp,
+    ) -> Result<Vec<T>> {
+        let b = data_of(
+            self.op(
+                target,
+                RmaOp::Accumulate {
+                    offset: offset * Self::ELEM,
+                    data: slice_to_bytes(data),
+                    dtype: T::DTYPE,
+                    op,
+                    fetch: true,
+                },
+            )?,
+            self.id,
+        )?;
+        self.decode(&b)
+    }
+
+    /// Atomically combine one element and return its previous value.
+    pub fn fetch_and_op(&self, target: Rank, offset: usize, operand: T, op: ReduceOp) -> Result<T> {
+        let v = self.get_accumulate(target, offset, &[operand], op)?;
+        v.first().copied().ok_or(Error::Rma {
+            window: self.id,
+            detail: "fetch_and_op returned nothing".into(),
+        })
+    }
+
+    /// Atomically: if the element equals `compare`, replace it by `swap`;
+    /// returns the previous value.
+    pub fn compare_and_swap(&self, target: Rank, offset: usize, compare: T, swap: T) -> Result<T> {
+        let b = data_of(
+            self.op(
+                target,
+                RmaOp::CompareAndSwap {
+                    offset: offset * Self::ELEM,
+                    compare: Bytes::copy_from_slice(bytemuck::bytes_of(&compare)),
+                    swap: Bytes::copy_from_slice(bytemuck::bytes_of(&swap)),
+                    dtype: T::DTYPE,
+                },
+            )?,
+            self.id,
+        )?;
+        self.decode(&b)?.first().copied().ok_or(Error::Rma {
+            window: self.id,
+            detail: "compare_and_swap returned nothing".into(),
+        })
+    }
+
+    /// GSYNC: complete all operations of every rank and open a new epoch to
+    /// every target (collective).
+    pub fn fence(&self) -> Result<()> {
+        self.comm.engine.borrow_mut().window_fence(self.id)?;
+        self.comm.barrier()
+    }
+
+    /// LOCK: open a passive-target epoch to `target`.
+    pub fn lock(&self, target: Rank, kind: LockType) -> Result<()> {
+        let t = self.comm.world_rank(target)?;
+        self.comm.engine.borrow_mut().window_lock(self.id, t, kind)
+    }
+
+    /// UNLOCK: complete operations to `target` and close the epoch.
+    pub fn unlock(&self, target: Rank) -> Result<()> {
+        let t = self.comm.world_rank(target)?;
+        self.comm.engine.borrow_mut().window_unlock(self.id, t)
+    }
+
+    /// A shared lock on every target.
+    pub fn lock_all(&self) -> Result<()> {
+        self.comm.engine.borrow_mut().window_lock_all(self.id)
+    }
+
+    /// Release `lock_all`.
+    pub fn unlock_all(&self) -> Result<()> {
+        self.comm.engine.borrow_mut().window_unlock_all(self.id)
+    }
+
+    /// FLUSH: complete operations to `target` (a new epoch begins).
+    pub fn flush(&self, target: Rank) -> Result<()> {
+        let t = self.comm.world_rank(target)?;
+        self.comm.engine.borrow_mut().window_flush(self.id, Some(t))
+    }
+
+    /// FLUSH to every target.
+    pub fn flush_all(&self) -> Result<()> {
+        self.comm.engine.borrow_mut().window_flush(self.id, None)
+    }
+
+    /// `E(p -> target)`: this origin's epoch number towards `target`.
+    pub fn epoch_to(&self, target: Rank) -> Result<u64> {
+        let t = self.comm.world_rank(target)?;
+        self.comm.engine.borrow_mut().window_epoch(self.id, t)
+    }
+
+    /// Read this rank's window memory.
+    pub fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.comm
+            .engine
+            .borrow_mut()
+            .window_local(self.id, &mut |m| {
+                if let Some(f) = f.take() {
+                    out = Some(f(bytemuck::cast_slice(m)));
+                }
+            })?;
+        out.ok_or(Error::Rma {
+            window: self.id,
+            detail: "local access did not run".into(),
+        })
+    }
+
+    /// Change this rank's window memory (a local store; remote ranks see it
+    /// according to the epoch rules).
+    pub fn with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.comm
+            .engine
+            .borrow_mut()
+            .window_local(self.id, &mut |m| {
+                if let Some(f) = f.take() {
+                    out = Some(f(bytemuck::cast_slice_mut(m)));
+                }
+            })?;
+        out.ok_or(Error::Rma {
+            window: self.id,
+            detail: "local access did not run".into(),
+        })
+    }
+
+    /// Free the window (collective).
+    pub fn free(self) -> Result<()> {
+        self.comm.barrier()?;
+        self.comm.engine.borrow_mut().window_free(self.id);
+        Ok(())
+    }
+}

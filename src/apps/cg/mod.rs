@@ -1,0 +1,2 @@
+//! NAS Parallel Benchmarks CG.
+pub mod npb;

@@ -1,0 +1,2 @@
+//! The applications shipped with Lazarus: test oracles and benchmarks.
+pub mod cg;

@@ -1,0 +1,155 @@
+//! All configuration of a run in one documented struct (as lamellar does),
+//! covering every backend (as timely-dataflow's `Config` does).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::fault::KillSpec;
+use crate::protocol::ProtocolKind;
+use crate::topology::Placement;
+use crate::{Error, Result};
+
+/// Where ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Every rank a thread of this process.
+    Threads,
+}
+
+impl Backend {
+    /// Every backend that exists, for the shared test suite.
+    pub const ALL: [Backend; 1] = [Backend::Threads];
+
+    /// Name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Threads => "threads",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| {
+                Error::config(
+                    "--backend",
+                    format!("unknown backend `{s}` (available: threads)"),
+                )
+            })
+    }
+}
+
+/// Configuration of one job.
+///
+/// | field | CLI | default |
+/// | --- | --- | --- |
+/// | `backend` | `--backend` | threads |
+/// | `protocol` | `--protocol` | none |
+/// | `ranks` | `--ranks` | 4 |
+/// | `nodes` | `--nodes` | 1 (failure domains, block placement) |
+/// | `kills` | `--kill` (repeatable) | none |
+/// | `checkpoint_every` | `--checkpoint-every` | 1 (every safe point) |
+/// | `seed` | `--seed` | 1 |
+/// | `iterations` | set by the application | unknown |
+/// | `progress_bar` | on when stdout is a terminal | off |
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where ranks run.
+    pub backend: Backend,
+    /// The rollback-recovery protocol.
+    pub protocol: ProtocolKind,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Number of failure domains ranks are placed on.
+    pub nodes: usize,
+    /// Failures to inject.
+    pub kills: Vec<KillSpec>,
+    /// Checkpoint at every N-th safe point (0: never).
+    pub checkpoint_every: u64,
+    /// Seed of every random choice the runtime makes (fault timing).
+    pub seed: u64,
+    /// Safe points the application will pass, if known (validates kills).
+    pub iterations: Option<u64>,
+    /// Draw a progress bar on stderr.
+    pub progress_bar: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: Backend::Threads,
+            protocol: ProtocolKind::None,
+            ranks: 4,
+            nodes: 1,
+            kills: Vec::new(),
+            checkpoint_every: 1,
+            seed: 1,
+            iterations: None,
+            progress_bar: false,
+        }
+    }
+}
+
+impl Config {
+    /// A configuration for `ranks` ranks with defaults otherwise.
+    pub fn new(ranks: usize) -> Self {
+        Config {
+            ranks,
+            ..Config::default()
+        }
+    }
+
+    /// Choose the protocol.
+    pub fn protocol(mut self, p: ProtocolKind) -> Self {
+        self.protocol = p;
+        self
+    }
+
+    /// Place ranks on `k` failure domains.
+    pub fn nodes(mut self, k: usize) -> Self {
+        self.nodes = k;
+        self
+    }
+
+    /// Add a failure to inject.
+    pub fn kill(mut self, k: KillSpec) -> Self {
+        self.kills.push(k);
+        self
+    }
+
+    /// Checkpoint every `n` safe points.
+    pub fn checkpoint_every(mut self, n: u64) -> Self {
+        self.checkpoint_every = n;
+        self
+    }
+
+    /// Seed.
+    pub fn seed(mut self, s: u64) -> Self {
+        self.seed = s;
+        self
+    }
+
+    /// The placement this configuration describes.
+    pub fn placement(&self) -> Result<Placement> {
+        Placement::block(self.ranks, self.nodes)
+    }
+
+    /// Check the configuration as a whole.
+    pub fn validate(&self) -> Result<Placement> {
+        let pl = self.placement()?;
+        for k in &self.kills {
+            k.validate(&pl, self.iterations.unwrap_or(u64::MAX))?;
+        }
+        Ok(pl)
+    }
+}

@@ -1,0 +1,160 @@
+//! Drivers: the only way the engine and the protocols touch the world.
+//!
+//! A driver gives each rank an [`Endpoint`]: frame transport, a clock, failure
+//! notices, fault injection, and the window memory that remote ranks access
+//! without the target's code running (RMA). Nothing in `engine`, `protocol` or
+//! `store` uses a socket, thread, clock or random generator except through this
+//! trait (DESIGN principle 2), which is what lets the same engine run on
+//! threads, processes, MPI and the deterministic simulator.
+//!
+//! Backends: [`threads`] (all ranks in one process). `processes`, `mpi` and
+//! `sim` plug in here.
+
+pub mod threads;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::api::datatype::{DType, ReduceOp};
+use crate::engine::frame::{Frame, Incoming};
+use crate::fault::FaultPoint;
+use crate::{Rank, Result};
+
+/// Identifier of a window (agreed collectively at allocation).
+pub type WinId = u64;
+
+/// Kind of passive-target lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockType {
+    /// Shared: any number of holders (MPI_LOCK_SHARED).
+    Shared,
+    /// Exclusive: one holder (MPI_LOCK_EXCLUSIVE).
+    Exclusive,
+}
+
+/// A one-sided operation on a target's window memory. Offsets and lengths are
+/// in bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RmaOp {
+    /// Replace bytes at `offset` with `data`.
+    Put {
+        /// Byte offset.
+        offset: usize,
+        /// Data (shared buffer).
+        data: Bytes,
+    },
+    /// Read `len` bytes at `offset`.
+    Get {
+        /// Byte offset.
+        offset: usize,
+        /// Length.
+        len: usize,
+    },
+    /// Combine `data` into the target element-wise; if `fetch`, return the
+    /// previous contents (get_accumulate, fetch_and_op).
+    Accumulate {
+        /// Byte offset.
+        offset: usize,
+        /// Operand.
+        data: Bytes,
+        /// Element type.
+        dtype: DType,
+        /// Operation.
+        op: ReduceOp,
+        /// Return the old contents.
+        fetch: bool,
+    },
+    /// Atomically: if the element equals `compare`, store `swap`; return the
+    /// old element.
+    CompareAndSwap {
+        /// Byte offset.
+        offset: usize,
+        /// Expected value (one element).
+        compare: Bytes,
+        /// New value (one element).
+        swap: Bytes,
+        /// Element type.
+        dtype: DType,
+    },
+    /// Try to take a passive-target lock; replies `Granted(bool)`.
+    TryLock(LockType),
+    /// Release a lock taken earlier.
+    Unlock(LockType),
+}
+
+/// The reply to an [`RmaOp`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RmaReply {
+    /// Done, nothing to return.
+    Done,
+    /// Data read from the target.
+    Data(Bytes),
+    /// Whether a lock was granted.
+    Granted(bool),
+}
+
+/// Statistics a rank reports to the driver, which aggregates them per job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stat {
+    /// A checkpoint generation of `bytes` (this rank's piece) was committed.
+    Checkpoint {
+        /// Generation.
+        generation: u64,
+        /// Piece size.
+        bytes: usize,
+        /// Seconds this rank spent inside the checkpoint.
+        seconds: f64,
+    },
+    /// This rank resumed computation after recovering from the failure event
+    /// `epoch`.
+    Resumed {
+        /// World epoch recovered to.
+        epoch: u64,
+        /// Whether the rank re-executes from a checkpoint (rolled back).
+        rolled_back: bool,
+    },
+    /// Current bytes held in message logs by this rank.
+    LogBytes(usize),
+}
+
+/// One rank's view of the driver.
+pub trait Endpoint {
+    /// This rank's world rank.
+    fn rank(&self) -> Rank;
+    /// Number of ranks in the job.
+    fn size(&self) -> usize;
+    /// The world epoch this incarnation started in (0 for the first).
+    fn start_epoch(&self) -> u64;
+    /// Send a frame (eager: returns once the frame is handed over).
+    fn send(&mut self, dest: Rank, frame: Frame) -> Result<()>;
+    /// Wait up to `timeout` (forever if `None`) for something to arrive.
+    fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>>;
+    /// Time since the job started.
+    fn now(&self) -> Duration;
+    /// Fault injection: returns `Err(Killed)` if the fault plan kills this
+    /// rank here. Called at every runtime call of the rank.
+    fn fault_point(&mut self, at: &FaultPoint) -> Result<()>;
+    /// Expose `bytes` bytes of zeroed window memory under `id` at `epoch`,
+    /// initialised with `init` if given.
+    fn window_expose(
+        &mut self,
+        id: WinId,
+        epoch: u64,
+        bytes: usize,
+        init: Option<&[u8]>,
+    ) -> Result<()>;
+    /// Withdraw window `id` (at free or rollback).
+    fn window_withdraw(&mut self, id: WinId);
+    /// Perform `op` on `target`'s window `id`, as an origin in `epoch`. Fails
+    /// with `Error::Driver` if the target is not (or no longer) exposing that
+    /// window in the same epoch (it died, or rolled back).
+    fn rma(&mut self, epoch: u64, target: Rank, id: WinId, op: RmaOp) -> Result<RmaReply>;
+    /// Run `f` on this rank's own memory of window `id`.
+    fn with_local_window(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
+    /// Report a statistic.
+    fn record(&mut self, stat: Stat);
+    /// Report this rank's progress (0..=1), for progress bars.
+    fn report_progress(&mut self, fraction: f64);
+}

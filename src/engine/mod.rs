@@ -1,0 +1,1008 @@
+//! The rank engine: message matching, requests, safe points, window
+//! bookkeeping, and the glue between the application, the protocol, the
+//! checkpoint store and the driver.
+//!
+//! The engine is single-threaded (it runs on its rank's thread) and touches the
+//! world only through its [`Endpoint`]. It turns application operations and
+//! arrivals into protocol [`Event`]s and carries out the protocol's
+//! [`Action`]s. Failure handling is uniform: when the protocol asks for a
+//! rollback or a failure, the engine sets an *interrupt*; every later call
+//! returns it, so the rank function unwinds with `?` back to the harness.
+
+pub mod frame;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
+use crate::fault::FaultPoint;
+use crate::protocol::{Action, Control, Event, Protocol, ProtocolCx};
+use crate::store::{CheckpointStore, Piece, StoreEvent, StoreOut};
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+use frame::{AppMessage, Body, ContextId, Envelope, Frame, Incoming, RuntimeMsg, Tag};
+
+/// Identifier of a nonblocking receive request.
+pub type ReqId = u64;
+
+/// Which messages a receive or probe accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchSpec {
+    /// Context.
+    pub context: ContextId,
+    /// Source world rank, or any.
+    pub source: Option<Rank>,
+    /// Tag, or any.
+    pub tag: Option<Tag>,
+}
+
+impl MatchSpec {
+    fn matches(&self, e: &Envelope) -> bool {
+        e.context == self.context
+            && self.source.is_none_or(|s| s == e.src)
+            && self.tag.is_none_or(|t| t == e.tag)
+    }
+}
+
+/// The runtime state saved with the application's state in every checkpoint
+/// piece (DESIGN principle 3: the runtime saves what it holds).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Safe points passed.
+    pub safe_points: u64,
+    /// Application-reported progress.
+    pub progress: f64,
+    /// The application's protected state (postcard).
+    pub app: Vec<u8>,
+    /// Unexpected (arrived, unmatched) messages, in arrival order.
+    pub unexpected: Vec<AppMessage>,
+    /// Send sequence numbers per destination.
+    pub ssn_out: Vec<u64>,
+    /// Window memories by window id.
+    pub windows: Vec<(WinId, Vec<u8>)>,
+}
+
+/// Per-window bookkeeping of the origin side (epochs, locks).
+#[derive(Debug)]
+struct WinLocal {
+    /// A fence has opened an access epoch to every target (GSYNC).
+    fence_open: bool,
+    /// Passive-target locks held, per target.
+    locks: BTreeMap<Rank, LockType>,
+    lock_all: bool,
+    /// E(p -> q) of 003 §2.2: incremented by FLUSH/UNLOCK to q and by GSYNC.
+    epochs: Vec<u64>,
+}
+
+/// Owned events queued inside the engine.
+#[derive(Debug)]
+enum Ev {
+    Control(Rank, Control),
+    PieceStored(u64),
+    PieceRestored(u64),
+}
+
+/// Per-rank execution statistics.
+#[derive(Debug, Default, Clone)]
+pub struct RankStats {
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Bytes of this rank's last piece.
+    pub checkpoint_bytes: usize,
+}
+
+/// The engine of one rank.
+pub struct Engine {
+    ep: Box<dyn Endpoint>,
+    proto: Box<dyn Protocol>,
+    store: Box<dyn CheckpointStore>,
+    placement: Placement,
+    rank: Rank,
+    size: usize,
+    epoch: u64,
+    replacement: bool,
+    held_frames: Vec<Frame>,
+    /// Arrivals to handle before polling the driver again (frames of a new
+    /// epoch that came before its failure notice).
+    deferred: VecDeque<Incoming>,
+
+    unexpected: VecDeque<AppMessage>,
+    posted: Vec<(ReqId, MatchSpec)>,
+    completed: HashMap<ReqId, AppMessage>,
+    next_req: ReqId,
+    ssn_out: Vec<u64>,
+
+    interrupt: Option<Error>,
+    released: bool,
+    capture_due: Option<u64>,
+    committed_now: Option<u64>,
+    resume: Option<Option<u64>>,
+    runtime_msgs: Vec<(Rank, RuntimeMsg)>,
+    recovering: bool,
+
+    safe_points: u64,
+    progress: f64,
+    restore_app: Option<Vec<u8>>,
+    restore_windows: BTreeMap<WinId, Vec<u8>>,
+    restored_generation: Option<u64>,
+
+    windows: BTreeMap<WinId, WinLocal>,
+    next_context: ContextId,
+    stats: RankStats,
+}
+
+/// The first context id free for `dup`/`split`/windows (0 and 1 are the
+/// world communicator's point-to-point and collective contexts).
+pub const FIRST_FREE_CONTEXT: ContextId = 2;
+
+impl Engine {
+    /// An engine for the rank behind `ep`.
+    pub fn new(
+        ep: Box<dyn Endpoint>,
+        proto: Box<dyn Protocol>,
+        store: Box<dyn CheckpointStore>,
+        placement: Placement,
+    ) -> Self {
+        let (rank, size, epoch) = (ep.rank(), ep.size(), ep.start_epoch());
+        Engine {
+            ep,
+            proto,
+            store,
+            placement,
+            rank,
+            size,
+            epoch,
+            replacement: epoch > 0,
+            held_frames: Vec::new(),
+            deferred: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            posted: Vec::new(),
+            completed: HashMap::new(),
+            next_req: 1,
+            ssn_out: vec![0; size],
+            interrupt: None,
+            released: false,
+            capture_due: None,
+            committed_now: None,
+            resume: None,
+            runtime_msgs: Vec::new(),
+            recovering: false,
+            safe_points: 0,
+            progress: 0.0,
+            restore_app: None,
+            restore_windows: BTreeMap::new(),
+            restored_generation: None,
+            windows: BTreeMap::new(),
+            next_context: FIRST_FREE_CONTEXT,
+            stats: RankStats::default(),
+        }
+    }
+
+    /// This rank (world).
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Job size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Current world epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether this incarnation is a replacement for a dead rank.
+    pub fn is_replacement(&self) -> bool {
+        self.replacement
+    }
+
+    /// Placement of the job.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Statistics of this rank.
+    pub fn stats(&self) -> &RankStats {
+        &self.stats
+    }
+
+    /// The generation restored at the last recovery, if any.
+    pub fn restored_generation(&self) -> Option<u64> {
+        self.restored_generation
+    }
+
+    /// Driver time.
+    pub fn now(&self) -> Duration {
+        self.ep.now()
+    }
+
+    // ----- control flow -------------------------------------------------
+
+    fn check(&self) -> Result<()> {
+        match &self.interrupt {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn fault(&mut self) -> Result<()> {
+        let at = FaultPoint {
+            iteration: self.safe_points,
+            progress: self.progress,
+            recovery: self.recovering.then_some(self.epoch),
+        };
+        self.ep.fault_point(&at)
+    }
+
+    /// Entry of every application-level operation: pending interrupt, then
+    /// fault injection.
+    pub fn enter(&mut self) -> Result<()> {
+        self.check()?;
+        self.fault()
+    }
+
+    /// Record application progress (0..=1), used by `--kill R@P%` and
+    /// progress bars.
+    pub fn set_progress(&mut self, fraction: f64) {
+        self.progress = fraction.clamp(0.0, 1.0);
+        self.ep.report_progress(self.progress);
+    }
+
+    /// Safe points passed.
+    pub fn safe_points(&self) -> u64 {
+        self.safe_points
+    }
+
+    // ----- transport ----------------------------------------------------
+
+    fn transmit(&mut self, dest: Rank, body: Body) -> Result<()> {
+        let frame = Frame {
+            src: self.rank,
+            epoch: self.epoch,
+            body,
+        };
+        if dest == self.rank {
+            return self.on_frame(frame);
+        }
+        self.ep.send(dest, frame)
+    }
+
+    /// Wait for one arrival (or up to `timeout`) and handle it.
+    /// Nothing is handled while an interrupt is pending: arrivals wait until
+    /// recovery starts (so a protocol never sees a frame of the new epoch
+    /// before its own `Recover` event).
+    fn progress(&mut self, timeout: Option<Duration>) -> Result<()> {
+        if self.interrupt.is_some() {
+            return Ok(());
+        }
+        let inc = match self.deferred.pop_front() {
+            Some(inc) => Some(inc),
+            None => self.ep.poll(timeout)?,
+        };
+        if let Some(inc) = inc {
+            self.on_incoming(inc)?;
+        }
+        Ok(())
+    }
+
+    /// Handle everything already arrived, without blocking.
+    fn drain(&mut self) -> Result<()> {
+        while self.interrupt.is_none() {
+            let inc = match self.deferred.pop_front() {
+                Some(inc) => inc,
+                None => match self.ep.poll(Some(Duration::ZERO))? {
+                    Some(inc) => inc,
+                    None => break,
+                },
+            };
+            self.on_incoming(inc)?;
+        }
+        Ok(())
+    }
+
+    fn on_incoming(&mut self, inc: Incoming) -> Result<()> {
+        match inc {
+            Incoming::Frame(f) => {
+                if f.epoch < self.epoch {
+                    Ok(()) // from an execution that has been rolled back
+                } else if f.epoch > self.epoch {
+                    self.held_frames.push(f);
+                    Ok(())
+                } else {
+                    self.on_frame(f)
+                }
+            }
+            Incoming::FailureNotice { epoch, dead } => {
+                if epoch <= self.epoch {
+                    return Ok(());
+                }
+                self.epoch = epoch;
+                self.handle(Event::PeerFailed { epoch, dead: &dead })?;
+                // Frames sent in the new epoch before we heard of it are
+                // handled next, before anything else arrives.
+                let held = std::mem::take(&mut self.held_frames);
+                let mut now = Vec::new();
+                for f in held {
+                    if f.epoch == self.epoch {
+                        now.push(Incoming::Frame(f));
+                    } else if f.epoch > self.epoch {
+                        self.held_frames.push(f);
+                    }
+                }
+                for inc in now.into_iter().rev() {
+                    self.deferred.push_front(inc);
+                }
+                Ok(())
+            }
+            Incoming::Abort { rank, reason } => {
+                self.interrupt = Some(Error::Aborted { rank, reason });
+                Ok(())
+            }
+        }
+    }
+
+    fn on_frame(&mut self, f: Frame) -> Result<()> {
+        match f.body {
+            Body::App(msg) => {
+                self.arrive(msg);
+                Ok(())
+            }
+            Body::Control(c) => self.run_events(vec![Ev::Control(f.src, c)]),
+            Body::Store(m) => {
+                let mut out = StoreOut::default();
+                self.store.on_msg(f.src, m, &mut out)?;
+                self.apply_store_out(out)
+            }
+            Body::Runtime(m) => {
+                self.runtime_msgs.push((f.src, m));
+                Ok(())
+            }
+        }
+    }
+
+    fn arrive(&mut self, msg: AppMessage) {
+        if let Some(i) = self
+            .posted
+            .iter()
+            .position(|(_, s)| s.matches(&msg.envelope))
+        {
+            let (id, _) = self.posted.remove(i);
+            self.deliver(id, msg);
+        } else {
+            self.unexpected.push_back(msg);
+        }
+    }
+
+    fn deliver(&mut self, id: ReqId, msg: AppMessage) {
+        // Protocols only observe deliveries; their actions for this event
+        // (logging determinants) cannot fail the delivery itself.
+        let _ = self.handle(Event::AppDeliver { msg: &msg });
+        self.completed.insert(id, msg);
+    }
+
+    // ----- protocol glue ------------------------------------------------
+
+    fn handle(&mut self, event: Event<'_>) -> Result<()> {
+        let mut cx = ProtocolCx {
+            rank: self.rank,
+            size: self.size,
+            placement: &self.placement,
+            store: self.store.as_ref(),
+            now: self.ep.now(),
+            actions: Vec::new(),
+        };
+        self.proto.handle(event, &mut cx);
+        let actions = cx.actions;
+        self.execute(actions)
+    }
+
+    fn run_events(&mut self, evs: Vec<Ev>) -> Result<()> {
+        for ev in evs {
+            match ev {
+                Ev::Control(src, msg) => self.handle(Event::Control { src, msg })?,
+                Ev::PieceStored(generation) => self.handle(Event::PieceStored { generation })?,
+                Ev::PieceRestored(generation) => {
+                    self.handle(Event::PieceRestored { generation })?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_store_out(&mut self, out: StoreOut) -> Result<()> {
+        for (dest, m) in out.sends {
+            self.transmit(dest, Body::Store(m))?;
+        }
+        let evs = out
+            .events
+            .into_iter()
+            .map(|e| match e {
+                StoreEvent::Stored { generation } => Ev::PieceStored(generation),
+                StoreEvent::Restored { generation } => Ev::PieceRestored(generation),
+            })
+            .collect();
+        self.run_events(evs)
+    }
+
+    fn execute(&mut self, actions: Vec<Action>) -> Result<()> {
+        for a in actions {
+            match a {
+                Action::Transmit { dest, msg } => self.transmit(dest, Body::Control(msg))?,
+                Action::Capture { generation } => self.capture_due = Some(generation),
+                Action::Commit { generation } => {
+                    self.store.commit(generation);
+                    self.committed_now = Some(generation);
+                }
+                Action::ReleaseSafePoint => self.released = true,
+                Action::Rollback { epoch } => {
+                    if self.interrupt.is_none() || self.recovering {
+                        self.interrupt = Some(Error::Rollback {
+                            epoch,
+                            generation: None,
+                        });
+                    }
+                }
+                Action::Fail(e) => self.interrupt = Some(e),
+                Action::RetainOnly { keep } => self.store.retain_only(keep),
+                Action::Fetch { generation, holder } => {
+                    let mut out = StoreOut::default();
+                    self.store.fetch(generation, holder, &mut out);
+                    self.apply_store_out(out)?;
+                }
+                Action::Replicate { generation } => {
+                    let mut out = StoreOut::default();
+                    self.store.replicate(generation, &mut out)?;
+                    self.apply_store_out(out)?;
+                }
+                Action::Resume { generation } => self.resume = Some(generation),
+            }
+        }
+        Ok(())
+    }
+
+    // ----- point-to-point -----------------------------------------------
+
+    /// Send `payload` to world rank `dest` (eager; completes at once).
+    pub fn send(&mut self, dest: Rank, context: ContextId, tag: Tag, payload: Bytes) -> Result<()> {
+        self.enter()?;
+        if dest >= self.size {
+            return Err(Error::RankOutOfRange {
+                rank: dest,
+                size: self.size,
+            });
+        }
+        self.ssn_out[dest] += 1;
+        let msg = AppMessage {
+            envelope: Envelope {
+                src: self.rank,
+                dest,
+                context,
+                tag,
+            },
+            ssn: self.ssn_out[dest],
+            payload,
+        };
+        self.handle(Event::AppSend { msg: &msg })?;
+        self.check()?;
+        if dest == self.rank {
+            self.arrive(msg);
+            return Ok(());
+        }
+        self.transmit(dest, Body::App(msg))
+    }
+
+    /// Post a receive; it matches the earliest arrived message first, else
+    /// the next arrival (MPI matching order).
+    pub fn post_receive(&mut self, spec: MatchSpec) -> Result<ReqId> {
+        self.enter()?;
+        self.drain()?;
+        self.check()?;
+        let id = self.next_req;
+        self.next_req += 1;
+        if let Some(i) = self
+            .unexpected
+            .iter()
+            .position(|m| spec.matches(&m.envelope))
+        {
+            if let Some(msg) = self.unexpected.remove(i) {
+                self.deliver(id, msg);
+            }
+        } else {
+            self.posted.push((id, spec));
+        }
+        Ok(id)
+    }
+
+    /// Complete a receive if its message is there.
+    pub fn test(&mut self, id: ReqId) -> Result<Option<AppMessage>> {
+        self.enter()?;
+        self.drain()?;
+        self.check()?;
+        Ok(self.completed.remove(&id))
+    }
+
+    /// Wait for a receive to complete.
+    pub fn wait(&mut self, id: ReqId) -> Result<AppMessage> {
+        self.enter()?;
+        loop {
+            self.check()?;
+            if let Some(m) = self.completed.remove(&id) {
+                return Ok(m);
+            }
+            if !self.posted.iter().any(|(p, _)| *p == id) {
+                return Err(Error::InvalidRequest(format!(
+                    "receive request {id} is not pending"
+                )));
+            }
+            self.progress(None)?;
+        }
+    }
+
+    /// Cancel a receive (its handle was dropped). A message it already
+    /// matched goes back to the front of the unexpected queue.
+    pub fn cancel(&mut self, id: ReqId) {
+        self.posted.retain(|(p, _)| *p != id);
+        if let Some(m) = self.completed.remove(&id) {
+            self.unexpected.push_front(m);
+        }
+    }
+
+    /// Nonblocking probe: the envelope and length of the first matching
+    /// unexpected message.
+    pub fn iprobe(&mut self, spec: MatchSpec) -> Result<Option<(Envelope, usize)>> {
+        self.enter()?;
+        self.drain()?;
+        self.check()?;
+        Ok(self
+            .unexpected
+            .iter()
+            .find(|m| spec.matches(&m.envelope))
+            .map(|m| (m.envelope, m.payload.len())))
+    }
+
+    /// Blocking probe.
+    pub fn probe(&mut self, spec: MatchSpec) -> Result<(Envelope, usize)> {
+        loop {
+            if let Some(x) = self.iprobe(spec)? {
+                return Ok(x);
+            }
+            self.progress(None)?;
+            self.check()?;
+        }
+    }
+
+    /// Reserve `count` fresh context ids locally; callers agree on a common
+    /// value with a collective (see `Communicator::agree_context`).
+    pub fn next_context(&self) -> ContextId {
+        self.next_context
+    }
+
+    /// After agreement: the ids `[base, base + count)` are taken.
+    pub fn take_contexts(&mut self, base: ContextId, count: u64) {
+        self.next_context = self.next_context.max(base + count);
+    }
+
+    // ----- safe points and checkpoints ----------------------------------
+
+    /// Whether a restored application state is waiting for `restore_or_else`.
+    pub fn take_restored_app(&mut self) -> Option<Vec<u8>> {
+        self.restore_app.take()
+    }
+
+    /// A safe point: the protocol may save here. `serialize` encodes the
+    /// application's protected state when a checkpoint is taken.
+    pub fn safe_point(&mut self, serialize: &mut dyn FnMut() -> Result<Vec<u8>>) -> Result<()> {
+        self.enter()?;
+        if self.restore_app.is_some() {
+            return Err(Error::NotSafePoint(
+                "the rank was restored from a checkpoint but `restore_or_else` was not called before the first safe point".into(),
+            ));
+        }
+        if !self.posted.is_empty() || !self.completed.is_empty() {
+            return Err(Error::NotSafePoint(format!(
+                "{} receive request(s) still pending; complete them before a safe point",
+                self.posted.len() + self.completed.len()
+            )));
+        }
+        if let Some((id, _)) = self
+            .windows
+            .iter()
+            .find(|(_, w)| w.lock_all || !w.locks.is_empty())
+        {
+            return Err(Error::NotSafePoint(format!(
+                "window {id} has an open passive-target (lock) epoch"
+            )));
+        }
+        self.safe_points += 1;
+        self.released = false;
+        self.capture_due = None;
+        self.committed_now = None;
+        let t0 = self.ep.now();
+        self.handle(Event::SafePoint {
+            index: self.safe_points,
+        })?;
+        loop {
+            self.check()?;
+            if let Some(generation) = self.capture_due.take() {
+                let app = serialize()?;
+                let data = self.snapshot(app)?;
+                self.stats.checkpoint_bytes = data.len();
+                let mut out = StoreOut::default();
+                self.store.put(
+                    Piece::new(generation, self.rank, Bytes::from(data)),
+                    &mut out,
+                );
+                self.apply_store_out(out)?;
+                continue;
+            }
+            if self.released {
+                break;
+            }
+            self.progress(None)?;
+        }
+        if let Some(generation) = self.committed_now.take() {
+            self.stats.checkpoints += 1;
+            let seconds = (self.ep.now() - t0).as_secs_f64();
+            self.ep.record(Stat::Checkpoint {
+                generation,
+                bytes: self.stats.checkpoint_bytes,
+                seconds,
+            });
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, app: Vec<u8>) -> Result<Vec<u8>> {
+        let mut windows = Vec::with_capacity(self.windows.len());
+        let ids: Vec<WinId> = self.windows.keys().copied().collect();
+        for id in ids {
+            let mut mem = Vec::new();
+            self.ep.with_local_window(id, &mut |m| mem = m.to_vec())?;
+            windows.push((id, mem));
+        }
+        let snap = Snapshot {
+            safe_points: self.safe_points,
+            progress: self.progress,
+            app,
+            unexpected: self.unexpected.iter().cloned().collect(),
+            ssn_out: self.ssn_out.clone(),
+            windows,
+        };
+        Ok(postcard::to_allocvec(&snap)?)
+    }
+
+    // ----- recovery -----------------------------------------------------
+
+    /// Forget everything of the execution being rolled back.
+    fn reset_execution(&mut self) {
+        self.unexpected.clear();
+        self.posted.clear();
+        self.completed.clear();
+        self.runtime_msgs.clear();
+        self.capture_due = None;
+        self.committed_now = None;
+        self.released = false;
+        self.resume = None;
+        for id in std::mem::take(&mut self.windows).into_keys() {
+            self.ep.window_withdraw(id);
+        }
+        self.next_context = FIRST_FREE_CONTEXT;
+        self.ssn_out = vec![0; self.size];
+        self.safe_points = 0;
+        self.progress = 0.0;
+        self.restore_app = None;
+        self.restore_windows.clear();
+    }
+
+    /// Run the protocol's recovery until it says resume (or a new failure
+    /// interrupts it, returning `Err(Rollback)` again, or the protocol fails).
+    /// On success the restored state waits for `restore_or_else`.
+    pub fn recover(&mut self) -> Result<()> {
+        match &self.interrupt {
+            Some(Error::Rollback { .. }) | None => {}
+            Some(e) => return Err(e.clone()),
+        }
+        self.interrupt = None;
+        self.reset_execution();
+        self.store.abort_transfers();
+        self.recovering = true;
+        let replacement = self.replacement && self.restored_generation.is_none();
+        self.handle(Event::Recover {
+            epoch: self.epoch,
+            replacement,
+        })?;
+        loop {
+            self.check()?;
+            self.fault()?;
+            if let Some(generation) = self.resume.take() {
+                self.recovering = false;
+                self.restore(generation)?;
+                self.ep.record(Stat::Resumed {
+                    epoch: self.epoch,
+                    rolled_back: true,
+                });
+                return Ok(());
+            }
+            self.progress(None)?;
+        }
+    }
+
+    fn restore(&mut self, generation: Option<u64>) -> Result<()> {
+        self.restored_generation = generation;
+        let Some(g) = generation else {
+            return Ok(()); // restart from the beginning
+        };
+        let piece = self
+            .store
+            .get(g, self.rank)
+            .ok_or_else(|| Error::CorruptCheckpoint {
+                owner: self.rank,
+                generation: g,
+                detail: "piece missing after recovery".into(),
+            })?;
+        piece.verify()?;
+        let snap: Snapshot =
+            postcard::from_bytes(&piece.data).map_err(|e| Error::CorruptCheckpoint {
+                owner: self.rank,
+                generation: g,
+                detail: format!("undecodable: {e}"),
+            })?;
+        self.safe_points = snap.safe_points;
+        self.progress = snap.progress;
+        self.unexpected = snap.unexpected.into();
+        if snap.ssn_out.len() == self.size {
+            self.ssn_out = snap.ssn_out;
+        }
+        self.restore_windows = snap.windows.into_iter().collect();
+        self.restore_app = Some(snap.app);
+        Ok(())
+    }
+
+    /// Whether a failure (or rollback) is pending.
+    pub fn interrupted(&self) -> Option<&Error> {
+        self.interrupt.as_ref()
+    }
+
+    /// Finalize: every rank reports `Done` to rank 0, which answers `Exit`
+    /// once all have; a failure meanwhile makes the protocol roll back (the
+    /// rank function runs again) or fail. No fault is injected here.
+    pub fn finalize(&mut self) -> Result<()> {
+        self.check()?;
+        self.transmit(0, Body::Runtime(RuntimeMsg::Done))?;
+        loop {
+            self.check()?;
+            if self.rank == 0 {
+                let done = self
+                    .runtime_msgs
+                    .iter()
+                    .filter(|(_, m)| *m == RuntimeMsg::Done)
+                    .count();
+                if done >= self.size {
+                    for d in 1..self.size {
+                        self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
+                    }
+                    return Ok(());
+                }
+            } else if self
+                .runtime_msgs
+                .iter()
+                .any(|(_, m)| *m == RuntimeMsg::Exit)
+            {
+                return Ok(());
+            }
+            self.progress(None)?;
+        }
+    }
+
+    // ----- windows --------------------------------------------------------
+
+    /// Expose a new window of `bytes` bytes under the agreed id.
+    pub fn window_create(&mut self, id: WinId, bytes: usize) -> Result<()> {
+        self.enter()?;
+        let init = self.restore_windows.remove(&id);
+        if let Some(m) = &init
+            && m.len() != bytes
+        {
+            return Err(Error::Rma {
+                window: id,
+                detail: format!(
+                    "restored memory is {} bytes but the window is re-created with {bytes}",
+                    m.len()
+                ),
+            });
+        }
+        self.ep
+            .window_expose(id, self.epoch, bytes, init.as_deref())?;
+        self.windows.insert(
+            id,
+            WinLocal {
+                fence_open: false,
+                locks: BTreeMap::new(),
+                lock_all: false,
+                epochs: vec![0; self.size],
+            },
+        );
+        Ok(())
+    }
+
+    /// Withdraw a window.
+    pub fn window_free(&mut self, id: WinId) {
+        self.windows.remove(&id);
+        self.ep.window_withdraw(id);
+    }
+
+    fn win(&mut self, id: WinId) -> Result<&mut WinLocal> {
+        self.windows.get_mut(&id).ok_or(Error::Rma {
+            window: id,
+            detail: "no such window on this rank".into(),
+        })
+    }
+
+    /// Run `f` on this rank's window memory.
+    pub fn window_local(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.check()?;
+        self.win(id)?;
+        self.ep.with_local_window(id, f)
+    }
+
+    /// A communication action (PUT/GET family) of this rank as origin.
+    pub fn rma(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
+        self.enter()?;
+        if target >= self.size {
+            return Err(Error::RankOutOfRange {
+                rank: target,
+                size: self.size,
+            });
+        }
+        let w = self.win(id)?;
+        if !(w.fence_open || w.lock_all || w.locks.contains_key(&target)) {
+            return Err(Error::Rma {
+                window: id,
+                detail: format!(
+                    "no access epoch to rank {target}: call fence, lock or lock_all first"
+                ),
+            });
+        }
+        // Bounds are checked by the driver against the target's own size
+        // (windows may differ in size per rank).
+        self.rma_raw(id, target, op)
+    }
+
+    /// Issue an operation to the driver; if the target is gone, wait for the
+    /// failure notice and return what the protocol decided.
+    fn rma_raw(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
+        match self.ep.rma(self.epoch, target, id, op) {
+            Ok(r) => Ok(r),
+            Err(Error::Driver(why)) => {
+                let deadline = self.ep.now() + Duration::from_secs(30);
+                while self.ep.now() < deadline {
+                    self.check()?;
+                    self.progress(Some(Duration::from_millis(50)))?;
+                }
+                Err(Error::Driver(format!(
+                    "RMA target {target} unavailable and no failure notice came: {why}"
+                )))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// GSYNC (fence): collective over the window's group; the API layer adds
+    /// the barrier. Opens an access epoch to every target.
+    pub fn window_fence(&mut self, id: WinId) -> Result<()> {
+        self.enter()?;
+        let w = self.win(id)?;
+        if w.lock_all || !w.locks.is_empty() {
+            return Err(Error::Rma {
+                window: id,
+                detail: "fence inside a passive-target (lock) epoch".into(),
+            });
+        }
+        w.fence_open = true;
+        w.epochs.iter_mut().for_each(|e| *e += 1);
+        Ok(())
+    }
+
+    /// LOCK(p -> q).
+    pub fn window_lock(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
+        self.enter()?;
+        let w = self.win(id)?;
+        if w.locks.contains_key(&target) || w.lock_all {
+            return Err(Error::Rma {
+                window: id,
+                detail: format!("rank {target} is already locked by this origin"),
+            });
+        }
+        loop {
+            match self.rma_raw(id, target, RmaOp::TryLock(kind))? {
+                RmaReply::Granted(true) => break,
+                _ => {
+                    // Contended: let arrivals (failure notices) in, then retry.
+                    self.progress(Some(Duration::from_micros(50)))?;
+                    self.check()?;
+                }
+            }
+        }
+        self.win(id)?.locks.insert(target, kind);
+        Ok(())
+    }
+
+    /// UNLOCK(p -> q): closes the epoch to `target`.
+    pub fn window_unlock(&mut self, id: WinId, target: Rank) -> Result<()> {
+        self.enter()?;
+        let kind = self.win(id)?.locks.remove(&target).ok_or(Error::Rma {
+            window: id,
+            detail: format!("unlock of rank {target}, which this origin has not locked"),
+        })?;
+        self.rma_raw(id, target, RmaOp::Unlock(kind))?;
+        self.win(id)?.epochs[target] += 1;
+        Ok(())
+    }
+
+    /// lock_all: a shared lock on every target.
+    pub fn window_lock_all(&mut self, id: WinId) -> Result<()> {
+        self.enter()?;
+        let w = self.win(id)?;
+        if w.lock_all || !w.locks.is_empty() {
+            return Err(Error::Rma {
+                window: id,
+                detail: "lock_all while already holding locks".into(),
+            });
+        }
+        for t in 0..self.size {
+            loop {
+                match self.rma_raw(id, t, RmaOp::TryLock(LockType::Shared))? {
+                    RmaReply::Granted(true) => break,
+                    _ => {
+                        self.progress(Some(Duration::from_micros(50)))?;
+                        self.check()?;
+                    }
+                }
+            }
+        }
+        self.win(id)?.lock_all = true;
+        Ok(())
+    }
+
+    /// unlock_all.
+    pub fn window_unlock_all(&mut self, id: WinId) -> Result<()> {
+        self.enter()?;
+        if !self.win(id)?.lock_all {
+            return Err(Error::Rma {
+                window: id,
+                detail: "unlock_all without lock_all".into(),
+            });
+        }
+        for t in 0..self.size {
+            self.rma_raw(id, t, RmaOp::Unlock(LockType::Shared))?;
+        }
+        let w = self.win(id)?;
+        w.lock_all = false;
+        w.epochs.iter_mut().for_each(|e| *e += 1);
+        Ok(())
+    }
+
+    /// FLUSH(p -> q) (all targets if `None`): completes outstanding operations
+    /// (on this driver they complete at issue) and closes the epoch.
+    pub fn window_flush(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
+        self.enter()?;
+        let size = self.size;
+        let w = self.win(id)?;
+        match target {
+            Some(t) if t < size => w.epochs[t] += 1,
+            Some(t) => return Err(Error::RankOutOfRange { rank: t, size }),
+            None => w.epochs.iter_mut().for_each(|e| *e += 1),
+        }
+        Ok(())
+    }
+
+    /// E(p -> q) of 003 §2.2 for this origin.
+    pub fn window_epoch(&mut self, id: WinId, target: Rank) -> Result<u64> {
+        Ok(self.win(id)?.epochs.get(target).copied().unwrap_or(0))
+    }
+}

@@ -1,0 +1,319 @@
+//! Fault injection: kill specifications and the plan that fires them.
+//!
+//! A kill names a victim (a rank, or a whole node) and a moment: a fraction of
+//! the job's progress, an iteration (safe-point count), or the N-th recovery.
+//! The plan is consulted by the driver at *fault points* (every runtime call a
+//! rank makes); when a kill is due it fires after a seeded number of further
+//! fault points, so that it lands inside an iteration (in the middle of a
+//! collective, say) rather than always at its boundary. Each kill fires once,
+//! even when a rollback makes the job pass the same point again.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+
+/// Who dies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Victim {
+    /// One rank.
+    Rank(Rank),
+    /// Every rank placed on this node, at the same instant.
+    Node(usize),
+}
+
+/// When it dies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Moment {
+    /// When the job is this percentage through (0 ≤ p < 100).
+    Progress(f64),
+    /// After this many safe points (iterations) of the victim.
+    Iteration(u64),
+    /// During the N-th recovery (N ≥ 1: the recovery from the N-th failure
+    /// event), while it is still in progress.
+    Recovery(u64),
+}
+
+/// One `--kill` specification: `R@P%`, `R@iI`, `R@recovery[:N]`, or the same
+/// with `node:K` as victim.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KillSpec {
+    /// Who dies.
+    pub victim: Victim,
+    /// When.
+    pub moment: Moment,
+}
+
+impl FromStr for KillSpec {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |detail: &str| Error::config("--kill", format!("`{s}`: {detail}"));
+        let (who, when) = s.split_once('@').ok_or_else(|| {
+            bad("expected VICTIM@MOMENT, e.g. 3@40%, 1@i5, node:1@30%, 2@recovery")
+        })?;
+        let victim = if let Some(k) = who.strip_prefix("node:") {
+            Victim::Node(k.parse().map_err(|_| bad("node must be a number"))?)
+        } else {
+            Victim::Rank(who.parse().map_err(|_| bad("rank must be a number"))?)
+        };
+        let moment = if let Some(p) = when.strip_suffix('%') {
+            let p: f64 = p.parse().map_err(|_| bad("percentage must be a number"))?;
+            if !(0.0..100.0).contains(&p) {
+                return Err(bad("percentage must be in [0, 100)"));
+            }
+            Moment::Progress(p)
+        } else if let Some(i) = when.strip_prefix('i') {
+            Moment::Iteration(i.parse().map_err(|_| bad("iteration must be a number"))?)
+        } else if let Some(rest) = when.strip_prefix("recovery") {
+            let n = match rest.strip_prefix(':') {
+                Some(n) => n
+                    .parse()
+                    .map_err(|_| bad("recovery number must be a number"))?,
+                None if rest.is_empty() => 1,
+                None => return Err(bad("expected `recovery` or `recovery:N`")),
+            };
+            if n == 0 {
+                return Err(bad("recoveries are numbered from 1"));
+            }
+            Moment::Recovery(n)
+        } else {
+            return Err(bad("moment must be P%, iI or recovery[:N]"));
+        };
+        Ok(KillSpec { victim, moment })
+    }
+}
+
+impl fmt::Display for KillSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.victim {
+            Victim::Rank(r) => write!(f, "{r}@")?,
+            Victim::Node(k) => write!(f, "node:{k}@")?,
+        }
+        match self.moment {
+            Moment::Progress(p) => write!(f, "{p}%"),
+            Moment::Iteration(i) => write!(f, "i{i}"),
+            Moment::Recovery(n) => write!(f, "recovery:{n}"),
+        }
+    }
+}
+
+impl KillSpec {
+    /// Check the spec against the job: victim in range, iteration within the
+    /// run (`iterations` safe points in all).
+    pub fn validate(&self, placement: &Placement, iterations: u64) -> Result<()> {
+        let bad = |detail: String| Error::config("--kill", format!("`{self}`: {detail}"));
+        match self.victim {
+            Victim::Rank(r) if r >= placement.ranks() => {
+                return Err(bad(format!(
+                    "rank {r} is out of range (the job has {} ranks)",
+                    placement.ranks()
+                )));
+            }
+            Victim::Node(k) if k >= placement.nodes() => {
+                return Err(bad(format!(
+                    "node {k} is out of range (the job has {} nodes)",
+                    placement.nodes()
+                )));
+            }
+            _ => {}
+        }
+        if let Moment::Iteration(i) = self.moment
+            && i >= iterations
+        {
+            return Err(bad(format!(
+                "iteration {i} is beyond the run ({iterations} iterations)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The ranks this kill takes down.
+    pub fn victims(&self, placement: &Placement) -> Vec<Rank> {
+        match self.victim {
+            Victim::Rank(r) => vec![r],
+            Victim::Node(k) => placement.ranks_on(k),
+        }
+    }
+}
+
+/// Where a rank is when it reaches a fault point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultPoint {
+    /// Safe points passed by this rank (its iteration).
+    pub iteration: u64,
+    /// Fraction of the job done, as the application reports it (0..=1).
+    pub progress: f64,
+    /// `Some(n)` while this rank is recovering from the n-th failure event.
+    pub recovery: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Armed {
+    spec: KillSpec,
+    /// Fault points still to pass once the moment is reached.
+    countdown: Option<u32>,
+    fired: bool,
+}
+
+/// The kills of a run and their state. Owned by the driver.
+#[derive(Debug)]
+pub struct FaultPlan {
+    kills: Vec<Armed>,
+    rng: ChaCha8Rng,
+    placement: Placement,
+}
+
+impl FaultPlan {
+    /// A plan for `kills` on `placement`, with delays drawn from `seed`.
+    pub fn new(kills: &[KillSpec], placement: Placement, seed: u64) -> Self {
+        FaultPlan {
+            kills: kills
+                .iter()
+                .map(|&spec| Armed {
+                    spec,
+                    countdown: None,
+                    fired: false,
+                })
+                .collect(),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6b69_6c6c),
+            placement,
+        }
+    }
+
+    /// Called at each fault point of `rank`; returns the victims of a kill
+    /// that fires now (possibly including others than `rank`, for a node).
+    pub fn check(&mut self, rank: Rank, at: &FaultPoint) -> Option<Vec<Rank>> {
+        for i in 0..self.kills.len() {
+            let k = &self.kills[i];
+            if k.fired {
+                continue;
+            }
+            // The trigger rank: the victim itself, or the first rank of the node.
+            let trigger = match k.spec.victim {
+                Victim::Rank(r) => r,
+                Victim::Node(n) => self.placement.ranks_on(n).first().copied()?,
+            };
+            if trigger != rank {
+                continue;
+            }
+            let due = match k.spec.moment {
+                Moment::Progress(p) => at.recovery.is_none() && at.progress * 100.0 >= p,
+                Moment::Iteration(it) => at.recovery.is_none() && at.iteration >= it,
+                Moment::Recovery(n) => at.recovery == Some(n),
+            };
+            if !due {
+                continue;
+            }
+            let max_delay = match k.spec.moment {
+                // Recovery exchanges are short: land within its first calls.
+                Moment::Recovery(_) => 2,
+                _ => 12,
+            };
+            let delay = match self.kills[i].countdown {
+                Some(d) => d,
+                None => self.rng.random_range(0..=max_delay),
+            };
+            if delay == 0 {
+                self.kills[i].fired = true;
+                return Some(self.kills[i].spec.victims(&self.placement));
+            }
+            self.kills[i].countdown = Some(delay - 1);
+        }
+        None
+    }
+
+    /// Kills that never fired (their moment was never reached).
+    pub fn unfired(&self) -> Vec<KillSpec> {
+        self.kills
+            .iter()
+            .filter(|k| !k.fired)
+            .map(|k| k.spec)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_all_forms() {
+        let k: KillSpec = "3@40%".parse().expect("valid");
+        assert_eq!(k.victim, Victim::Rank(3));
+        assert_eq!(k.moment, Moment::Progress(40.0));
+        let k: KillSpec = "node:1@i7".parse().expect("valid");
+        assert_eq!(k.victim, Victim::Node(1));
+        assert_eq!(k.moment, Moment::Iteration(7));
+        let k: KillSpec = "2@recovery".parse().expect("valid");
+        assert_eq!(k.moment, Moment::Recovery(1));
+        let k: KillSpec = "2@recovery:3".parse().expect("valid");
+        assert_eq!(k.moment, Moment::Recovery(3));
+        for bad in ["3", "x@5%", "1@150%", "1@q", "node:a@1%", "1@recovery:0"] {
+            assert!(bad.parse::<KillSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validates_against_job() {
+        let pl = Placement::block(4, 2).expect("valid");
+        assert!(
+            "4@10%"
+                .parse::<KillSpec>()
+                .expect("p")
+                .validate(&pl, 10)
+                .is_err()
+        );
+        assert!(
+            "node:2@10%"
+                .parse::<KillSpec>()
+                .expect("p")
+                .validate(&pl, 10)
+                .is_err()
+        );
+        assert!(
+            "1@i10"
+                .parse::<KillSpec>()
+                .expect("p")
+                .validate(&pl, 10)
+                .is_err()
+        );
+        assert!(
+            "1@i9"
+                .parse::<KillSpec>()
+                .expect("p")
+                .validate(&pl, 10)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn fires_once_after_the_moment() {
+        let pl = Placement::block(4, 2).expect("valid");
+        let mut plan = FaultPlan::new(&["node:1@50%".parse().expect("p")], pl, 7);
+        let early = FaultPoint {
+            iteration: 0,
+            progress: 0.4,
+            recovery: None,
+        };
+        assert_eq!(plan.check(2, &early), None);
+        let late = FaultPoint {
+            progress: 0.6,
+            ..early
+        };
+        let mut fired = None;
+        for _ in 0..20 {
+            if let Some(v) = plan.check(2, &late) {
+                fired = Some(v);
+                break;
+            }
+        }
+        assert_eq!(fired, Some(vec![2, 3]));
+        assert_eq!(plan.check(2, &late), None);
+        assert!(plan.unfired().is_empty());
+    }
+}

@@ -1,0 +1,131 @@
+//! Running a job: the restartable rank function and its harness.
+//!
+//! The harness calls the rank function; when it unwinds with
+//! `Error::Rollback`, the harness runs the protocol's recovery and calls the
+//! function again (the Reinit/Fenix model, DESIGN principle 3). A replacement
+//! rank starts in recovery. When the function returns `Ok`, the rank
+//! finalizes with the others (a failure during finalize still rolls back).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::api::Ctx;
+use crate::config::{Backend, Config};
+use crate::driver::threads;
+use crate::engine::Engine;
+use crate::{Error, Result};
+
+/// The type of a rank function.
+pub type RankFn<T> = dyn Fn(&mut Ctx) -> Result<T> + Send + Sync;
+
+/// Job-wide statistics (the JSON summary's measured fields).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JobStats {
+    /// Wall time of the whole job.
+    pub wall_s: f64,
+    /// Failure events (a node kill is one event).
+    pub failures: u64,
+    /// Ranks killed.
+    pub ranks_killed: u64,
+    /// Rank restarts from a checkpoint (survivors and replacements).
+    pub ranks_rolled_back: u64,
+    /// Time from a failure until every rank resumed, summed over recoveries.
+    pub recovery_s: f64,
+    /// Checkpoint generations committed.
+    pub checkpoints: u64,
+    /// Bytes of all committed pieces (all ranks, all generations).
+    pub checkpoint_bytes: u64,
+    /// Longest time a rank spent in one checkpoint.
+    pub checkpoint_s: f64,
+    /// Time spent in checkpoints, averaged over ranks.
+    pub checkpoint_s_total: f64,
+    /// Newest committed generation.
+    pub last_generation: Option<u64>,
+    /// Peak bytes of message logs on one rank.
+    pub peak_log_bytes: u64,
+    /// Kill specifications whose moment never came.
+    pub unfired_kills: Vec<String>,
+}
+
+/// What a job produced.
+#[derive(Debug)]
+pub struct JobReport<T> {
+    /// Each rank's return value (rank order), or the job's error.
+    pub outcome: Result<Vec<T>>,
+    /// Statistics.
+    pub stats: JobStats,
+}
+
+/// Run `f` as the rank function of every rank under `cfg`.
+///
+/// ```
+/// use lazarus::{Config, ProtocolKind, ReduceOp};
+/// let report = lazarus::run(&Config::new(4).protocol(ProtocolKind::Coordinated), |ctx| {
+///     let world = ctx.world();
+///     let mut sum = [0u64];
+///     world.all_reduce_into(&[world.rank() as u64], &mut sum, ReduceOp::Sum)?;
+///     Ok(sum[0])
+/// });
+/// assert_eq!(report.outcome.unwrap(), vec![6, 6, 6, 6]);
+/// ```
+pub fn run<T, F>(cfg: &Config, f: F) -> JobReport<T>
+where
+    T: Send + 'static,
+    F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
+{
+    let placement = match cfg.validate() {
+        Ok(p) => p,
+        Err(e) => {
+            return JobReport {
+                outcome: Err(e),
+                stats: JobStats::default(),
+            };
+        }
+    };
+    let f: Arc<RankFn<T>> = Arc::new(f);
+    let (outcome, stats) = match cfg.backend {
+        Backend::Threads => threads::run(cfg, placement, f),
+    };
+    JobReport { outcome, stats }
+}
+
+/// The harness of one rank incarnation.
+pub(crate) fn run_rank<T>(engine: Engine, f: &RankFn<T>) -> Result<T> {
+    let engine = Rc::new(RefCell::new(engine));
+    let starts_in_recovery = engine.borrow().is_replacement();
+    if starts_in_recovery {
+        recover(&engine)?;
+    }
+    loop {
+        let mut ctx = Ctx::new(engine.clone());
+        let r = f(&mut ctx).and_then(|v| engine.borrow_mut().finalize().map(|()| v));
+        match r {
+            Ok(v) => return Ok(v),
+            Err(Error::Rollback { .. }) => recover(&engine)?,
+            Err(e) => {
+                // An error may be the consequence of a failure the engine
+                // already knows about (the rank function turned it into its
+                // own error): the interrupt wins.
+                let pending = engine.borrow().interrupted().cloned();
+                match pending {
+                    Some(Error::Rollback { .. }) => recover(&engine)?,
+                    Some(i) if !e.is_control_flow() => return Err(i),
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+fn recover(engine: &Rc<RefCell<Engine>>) -> Result<()> {
+    loop {
+        match engine.borrow_mut().recover() {
+            Ok(()) => return Ok(()),
+            Err(Error::Rollback { .. }) => continue, // a failure during recovery
+            Err(e) => return Err(e),
+        }
+    }
+}

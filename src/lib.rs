@@ -1,0 +1,86 @@
+//! # Lazarus
+//!
+//! A runtime for MPI-style parallel programs (ranks with messages,
+//! collectives and one-sided RMA windows) that survive process and node
+//! failures, with the rollback-recovery protocol chosen per run.
+//!
+//! ```
+//! use lazarus::{Config, ProtocolKind, ReduceOp};
+//!
+//! let cfg = Config::new(4).protocol(ProtocolKind::Coordinated);
+//! let report = lazarus::run(&cfg, |ctx| {
+//!     let world = ctx.world();
+//!     // Protected state: restored after a failure, `init` on a fresh start.
+//!     let mut state: (u64, f64) = ctx.restore_or_else(|| (0, 0.0))?;
+//!     while state.0 < 10 {
+//!         let mut s = [0.0];
+//!         world.all_reduce_into(&[world.rank() as f64], &mut s, ReduceOp::Sum)?;
+//!         state = (state.0 + 1, state.1 + s[0]);
+//!         ctx.checkpoint(&state)?; // a safe point
+//!     }
+//!     Ok(state.1)
+//! });
+//! assert_eq!(report.outcome.unwrap(), vec![60.0; 4]);
+//! ```
+//!
+//! ## Glossary
+//!
+//! - **rank**: one process of the parallel program (SPMD), numbered from 0.
+//! - **rank function**: the closure every rank runs; it is *restartable*:
+//!   after a failure the runtime calls it again (Reinit/Fenix model).
+//! - **safe point**: a call to [`Ctx::checkpoint`]; where a protocol may save.
+//! - **checkpoint piece**: one rank's saved state (application state, window
+//!   memory, unexpected messages, counters) for one **generation**.
+//! - **generation**: one global checkpoint; usable only after its **commit
+//!   record** is written, i.e. after every piece of it is stored.
+//! - **failure domain / node**: a set of ranks that fail together
+//!   (`--nodes K`, block placement); redundancy lives in another domain.
+//! - **partner**: the rank, in another failure domain, that keeps a copy of a
+//!   rank's piece.
+//! - **epoch** (world): the number of failure events seen; frames of an older
+//!   epoch belong to a rolled-back execution and are dropped. Not to be
+//!   confused with an **RMA epoch** (003 §2.2): the period between two
+//!   synchronisation actions of an origin towards a target (`E(p -> q)`).
+//! - **protocol**: a state machine from events to actions (module
+//!   [`protocol`]); it owns no thread, socket or clock.
+//! - **driver / backend**: what runs ranks and carries frames (module
+//!   [`driver`]): `threads` today; `processes`, `mpi`, `sim` plug in there.
+//! - **SSN**: send sequence number, per channel (002 §3.1).
+//! - **determinant**: the logged outcome of a nondeterministic reception
+//!   (004 §2; logging protocols).
+//! - **replacement**: the new incarnation of a dead rank, with its number.
+//!
+//! ## Layers
+//!
+//! [`api`] (what the program calls) → [`engine`] (matching, requests, safe
+//! points, windows) → [`protocol`] (events to actions) → [`store`]
+//! (checkpoint levels) → [`driver`] (threads; the world). See
+//! `ARCHITECTURE.md`.
+
+pub mod api;
+pub mod apps;
+pub mod config;
+pub mod driver;
+pub mod engine;
+pub mod error;
+pub mod fault;
+pub mod job;
+pub mod protocol;
+pub mod store;
+pub mod tools;
+pub mod topology;
+
+/// A rank number.
+pub type Rank = usize;
+
+pub use api::Ctx;
+pub use api::comm::{Communicator, Message, ReceiveRequest, Request, Source, Status, TagMatch};
+pub use api::datatype::{DType, Equivalence, ReduceOp};
+pub use api::window::Window;
+pub use config::{Backend, Config};
+pub use driver::LockType;
+pub use engine::frame::Tag;
+pub use error::{Error, Result};
+pub use fault::KillSpec;
+pub use job::{JobReport, JobStats, run};
+pub use protocol::ProtocolKind;

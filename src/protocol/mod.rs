@@ -1,0 +1,283 @@
+//! Rollback-recovery protocols: state machines from events to actions.
+//!
+//! A protocol owns no thread, socket, clock or random generator (DESIGN
+//! principle 2). The rank engine feeds it [`Event`]s (the application posted a
+//! send, a safe point was reached, a control frame arrived, a peer died, ...)
+//! and carries out the [`Action`]s it emits (transmit a control frame, capture a
+//! checkpoint, commit a generation, roll back, resume). That makes every
+//! protocol testable alone with scripted events, and lets the same code run on
+//! every driver.
+//!
+//! One module per paper's protocol:
+//!
+//! | module | paper | status |
+//! | --- | --- | --- |
+//! | [`none`] | baseline | implemented |
+//! | [`coordinated`] | 004 §2.2, 003 §3.1 | implemented |
+//! | `chandy_lamport` | 000 | planned |
+//! | `pessimistic` | 004 §2, 002 §2.1 | planned |
+//! | `ulml` | 002 | planned |
+//! | `correlated` | 004 §3 | planned |
+//! | `rma` | 003 §3–§6 | planned |
+//! | `proactive` | 001 | planned |
+
+pub mod coordinated;
+pub mod none;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::frame::AppMessage;
+use crate::store::CheckpointStore;
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+
+/// The protocols a run can choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProtocolKind {
+    /// No fault tolerance: a failure ends the run with an error.
+    None,
+    /// Blocking coordinated checkpointing.
+    Coordinated,
+}
+
+impl ProtocolKind {
+    /// All protocols that exist.
+    pub const ALL: [ProtocolKind; 2] = [ProtocolKind::None, ProtocolKind::Coordinated];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProtocolKind::None => "none",
+            ProtocolKind::Coordinated => "coordinated",
+        }
+    }
+
+    /// Build the protocol state machine for one rank.
+    pub fn build(self, checkpoint_every: u64) -> Box<dyn Protocol> {
+        match self {
+            ProtocolKind::None => Box::new(none::NoProtocol),
+            ProtocolKind::Coordinated => Box::new(coordinated::Coordinated::new(checkpoint_every)),
+        }
+    }
+
+    /// Whether the driver starts a replacement for a dead rank.
+    pub fn replaces_failed_ranks(self) -> bool {
+        !matches!(self, ProtocolKind::None)
+    }
+}
+
+impl fmt::Display for ProtocolKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ProtocolKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        ProtocolKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = ProtocolKind::ALL.iter().map(|p| p.name()).collect();
+                Error::config(
+                    "--protocol",
+                    format!("unknown protocol `{s}` (known: {})", names.join(", ")),
+                )
+            })
+    }
+}
+
+/// Protocol control messages (carried in `Body::Control`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// Channel-silencing marker for `generation`: the sender sends no more
+    /// application messages before the generation commits.
+    Marker {
+        /// Generation being saved.
+        generation: u64,
+    },
+    /// The sender's piece of `generation` is stored (to the coordinator).
+    Stored {
+        /// Generation.
+        generation: u64,
+    },
+    /// Commit record of `generation` (from the coordinator).
+    Commit {
+        /// Generation.
+        generation: u64,
+    },
+    /// Recovery: what the sender holds (to the recovery leader).
+    Inventory {
+        /// Newest generation whose commit record the sender holds.
+        committed: Option<u64>,
+        /// Pieces held: `(generation, owner)`.
+        held: Vec<(u64, Rank)>,
+    },
+    /// Recovery: the generation everyone restores, and where each rank's
+    /// piece is (`holders[r]`), and whether `r`'s partner still holds a copy.
+    Decision {
+        /// Generation to restore (`None`: restart from the beginning).
+        generation: Option<u64>,
+        /// For each rank, a rank holding its piece.
+        holders: Vec<Rank>,
+        /// For each rank, whether its partner still has its piece.
+        partner_has: Vec<bool>,
+    },
+    /// Recovery: the sender has its piece back and its redundancy rebuilt.
+    Ready,
+    /// Recovery: everyone is ready; resume.
+    Go,
+}
+
+/// What happened, as the protocol sees it.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The application posted a send (before it is transmitted).
+    AppSend {
+        /// The message.
+        msg: &'a AppMessage,
+    },
+    /// An application message was matched by a receive (the reception
+    /// event whose outcome a logging protocol records).
+    AppDeliver {
+        /// The message.
+        msg: &'a AppMessage,
+    },
+    /// The application reached safe point number `index` (1-based).
+    SafePoint {
+        /// Index of the safe point.
+        index: u64,
+    },
+    /// A control frame arrived.
+    Control {
+        /// Sender.
+        src: Rank,
+        /// Message.
+        msg: Control,
+    },
+    /// The store finished putting this rank's piece of `generation`.
+    PieceStored {
+        /// Generation.
+        generation: u64,
+    },
+    /// This rank's own piece of `generation` is local again.
+    PieceRestored {
+        /// Generation.
+        generation: u64,
+    },
+    /// The failure detector declared `dead` failed; world epoch is `epoch`.
+    PeerFailed {
+        /// New world epoch.
+        epoch: u64,
+        /// The ranks that died.
+        dead: &'a [Rank],
+    },
+    /// This rank starts recovery in `epoch` (a survivor after rolling back, or
+    /// a replacement that just started).
+    Recover {
+        /// World epoch.
+        epoch: u64,
+        /// Whether this rank is a freshly started replacement.
+        replacement: bool,
+    },
+}
+
+/// What the protocol asks the engine to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send a control message (to self is allowed: it is looped back).
+    Transmit {
+        /// Destination.
+        dest: Rank,
+        /// Message.
+        msg: Control,
+    },
+    /// Capture this rank's state as the piece of `generation` and store it.
+    Capture {
+        /// Generation.
+        generation: u64,
+    },
+    /// Write the commit record of `generation`.
+    Commit {
+        /// Generation.
+        generation: u64,
+    },
+    /// Let the application continue past the current safe point.
+    ReleaseSafePoint,
+    /// Roll this rank back: unwind the rank function with `Error::Rollback`
+    /// and start recovery in `epoch`.
+    Rollback {
+        /// World epoch.
+        epoch: u64,
+    },
+    /// End this rank's run with an error.
+    Fail(Error),
+    /// Drop every checkpoint piece except those of `keep`.
+    RetainOnly {
+        /// Generation kept.
+        keep: Option<u64>,
+    },
+    /// Bring this rank's piece of `generation` back from `holder`.
+    Fetch {
+        /// Generation.
+        generation: u64,
+        /// Who holds it.
+        holder: Rank,
+    },
+    /// Send this rank's piece of `generation` to its partner again.
+    Replicate {
+        /// Generation.
+        generation: u64,
+    },
+    /// Recovery is complete: restart the rank function from `generation`.
+    Resume {
+        /// Generation restored (`None`: from the beginning).
+        generation: Option<u64>,
+    },
+}
+
+/// Read-only facts and the action sink handed to a protocol with each event.
+pub struct ProtocolCx<'a> {
+    /// This rank.
+    pub rank: Rank,
+    /// Job size.
+    pub size: usize,
+    /// Placement of ranks into failure domains.
+    pub placement: &'a Placement,
+    /// The checkpoint store (read-only view).
+    pub store: &'a dyn CheckpointStore,
+    /// Driver time.
+    pub now: Duration,
+    /// Emitted actions, executed in order after the handler returns.
+    pub actions: Vec<Action>,
+}
+
+impl ProtocolCx<'_> {
+    /// Emit an action.
+    pub fn emit(&mut self, a: Action) {
+        self.actions.push(a);
+    }
+
+    /// Transmit `msg` to every rank except this one.
+    pub fn broadcast(&mut self, msg: &Control) {
+        for dest in (0..self.size).filter(|&d| d != self.rank) {
+            self.actions.push(Action::Transmit {
+                dest,
+                msg: msg.clone(),
+            });
+        }
+    }
+}
+
+/// A rollback-recovery protocol.
+pub trait Protocol: Send {
+    /// Name (as on the command line).
+    fn name(&self) -> &'static str;
+    /// Consume one event, emitting actions into `cx`.
+    fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>);
+}

@@ -1,0 +1,192 @@
+//! The `partner` level: each piece is kept by its owner and by one partner
+//! rank placed in another failure domain ([`Placement::partner`]), so the loss
+//! of one rank, or of one whole node, loses no piece. Pieces travel as shared
+//! buffers; a killed rank loses the copies it held for others (they live in
+//! this struct, which dies with the rank).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{CheckpointStore, Piece, StoreEvent, StoreMsg, StoreOut};
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+
+/// In-memory partner-copy store of one rank.
+#[derive(Debug)]
+pub struct PartnerStore {
+    rank: Rank,
+    partner: Option<Rank>,
+    pieces: BTreeMap<(u64, Rank), Piece>,
+    committed: Option<u64>,
+    /// Generations whose partner copy is not yet acknowledged.
+    awaiting_ack: BTreeSet<u64>,
+    /// Generation of our own piece being fetched back.
+    fetching: Option<u64>,
+}
+
+impl PartnerStore {
+    /// A store for `rank` in `placement`.
+    pub fn new(rank: Rank, placement: &Placement) -> Self {
+        PartnerStore {
+            rank,
+            partner: placement.partner(rank),
+            pieces: BTreeMap::new(),
+            committed: None,
+            awaiting_ack: BTreeSet::new(),
+            fetching: None,
+        }
+    }
+
+    fn send_copy(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
+        let piece = self
+            .pieces
+            .get(&(generation, self.rank))
+            .cloned()
+            .ok_or_else(|| Error::CorruptCheckpoint {
+                owner: self.rank,
+                generation,
+                detail: "own piece missing when replicating".into(),
+            })?;
+        match self.partner {
+            Some(p) => {
+                self.awaiting_ack.insert(generation);
+                out.sends.push((p, StoreMsg::Put(piece)));
+            }
+            None => out.events.push(StoreEvent::Stored { generation }),
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointStore for PartnerStore {
+    fn name(&self) -> &'static str {
+        "partner"
+    }
+
+    fn put(&mut self, piece: Piece, out: &mut StoreOut) {
+        let generation = piece.generation;
+        self.pieces.insert((generation, self.rank), piece);
+        // The piece was just inserted, so send_copy cannot miss it.
+        let _ = self.send_copy(generation, out);
+    }
+
+    fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()> {
+        match msg {
+            StoreMsg::Put(piece) => {
+                piece.verify()?;
+                let (generation, owner) = (piece.generation, piece.owner);
+                self.pieces.insert((generation, owner), piece);
+                out.sends
+                    .push((src, StoreMsg::PutAck { generation, owner }));
+            }
+            StoreMsg::PutAck { generation, owner } => {
+                if owner == self.rank && self.awaiting_ack.remove(&generation) {
+                    out.events.push(StoreEvent::Stored { generation });
+                }
+            }
+            StoreMsg::Fetch { generation, owner } => {
+                if let Some(p) = self.pieces.get(&(generation, owner)) {
+                    out.sends.push((src, StoreMsg::Piece(p.clone())));
+                }
+            }
+            StoreMsg::Piece(piece) => {
+                if piece.owner == self.rank && self.fetching == Some(piece.generation) {
+                    piece.verify()?;
+                    let generation = piece.generation;
+                    self.pieces.insert((generation, self.rank), piece);
+                    self.fetching = None;
+                    out.events.push(StoreEvent::Restored { generation });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) {
+        if self.pieces.contains_key(&(generation, self.rank)) {
+            out.events.push(StoreEvent::Restored { generation });
+        } else {
+            self.fetching = Some(generation);
+            out.sends.push((
+                holder,
+                StoreMsg::Fetch {
+                    generation,
+                    owner: self.rank,
+                },
+            ));
+        }
+    }
+
+    fn replicate(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
+        self.send_copy(generation, out)
+    }
+
+    fn commit(&mut self, generation: u64) {
+        self.committed = Some(generation);
+        self.pieces.retain(|&(g, _), _| g >= generation);
+        self.awaiting_ack.retain(|&g| g >= generation);
+    }
+
+    fn committed(&self) -> Option<u64> {
+        self.committed
+    }
+
+    fn held(&self) -> Vec<(u64, Rank)> {
+        self.pieces.keys().copied().collect()
+    }
+
+    fn get(&self, generation: u64, owner: Rank) -> Option<&Piece> {
+        self.pieces.get(&(generation, owner))
+    }
+
+    fn retain_only(&mut self, keep: Option<u64>) {
+        self.pieces.retain(|&(g, _), _| Some(g) == keep);
+        self.abort_transfers();
+    }
+
+    fn abort_transfers(&mut self) {
+        self.awaiting_ack.clear();
+        self.fetching = None;
+    }
+
+    fn bytes_held(&self) -> usize {
+        self.pieces.values().map(|p| p.data.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn put_replicates_and_acks() {
+        let pl = Placement::block(4, 2).expect("valid");
+        let mut a = PartnerStore::new(0, &pl);
+        let mut b = PartnerStore::new(2, &pl);
+        let mut out = StoreOut::default();
+        a.put(Piece::new(1, 0, Bytes::from_static(b"state")), &mut out);
+        assert!(out.events.is_empty());
+        let (dest, msg) = out.sends.pop().expect("a copy goes to the partner");
+        assert_eq!(dest, 2);
+        let mut out_b = StoreOut::default();
+        b.on_msg(0, msg, &mut out_b).expect("valid piece");
+        assert_eq!(b.held(), vec![(1, 0)]);
+        let (_, ack) = out_b.sends.pop().expect("ack");
+        a.on_msg(2, ack, &mut out).expect("ack");
+        assert_eq!(out.events, vec![StoreEvent::Stored { generation: 1 }]);
+    }
+
+    #[test]
+    fn corrupt_piece_is_refused() {
+        let pl = Placement::block(2, 2).expect("valid");
+        let mut b = PartnerStore::new(1, &pl);
+        let mut p = Piece::new(1, 0, Bytes::from_static(b"state"));
+        p.crc ^= 1;
+        let err = b.on_msg(0, StoreMsg::Put(p), &mut StoreOut::default());
+        assert!(matches!(
+            err,
+            Err(Error::CorruptCheckpoint { owner: 0, .. })
+        ));
+        assert!(b.held().is_empty());
+    }
+}

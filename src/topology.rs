@@ -1,0 +1,111 @@
+//! Placement of ranks into failure domains ("nodes").
+//!
+//! Ranks are placed in blocks: with `P` ranks and `K` nodes, node `k` hosts
+//! ranks `k*ceil(P/K) ..`. A node failure kills every rank on it at once
+//! (DESIGN principle 6), so redundancy (the partner copy of a checkpoint) is
+//! always placed on another node when there is one.
+
+use crate::{Error, Rank, Result};
+
+/// Block placement of `ranks` ranks on `nodes` failure domains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    ranks: usize,
+    nodes: usize,
+    per_node: usize,
+}
+
+impl Placement {
+    /// Place `ranks` ranks on `nodes` nodes in blocks.
+    pub fn block(ranks: usize, nodes: usize) -> Result<Self> {
+        if ranks == 0 {
+            return Err(Error::config("--ranks", "at least one rank is needed"));
+        }
+        if nodes == 0 || nodes > ranks {
+            return Err(Error::config(
+                "--nodes",
+                format!("{nodes} nodes cannot host {ranks} ranks (need 1 ..= ranks)"),
+            ));
+        }
+        Ok(Placement {
+            ranks,
+            nodes,
+            per_node: ranks.div_ceil(nodes),
+        })
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Number of failure domains.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// The node hosting `rank`.
+    pub fn node_of(&self, rank: Rank) -> usize {
+        (rank / self.per_node).min(self.nodes - 1)
+    }
+
+    /// The ranks hosted on `node`, in order.
+    pub fn ranks_on(&self, node: usize) -> Vec<Rank> {
+        (0..self.ranks)
+            .filter(|&r| self.node_of(r) == node)
+            .collect()
+    }
+
+    /// The rank that keeps `rank`'s partner copy: the same position on the
+    /// next node, so that one whole node can be lost. With a single node the
+    /// next rank is used (it protects against a single rank failure only).
+    /// `None` when the job has one rank.
+    pub fn partner(&self, rank: Rank) -> Option<Rank> {
+        if self.ranks < 2 {
+            return None;
+        }
+        let p = if self.nodes > 1 {
+            (rank + self.per_node) % self.ranks
+        } else {
+            (rank + 1) % self.ranks
+        };
+        // An uneven last node can wrap onto the same node; step until the
+        // partner is on another node (there always is one when nodes > 1).
+        let mut p = p;
+        while self.nodes > 1 && self.node_of(p) == self.node_of(rank) {
+            p = (p + 1) % self.ranks;
+        }
+        Some(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partners_are_on_other_nodes() {
+        for ranks in 2..20 {
+            for nodes in 1..=ranks {
+                let pl = Placement::block(ranks, nodes).expect("valid");
+                for r in 0..ranks {
+                    let p = pl.partner(r).expect("partner");
+                    assert_ne!(p, r);
+                    if nodes > 1 {
+                        assert_ne!(pl.node_of(p), pl.node_of(r), "{ranks}/{nodes} r{r}");
+                    }
+                }
+                let total: usize = (0..nodes).map(|n| pl.ranks_on(n).len()).sum();
+                assert_eq!(total, ranks);
+            }
+        }
+    }
+
+    #[test]
+    fn block_placement() {
+        let pl = Placement::block(8, 4).expect("valid");
+        assert_eq!(pl.ranks_on(1), vec![2, 3]);
+        assert_eq!(pl.partner(3), Some(5));
+        assert!(Placement::block(4, 5).is_err());
+    }
+}
