@@ -100,6 +100,12 @@ impl Ctx {
         self.engine.borrow().restored_generation()
     }
 
+    /// Seconds since the job started, from the driver's clock (virtual time
+    /// on the simulator), like `MPI_Wtime`.
+    pub fn wtime(&self) -> f64 {
+        self.engine.borrow().now().as_secs_f64()
+    }
+
     /// Failure events seen so far (the world epoch).
     pub fn epoch(&self) -> u64 {
         self.engine.borrow().epoch()

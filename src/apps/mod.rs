@@ -1,2 +1,177 @@
-//! The applications shipped with Lazarus: test oracles and benchmarks.
+//! The applications shipped with Lazarus. They are the test oracles and the
+//! benchmarks: each ends with a verification value that must be bit-identical
+//! under every protocol, failure schedule and backend.
+//!
+//! | app | workload | verification |
+//! | --- | --- | --- |
+//! | [`stencil`] | 2-D 5-point Jacobi, halo exchange (001) | checksum equal to a one-rank computation |
+//! | [`cg`] | NAS CG, classes S, W, A (002) | NPB's published zeta within NPB's tolerance |
+//! | [`dht`] | distributed hash table over RMA atomics (003 §7.2.2) | every key found once with its value |
+//! | [`pingpong`] | latency and bandwidth, 1 B to 4 MiB (004 §4.2) | payloads echoed intact |
+
 pub mod cg;
+pub mod dht;
+pub mod pingpong;
+pub mod stencil;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::{Config, Ctx, Error, JobStats, Result};
+
+/// What rank 0 of an app reports at the end.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verification {
+    /// The verification value, printed after `VERIFIED` (full precision: it is
+    /// compared as a string across runs).
+    pub value: String,
+    /// Whether it passed the app's own check.
+    pub verified: bool,
+    /// Why not, when it did not (or details when it did).
+    pub detail: String,
+    /// App-specific measurements (pingpong latencies, for instance).
+    pub metrics: serde_json::Value,
+}
+
+/// The shipped applications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum AppKind {
+    /// 2-D Jacobi stencil.
+    Stencil,
+    /// NAS CG.
+    Cg,
+    /// Distributed hash table over RMA.
+    Dht,
+    /// Ping-pong latency/bandwidth.
+    Pingpong,
+}
+
+impl AppKind {
+    /// All apps.
+    pub const ALL: [AppKind; 4] = [AppKind::Stencil, AppKind::Cg, AppKind::Dht, AppKind::Pingpong];
+
+    /// Name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            AppKind::Stencil => "stencil",
+            AppKind::Cg => "cg",
+            AppKind::Dht => "dht",
+            AppKind::Pingpong => "pingpong",
+        }
+    }
+}
+
+impl fmt::Display for AppKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AppKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        AppKind::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
+            Error::config(
+                "APP",
+                format!("unknown app `{s}` (known: stencil, cg, dht, pingpong)"),
+            )
+        })
+    }
+}
+
+/// Size parameters common to the apps (each uses what applies to it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AppParams {
+    /// Problem class (CG: S, W, A; dht: S, W, A sizes).
+    pub class: Option<char>,
+    /// Problem size (stencil: grid side; dht: keys per rank).
+    pub size: Option<usize>,
+    /// Iterations (stencil: sweeps; dht: insert batches; pingpong: repetitions).
+    pub iterations: Option<u64>,
+}
+
+/// The result of running an app.
+#[derive(Debug)]
+pub struct AppRun {
+    /// Rank 0's verification, or the job's error.
+    pub outcome: Result<Verification>,
+    /// Job statistics.
+    pub stats: JobStats,
+    /// Safe points (iterations) of the run.
+    pub iterations: u64,
+}
+
+/// Number of safe points an app will pass with these parameters (validates
+/// `--kill R@iI` and `--checkpoint-every`).
+pub fn iterations(app: AppKind, p: &AppParams) -> Result<u64> {
+    match app {
+        AppKind::Stencil => Ok(stencil::Params::from_app(p)?.iterations),
+        AppKind::Cg => Ok(cg::Params::from_app(p)?.niter),
+        AppKind::Dht => Ok(dht::Params::from_app(p)?.batches),
+        AppKind::Pingpong => Ok(pingpong::Params::from_app(p)?.sizes().len() as u64),
+    }
+}
+
+/// Run `app` under `cfg` (its `iterations` is filled in here).
+pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
+    let iterations = match self::iterations(app, p) {
+        Ok(n) => n,
+        Err(e) => {
+            return AppRun {
+                outcome: Err(e),
+                stats: JobStats::default(),
+                iterations: 0,
+            };
+        }
+    };
+    let mut cfg = cfg.clone();
+    cfg.iterations = Some(iterations);
+    let report = match app {
+        AppKind::Stencil => match stencil::Params::from_app(p) {
+            Ok(params) => crate::run(&cfg, move |ctx| stencil::rank_main(ctx, &params)),
+            Err(e) => return failed(e),
+        },
+        AppKind::Cg => match cg::Params::from_app(p) {
+            Ok(params) => {
+                let matrix = std::sync::Arc::new(cg::npb::makea(&params.class));
+                crate::run(&cfg, move |ctx| cg::rank_main(ctx, &params, &matrix))
+            }
+            Err(e) => return failed(e),
+        },
+        AppKind::Dht => match dht::Params::from_app(p) {
+            Ok(params) => crate::run(&cfg, move |ctx| dht::rank_main(ctx, &params)),
+            Err(e) => return failed(e),
+        },
+        AppKind::Pingpong => match pingpong::Params::from_app(p) {
+            Ok(params) => crate::run(&cfg, move |ctx| pingpong::rank_main(ctx, &params)),
+            Err(e) => return failed(e),
+        },
+    };
+    let outcome = report.outcome.and_then(|mut v| {
+        if v.is_empty() {
+            return Err(Error::app("no rank returned"));
+        }
+        Ok(v.swap_remove(0))
+    });
+    AppRun {
+        outcome,
+        stats: report.stats,
+        iterations,
+    }
+}
+
+fn failed(e: Error) -> AppRun {
+    AppRun {
+        outcome: Err(e),
+        stats: JobStats::default(),
+        iterations: 0,
+    }
+}
+
+/// Helper for apps: mark progress `done / total` and pass a safe point.
+pub fn safe_point<S: Serialize>(ctx: &mut Ctx, state: &S, done: u64, total: u64) -> Result<()> {
+    ctx.set_progress(done as f64 / total.max(1) as f64);
+    ctx.checkpoint(state)
+}

@@ -754,7 +754,12 @@ impl Engine {
             })?;
         self.safe_points = snap.safe_points;
         self.progress = snap.progress;
+        // Messages checkpointed as unexpected were sent before the cut; any
+        // that arrived during recovery come from ranks that already resumed,
+        // so they follow.
+        let arrived = std::mem::take(&mut self.unexpected);
         self.unexpected = snap.unexpected.into();
+        self.unexpected.extend(arrived);
         if snap.ssn_out.len() == self.size {
             self.ssn_out = snap.ssn_out;
         }

@@ -1,1 +1,5 @@
-//! Command-line tools.
+//! The tools behind the `lazarus` command line: the run summary (JSON) and
+//! the benchmark driver. The binary (`src/main.rs`) only parses arguments.
+
+pub mod bench;
+pub mod summary;
