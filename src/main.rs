@@ -249,7 +249,11 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             "  {:<12} wall {:.4} s  {}",
             r.protocol,
             r.stats.wall_s,
-            if r.verified { "verified" } else { "NOT VERIFIED" }
+            if r.verified {
+                "verified"
+            } else {
+                "NOT VERIFIED"
+            }
         );
     })
     .map_err(usage)?;
@@ -262,7 +266,10 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         report.reps,
         cfg.checkpoint_every
     );
-    println!("{:<14} {:>12} {:>10}  verified  value", "protocol", "median s", "ratio");
+    println!(
+        "{:<14} {:>12} {:>10}  verified  value",
+        "protocol", "median s", "ratio"
+    );
     let mut ok = true;
     let first_value = report.protocols.first().map(|p| p.value.clone());
     for p in &report.protocols {
@@ -275,11 +282,15 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             && let Some(points) = p.metrics.as_array()
         {
             for pt in points.iter().filter(|pt| {
-                matches!(pt["bytes"].as_u64(), Some(8) | Some(1048576) | Some(4194304))
+                matches!(
+                    pt["bytes"].as_u64(),
+                    Some(8) | Some(1048576) | Some(4194304)
+                )
             }) {
                 println!(
                     "    {:>8} B: latency {:.2} us, bandwidth {:.0} MB/s",
-                    pt["bytes"], pt["latency_us"].as_f64().unwrap_or(f64::NAN),
+                    pt["bytes"],
+                    pt["latency_us"].as_f64().unwrap_or(f64::NAN),
                     pt["bandwidth_mb_s"].as_f64().unwrap_or(f64::NAN)
                 );
             }

@@ -323,7 +323,7 @@ impl Communicator {
     /// elements) to rank `j` and receives block `i` from every rank `i`.
     pub fn all_to_all<T: Equivalence>(&self, data: &[T]) -> Result<Vec<T>> {
         let size = self.size();
-        if data.len() % size != 0 {
+        if !data.len().is_multiple_of(size) {
             return Err(Error::SizeMismatch {
                 expected: size,
                 got: data.len(),

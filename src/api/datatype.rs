@@ -121,7 +121,7 @@ float_equivalence!(f32 => F32, f64 => F64);
 /// Copy a byte buffer (any alignment) into a typed vector.
 pub fn to_vec<T: Equivalence>(bytes: &[u8]) -> Option<Vec<T>> {
     let size = std::mem::size_of::<T>();
-    if size == 0 || bytes.len() % size != 0 {
+    if size == 0 || !bytes.len().is_multiple_of(size) {
         return None;
     }
     let mut v = vec![T::zeroed(); bytes.len() / size];

@@ -50,7 +50,12 @@ pub enum AppKind {
 
 impl AppKind {
     /// All apps.
-    pub const ALL: [AppKind; 4] = [AppKind::Stencil, AppKind::Cg, AppKind::Dht, AppKind::Pingpong];
+    pub const ALL: [AppKind; 4] = [
+        AppKind::Stencil,
+        AppKind::Cg,
+        AppKind::Dht,
+        AppKind::Pingpong,
+    ];
 
     /// Name on the command line.
     pub fn name(self) -> &'static str {
@@ -72,12 +77,15 @@ impl fmt::Display for AppKind {
 impl FromStr for AppKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        AppKind::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
-            Error::config(
-                "APP",
-                format!("unknown app `{s}` (known: stencil, cg, dht, pingpong)"),
-            )
-        })
+        AppKind::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                Error::config(
+                    "APP",
+                    format!("unknown app `{s}` (known: stencil, cg, dht, pingpong)"),
+                )
+            })
     }
 }
 

@@ -25,11 +25,17 @@ impl Params {
     /// `--iterations` = round trips per size).
     pub fn from_app(p: &AppParams) -> Result<Self> {
         if p.class.is_some() {
-            return Err(Error::config("--class", "pingpong has no classes; use --size"));
+            return Err(Error::config(
+                "--class",
+                "pingpong has no classes; use --size",
+            ));
         }
         let max_bytes = p.size.unwrap_or(4 << 20);
         if max_bytes == 0 {
-            return Err(Error::config("--size", "the largest message must be at least 1 byte"));
+            return Err(Error::config(
+                "--size",
+                "the largest message must be at least 1 byte",
+            ));
         }
         Ok(Params {
             max_bytes,
@@ -69,7 +75,11 @@ struct State {
 }
 
 fn pattern(size: usize, seed: usize) -> Bytes {
-    Bytes::from((0..size).map(|i| (i.wrapping_mul(131) ^ seed) as u8).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..size)
+            .map(|i| (i.wrapping_mul(131) ^ seed) as u8)
+            .collect::<Vec<u8>>(),
+    )
 }
 
 const TAG: i32 = 7;
@@ -125,7 +135,11 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     let (intact, points): (bool, Vec<Point>) = world.broadcast_value(0, Some(&mine))?;
     let at = |b: usize| points.iter().find(|p| p.bytes == b).copied();
     Ok(Verification {
-        value: format!("{} sizes echoed {}", points.len(), if intact { "intact" } else { "CORRUPTED" }),
+        value: format!(
+            "{} sizes echoed {}",
+            points.len(),
+            if intact { "intact" } else { "CORRUPTED" }
+        ),
         verified: intact && points.len() == sizes.len(),
         detail: match (at(8), at(1 << 20)) {
             (Some(l), Some(b)) => format!(

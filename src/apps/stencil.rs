@@ -155,13 +155,22 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
                 return Err(Error::app("halo row of the wrong length"));
             }
             for i in 0..nloc {
-                let up = if i == 0 { &halo_up[..] } else { &st.rows[(i - 1) * n..i * n] };
+                let up = if i == 0 {
+                    &halo_up[..]
+                } else {
+                    &st.rows[(i - 1) * n..i * n]
+                };
                 let down = if i + 1 == nloc {
                     &halo_down[..]
                 } else {
                     &st.rows[(i + 1) * n..(i + 2) * n]
                 };
-                sweep_row(up, &st.rows[i * n..(i + 1) * n], down, &mut next[i * n..(i + 1) * n]);
+                sweep_row(
+                    up,
+                    &st.rows[i * n..(i + 1) * n],
+                    down,
+                    &mut next[i * n..(i + 1) * n],
+                );
             }
             std::mem::swap(&mut st.rows, &mut next);
         }
@@ -169,7 +178,9 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
         safe_point(ctx, &st, st.it, p.iterations)?;
     }
     // Row sums in global row order, summed at rank 0 as the serial code does.
-    let sums: Vec<f64> = (0..nloc).map(|i| row_sum(&st.rows[i * n..(i + 1) * n])).collect();
+    let sums: Vec<f64> = (0..nloc)
+        .map(|i| row_sum(&st.rows[i * n..(i + 1) * n]))
+        .collect();
     let gathered = world.gather(0, &sums)?;
     // Rank 0 also computes the one-rank reference, so every rank reports the
     // same verdict.

@@ -33,10 +33,14 @@ use crate::Rank;
 /// The coordinator of checkpoints and the leader of recoveries.
 const LEADER: Rank = 0;
 
+/// What a rank reports at recovery: its newest commit record and the
+/// `(generation, owner)` pieces it holds.
+type Inventory = (Option<u64>, Vec<(u64, Rank)>);
+
 #[derive(Debug, Default)]
 struct Recovery {
     /// Inventories received (leader only).
-    inventories: BTreeMap<Rank, (Option<u64>, Vec<(u64, Rank)>)>,
+    inventories: BTreeMap<Rank, Inventory>,
     /// Generation decided.
     decided: Option<Option<u64>>,
     /// Whether this rank must re-create its partner copy.
@@ -95,10 +99,7 @@ impl Coordinated {
     }
 
     /// Leader: choose the generation to restore from the inventories.
-    fn decide(
-        inv: &BTreeMap<Rank, (Option<u64>, Vec<(u64, Rank)>)>,
-        cx: &ProtocolCx<'_>,
-    ) -> Control {
+    fn decide(inv: &BTreeMap<Rank, Inventory>, cx: &ProtocolCx<'_>) -> Control {
         let newest = inv.values().filter_map(|(c, _)| *c).max();
         let holder_of = |g: u64, owner: Rank| -> Option<Rank> {
             if inv

@@ -133,7 +133,12 @@ pub fn bench(
         .iter()
         .position(|&p| p == ProtocolKind::None)
         .unwrap_or(0);
-    let base_median = median(&runs[baseline_idx].iter().map(|r| r.stats.wall_s).collect::<Vec<_>>());
+    let base_median = median(
+        &runs[baseline_idx]
+            .iter()
+            .map(|r| r.stats.wall_s)
+            .collect::<Vec<_>>(),
+    );
     let mut figures = Vec::new();
     for (i, &p) in protocols.iter().enumerate() {
         let walls: Vec<f64> = runs[i].iter().map(|r| r.stats.wall_s).collect();
@@ -148,7 +153,10 @@ pub fn bench(
             ratio: m / base_median,
             wall_s: walls,
             verified_all: runs[i].iter().all(|r| r.verified),
-            value: runs[i].first().map(|r| r.result.clone()).unwrap_or_default(),
+            value: runs[i]
+                .first()
+                .map(|r| r.result.clone())
+                .unwrap_or_default(),
             metrics,
             runs: std::mem::take(&mut runs[i]),
         });

@@ -46,7 +46,12 @@ impl RunSummary {
     /// Summarise `run` of `app` under `cfg`.
     pub fn new(app: AppKind, params: &AppParams, cfg: &Config, run: &AppRun) -> Self {
         let (verified, result, detail, metrics) = match &run.outcome {
-            Ok(v) => (v.verified, v.value.clone(), v.detail.clone(), v.metrics.clone()),
+            Ok(v) => (
+                v.verified,
+                v.value.clone(),
+                v.detail.clone(),
+                v.metrics.clone(),
+            ),
             Err(e) => (false, String::new(), e.to_string(), serde_json::Value::Null),
         };
         RunSummary {

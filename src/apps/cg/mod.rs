@@ -32,7 +32,10 @@ impl Params {
         let class = npb::class_params(c)
             .filter(|cp| matches!(cp.class, 'S' | 'W' | 'A' | 'B'))
             .ok_or_else(|| {
-                Error::config("--class", format!("cg has classes S, W, A and B, not `{c}`"))
+                Error::config(
+                    "--class",
+                    format!("cg has classes S, W, A and B, not `{c}`"),
+                )
             })?;
         if p.size.is_some() || p.iterations.is_some() {
             return Err(Error::config(
@@ -147,11 +150,12 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params, a: &Csr) -> Result<Verification> {
     let mut rnorm = 0.0;
     while st.it < p.niter {
         rnorm = conj_grad(ctx, a, (lo, hi), &st.x, &mut z, (st.it, total))?;
-        let local = st
-            .x
-            .iter()
-            .zip(&z)
-            .fold([0.0, 0.0], |[t1, t2], (&xj, &zj)| [t1 + xj * zj, t2 + zj * zj]);
+        let local =
+            st.x.iter()
+                .zip(&z)
+                .fold([0.0, 0.0], |[t1, t2], (&xj, &zj)| {
+                    [t1 + xj * zj, t2 + zj * zj]
+                });
         let norms = all_sum(&world, &local)?;
         let norm_temp2 = 1.0 / norms[1].sqrt();
         st.zeta = p.class.shift + 1.0 / norms[0];

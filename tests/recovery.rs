@@ -1,0 +1,320 @@
+//! Failure and recovery scenarios, run on every backend (`Backend::ALL`).
+//!
+//! The oracle is the verification value of the failure-free run: every
+//! scenario (a rank kill, a node kill, two kills, a kill during recovery) must
+//! print the bit-identical string, and the statistics must say what happened
+//! (failures, ranks rolled back, no kill left unfired).
+
+use lazarus::apps::{AppKind, AppParams, Verification, run_app};
+use lazarus::{Backend, Config, Error, JobStats, ProtocolKind, ReduceOp};
+
+struct Scenario {
+    name: &'static str,
+    nodes: usize,
+    kills: &'static [&'static str],
+    /// Failure events expected.
+    failures: u64,
+    /// Completed recoveries (each rolls back every rank under `coordinated`).
+    recoveries: u64,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "rank kill",
+        nodes: 1,
+        kills: &["1@50%"],
+        failures: 1,
+        recoveries: 1,
+    },
+    Scenario {
+        name: "node kill",
+        nodes: 2,
+        kills: &["node:1@30%"],
+        failures: 1,
+        recoveries: 1,
+    },
+    Scenario {
+        name: "two kills",
+        nodes: 1,
+        kills: &["1@30%", "2@70%"],
+        failures: 2,
+        recoveries: 2,
+    },
+    Scenario {
+        name: "kill during recovery",
+        nodes: 1,
+        kills: &["1@40%", "2@recovery"],
+        failures: 2,
+        recoveries: 1,
+    },
+    Scenario {
+        name: "node kill, then a kill during its recovery",
+        nodes: 2,
+        kills: &["node:0@60%", "3@recovery"],
+        failures: 2,
+        recoveries: 1,
+    },
+];
+
+fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, JobStats) {
+    let r = run_app(app, params, cfg);
+    match r.outcome {
+        Ok(v) => (v, r.stats),
+        Err(e) => panic!("{app} under {} failed: {e}", cfg.protocol),
+    }
+}
+
+fn check_app(app: AppKind, params: AppParams, ranks: usize, seeds: u64) {
+    for backend in Backend::ALL {
+        let base = Config {
+            backend,
+            ..Config::new(ranks)
+        };
+        let (reference, _) = run(app, &params, &base);
+        assert!(
+            reference.verified,
+            "{app}: failure-free run not verified: {}",
+            reference.detail
+        );
+        for sc in SCENARIOS {
+            for seed in 1..=seeds {
+                let mut cfg = base
+                    .clone()
+                    .protocol(ProtocolKind::Coordinated)
+                    .nodes(sc.nodes)
+                    .checkpoint_every(2)
+                    .seed(seed);
+                for k in sc.kills {
+                    cfg = cfg.kill(k.parse().expect("valid kill spec"));
+                }
+                let (v, st) = run(app, &params, &cfg);
+                let what = format!("{app} on {backend}, {} (seed {seed})", sc.name);
+                assert!(v.verified, "{what}: not verified: {}", v.detail);
+                assert_eq!(
+                    v.value, reference.value,
+                    "{what}: value differs from the failure-free run"
+                );
+                assert!(
+                    st.unfired_kills.is_empty(),
+                    "{what}: kills never fired: {:?}",
+                    st.unfired_kills
+                );
+                assert_eq!(st.failures, sc.failures, "{what}: failure events");
+                assert_eq!(
+                    st.ranks_rolled_back,
+                    sc.recoveries * ranks as u64,
+                    "{what}: coordinated rolls every rank back once per completed recovery"
+                );
+                assert!(st.checkpoints > 0, "{what}: no checkpoint committed");
+            }
+        }
+    }
+}
+
+#[test]
+fn cg_class_s_survives_every_scenario() {
+    check_app(
+        AppKind::Cg,
+        AppParams {
+            class: Some('S'),
+            ..AppParams::default()
+        },
+        4,
+        3,
+    );
+}
+
+#[test]
+fn cg_class_w_survives_every_scenario() {
+    check_app(
+        AppKind::Cg,
+        AppParams {
+            class: Some('W'),
+            ..AppParams::default()
+        },
+        4,
+        1,
+    );
+}
+
+#[test]
+fn stencil_survives_every_scenario() {
+    check_app(AppKind::Stencil, AppParams::default(), 4, 3);
+}
+
+#[test]
+fn dht_survives_every_scenario() {
+    check_app(AppKind::Dht, AppParams::default(), 4, 2);
+}
+
+#[test]
+fn cg_class_s_zeta_matches_npb() {
+    let (v, _) = run(
+        AppKind::Cg,
+        &AppParams {
+            class: Some('S'),
+            ..AppParams::default()
+        },
+        &Config::new(4),
+    );
+    let zeta: f64 = v.value.parse().expect("zeta is a number");
+    assert!(
+        ((zeta - 8.5971775078648) / 8.5971775078648).abs() <= 1e-10,
+        "zeta {zeta}"
+    );
+}
+
+/// An independent one-rank Jacobi (not the library's) for the stencil oracle.
+fn jacobi_checksum(n: usize, iterations: u64) -> f64 {
+    let init = |i: usize, j: usize| -> f64 {
+        if i == 0 {
+            1.0
+        } else if i == n - 1 {
+            0.0
+        } else if j == 0 {
+            0.25
+        } else if j == n - 1 {
+            0.75
+        } else {
+            ((i * 31 + j * 17) % 97) as f64 / 97.0
+        }
+    };
+    let mut u = vec![vec![0.0; n]; n];
+    for (i, row) in u.iter_mut().enumerate() {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = init(i, j);
+        }
+    }
+    for _ in 0..iterations {
+        let old = u.clone();
+        for i in 1..n - 1 {
+            for j in 1..n - 1 {
+                u[i][j] = 0.25 * (old[i - 1][j] + old[i + 1][j] + old[i][j - 1] + old[i][j + 1]);
+            }
+        }
+    }
+    u.iter()
+        .fold(0.0, |s, row| s + row.iter().fold(0.0, |r, &x| r + x))
+}
+
+#[test]
+fn stencil_checksum_equals_one_rank_computation() {
+    for (n, it, ranks) in [(64, 30, 4), (50, 17, 3), (33, 9, 7)] {
+        let params = AppParams {
+            size: Some(n),
+            iterations: Some(it),
+            ..AppParams::default()
+        };
+        let cfg = Config::new(ranks)
+            .protocol(ProtocolKind::Coordinated)
+            .kill("1@50%".parse().expect("spec"));
+        let (v, _) = run(AppKind::Stencil, &params, &cfg);
+        let expected = jacobi_checksum(n, it);
+        assert_eq!(
+            v.value,
+            format!("{expected}"),
+            "n={n} it={it} ranks={ranks}"
+        );
+    }
+}
+
+#[test]
+fn protocol_none_fails_cleanly_on_a_kill() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let cfg = Config::new(4).kill("2@50%".parse().expect("spec"));
+        let r = run_app(
+            AppKind::Cg,
+            &AppParams {
+                class: Some('S'),
+                ..AppParams::default()
+            },
+            &cfg,
+        );
+        let _ = tx.send((r.outcome.map(|v| v.value), r.stats));
+    });
+    let (outcome, stats) = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a failure under `none` must end the run, not hang");
+    match outcome {
+        Err(Error::ProcessFailed {
+            ranks, protocol, ..
+        }) => {
+            assert_eq!(ranks, vec![2]);
+            assert_eq!(protocol, "none");
+        }
+        other => panic!("expected ProcessFailed, got {other:?}"),
+    }
+    assert_eq!(stats.failures, 1);
+}
+
+/// A message sent before a checkpoint and received after it is in the
+/// receiver's unexpected queue at the cut: the runtime must save and restore
+/// it, or the receiver would wait forever after a rollback.
+#[test]
+fn unexpected_messages_survive_rollback() {
+    for backend in Backend::ALL {
+        for victim in ["0@i3", "1@i3", "1@i4", "0@i5"] {
+            let cfg = Config {
+                backend,
+                ..Config::new(2)
+            }
+            .protocol(ProtocolKind::Coordinated)
+            .checkpoint_every(1)
+            .kill(victim.parse().expect("spec"));
+            let report = lazarus::run(&cfg, |ctx| {
+                let world = ctx.world();
+                let mut st: (u64, u64) = ctx.restore_or_else(|| (0, 0))?;
+                while st.0 < 8 {
+                    if world.rank() == 0 {
+                        // Sent in iteration i, received by rank 1 in i + 1.
+                        world.send(1, 5, &[st.0 * 10])?;
+                    } else if st.0 > 0 {
+                        let (v, _) = world.receive::<u64>(0, 5)?;
+                        st.1 += v[0];
+                    }
+                    st.0 += 1;
+                    ctx.checkpoint(&st)?;
+                }
+                if world.rank() == 1 {
+                    let (v, _) = world.receive::<u64>(0, 5)?;
+                    st.1 += v[0];
+                }
+                world.all_reduce(st.1, ReduceOp::Sum)
+            });
+            let got = report.outcome.expect("job succeeds");
+            assert_eq!(got, vec![280, 280], "kill {victim}");
+            assert_eq!(report.stats.failures, 1, "kill {victim}");
+        }
+    }
+}
+
+/// Several kills at seeded random moments on more ranks and nodes.
+#[test]
+fn random_kills_never_change_the_answer() {
+    let params = AppParams {
+        size: Some(96),
+        iterations: Some(40),
+        ..AppParams::default()
+    };
+    let (reference, _) = run(AppKind::Stencil, &params, &Config::new(6));
+    for seed in 0..8u64 {
+        let a = (seed * 7 % 6) as usize;
+        let b = (seed * 5 % 6) as usize;
+        let cfg = Config::new(6)
+            .nodes(3)
+            .protocol(ProtocolKind::Coordinated)
+            .checkpoint_every(3)
+            .seed(seed)
+            .kill(format!("{a}@{}%", 10 + seed * 7).parse().expect("spec"))
+            .kill(
+                format!("node:{}@{}%", seed % 3, 50 + seed * 4)
+                    .parse()
+                    .expect("spec"),
+            )
+            .kill(format!("{b}@recovery:2").parse().expect("spec"));
+        let (v, st) = run(AppKind::Stencil, &params, &cfg);
+        assert_eq!(v.value, reference.value, "seed {seed}");
+        assert_eq!(st.failures, 3, "seed {seed}: {:?}", st.unfired_kills);
+    }
+}
