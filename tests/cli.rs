@@ -1,0 +1,171 @@
+//! The `lazarus` command line: verification lines, exit codes, clear errors
+//! for malformed input, the JSON summary and the bench report.
+
+use std::process::{Command, Output};
+
+fn lazarus(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lazarus"))
+        .args(args)
+        .output()
+        .expect("the lazarus binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn last_line(o: &Output) -> String {
+    stdout(o).lines().last().unwrap_or_default().to_string()
+}
+
+#[test]
+fn cg_s_prints_verified_zeta_and_survives_kills_with_the_same_string() {
+    let base = lazarus(&["run", "cg", "--class", "S", "--ranks", "4"]);
+    assert_eq!(base.status.code(), Some(0), "{}", stderr(&base));
+    let line = last_line(&base);
+    assert!(line.starts_with("VERIFIED 8.5971775078648"), "{line}");
+    for extra in [
+        &["--protocol", "coordinated", "--kill", "1@50%"][..],
+        &["--protocol", "coordinated", "--nodes", "2", "--kill", "node:1@30%"][..],
+        &["--protocol", "coordinated", "--kill", "1@30%", "--kill", "3@60%"][..],
+        &["--protocol", "coordinated", "--kill", "1@30%", "--kill", "2@recovery"][..],
+    ] {
+        let mut args = vec!["run", "cg", "--class", "S", "--ranks", "4"];
+        args.extend_from_slice(extra);
+        let o = lazarus(&args);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stderr(&o));
+        assert_eq!(last_line(&o), line, "{extra:?}");
+    }
+}
+
+#[test]
+fn json_summary_has_the_documented_fields() {
+    let dir = std::env::temp_dir().join(format!("lazarus-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("summary.json");
+    let o = lazarus(&[
+        "run",
+        "stencil",
+        "--ranks",
+        "4",
+        "--nodes",
+        "2",
+        "--protocol",
+        "coordinated",
+        "--kill",
+        "node:1@40%",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("summary written")).expect("valid JSON");
+    for key in [
+        "app",
+        "class",
+        "ranks",
+        "nodes",
+        "backend",
+        "protocol",
+        "verified",
+        "result",
+        "wall_s",
+        "failures",
+        "ranks_rolled_back",
+        "recovery_s",
+        "checkpoints",
+        "checkpoint_bytes",
+        "peak_log_bytes",
+    ] {
+        assert!(v.get(key).is_some(), "missing `{key}` in {v}");
+    }
+    assert_eq!(v["app"], "stencil");
+    assert_eq!(v["protocol"], "coordinated");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["failures"], 1);
+    assert_eq!(v["ranks_rolled_back"], 4);
+    assert!(v["result"].is_string());
+    assert_eq!(format!("VERIFIED {}", v["result"].as_str().unwrap_or("")), last_line(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn malformed_input_exits_2_with_a_clear_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "fft"], "unknown app `fft`"),
+        (&["run", "cg", "--ranks", "4", "--kill", "9@50%"], "rank 9 is out of range"),
+        (&["run", "cg", "--ranks", "4", "--kill", "node:3@50%", "--nodes", "2"], "node 3 is out of range"),
+        (&["run", "cg", "--class", "S", "--kill", "1@i99"], "iteration 99 is beyond the run"),
+        (&["run", "cg", "--class", "Z"], "--class"),
+        (&["run", "stencil", "--class", "Q"], "--class"),
+        (&["run", "cg", "--kill", "1@150%"], "--kill"),
+        (&["run", "cg", "--kill", "banana"], "--kill"),
+        (&["run", "cg", "--protocol", "magic"], "unknown protocol `magic`"),
+        (&["run", "cg", "--ranks", "2", "--nodes", "3"], "--nodes"),
+        (&["run", "cg", "--checkpoint-every", "often"], "--checkpoint-every"),
+        (&["run", "cg", "--bogus"], "--bogus"),
+        (&["bench", "cg", "--protocols", "none,nope"], "unknown protocol `nope`"),
+    ];
+    for (args, needle) in cases {
+        let o = lazarus(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: stdout {} stderr {}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: `{}` lacks `{needle}`", stderr(&o));
+    }
+}
+
+#[test]
+fn failure_under_none_is_not_verified_with_exit_1() {
+    let o = lazarus(&["run", "stencil", "--ranks", "4", "--kill", "2@50%"]);
+    assert_eq!(o.status.code(), Some(1));
+    let line = last_line(&o);
+    assert!(line.starts_with("NOT VERIFIED"), "{line}");
+    assert!(line.contains("[2]") && line.contains("none"), "{line}");
+}
+
+#[test]
+fn help_shows_examples() {
+    let o = lazarus(&["run", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = stdout(&o);
+    assert!(text.contains("Examples:") && text.contains("--kill 3@40%"), "{text}");
+    let o = lazarus(&["bench", "--help"]);
+    assert!(stdout(&o).contains("Examples:"));
+}
+
+#[test]
+fn bench_reports_ratios_to_none() {
+    let dir = std::env::temp_dir().join(format!("lazarus-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bench.json");
+    let o = lazarus(&[
+        "bench",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "4",
+        "--protocols",
+        "none,coordinated",
+        "--reps",
+        "3",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written")).expect("valid JSON");
+    let ps = v["protocols"].as_array().expect("protocols");
+    assert_eq!(ps.len(), 2);
+    assert_eq!(ps[0]["protocol"], "none");
+    assert_eq!(ps[0]["ratio"], 1.0);
+    assert_eq!(ps[1]["protocol"], "coordinated");
+    assert!(ps[1]["ratio"].as_f64().is_some_and(|r| r > 0.0));
+    assert_eq!(ps[0]["value"], ps[1]["value"]);
+    assert_eq!(ps[1]["wall_s"].as_array().map(Vec::len), Some(3));
+    assert!(ps[1]["runs"][0]["checkpoints"].as_u64().is_some_and(|c| c > 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
