@@ -30,9 +30,30 @@ fn cg_s_prints_verified_zeta_and_survives_kills_with_the_same_string() {
     assert!(line.starts_with("VERIFIED 8.5971775078648"), "{line}");
     for extra in [
         &["--protocol", "coordinated", "--kill", "1@50%"][..],
-        &["--protocol", "coordinated", "--nodes", "2", "--kill", "node:1@30%"][..],
-        &["--protocol", "coordinated", "--kill", "1@30%", "--kill", "3@60%"][..],
-        &["--protocol", "coordinated", "--kill", "1@30%", "--kill", "2@recovery"][..],
+        &[
+            "--protocol",
+            "coordinated",
+            "--nodes",
+            "2",
+            "--kill",
+            "node:1@30%",
+        ][..],
+        &[
+            "--protocol",
+            "coordinated",
+            "--kill",
+            "1@30%",
+            "--kill",
+            "3@60%",
+        ][..],
+        &[
+            "--protocol",
+            "coordinated",
+            "--kill",
+            "1@30%",
+            "--kill",
+            "2@recovery",
+        ][..],
     ] {
         let mut args = vec!["run", "cg", "--class", "S", "--ranks", "4"];
         args.extend_from_slice(extra);
@@ -63,7 +84,8 @@ fn json_summary_has_the_documented_fields() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("summary written")).expect("valid JSON");
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("summary written"))
+            .expect("valid JSON");
     for key in [
         "app",
         "class",
@@ -89,7 +111,10 @@ fn json_summary_has_the_documented_fields() {
     assert_eq!(v["failures"], 1);
     assert_eq!(v["ranks_rolled_back"], 4);
     assert!(v["result"].is_string());
-    assert_eq!(format!("VERIFIED {}", v["result"].as_str().unwrap_or("")), last_line(&o));
+    assert_eq!(
+        format!("VERIFIED {}", v["result"].as_str().unwrap_or("")),
+        last_line(&o)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -97,23 +122,60 @@ fn json_summary_has_the_documented_fields() {
 fn malformed_input_exits_2_with_a_clear_message() {
     let cases: &[(&[&str], &str)] = &[
         (&["run", "fft"], "unknown app `fft`"),
-        (&["run", "cg", "--ranks", "4", "--kill", "9@50%"], "rank 9 is out of range"),
-        (&["run", "cg", "--ranks", "4", "--kill", "node:3@50%", "--nodes", "2"], "node 3 is out of range"),
-        (&["run", "cg", "--class", "S", "--kill", "1@i99"], "iteration 99 is beyond the run"),
+        (
+            &["run", "cg", "--ranks", "4", "--kill", "9@50%"],
+            "rank 9 is out of range",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--ranks",
+                "4",
+                "--kill",
+                "node:3@50%",
+                "--nodes",
+                "2",
+            ],
+            "node 3 is out of range",
+        ),
+        (
+            &["run", "cg", "--class", "S", "--kill", "1@i99"],
+            "iteration 99 is beyond the run",
+        ),
         (&["run", "cg", "--class", "Z"], "--class"),
         (&["run", "stencil", "--class", "Q"], "--class"),
         (&["run", "cg", "--kill", "1@150%"], "--kill"),
         (&["run", "cg", "--kill", "banana"], "--kill"),
-        (&["run", "cg", "--protocol", "magic"], "unknown protocol `magic`"),
+        (
+            &["run", "cg", "--protocol", "magic"],
+            "unknown protocol `magic`",
+        ),
         (&["run", "cg", "--ranks", "2", "--nodes", "3"], "--nodes"),
-        (&["run", "cg", "--checkpoint-every", "often"], "--checkpoint-every"),
+        (
+            &["run", "cg", "--checkpoint-every", "often"],
+            "--checkpoint-every",
+        ),
         (&["run", "cg", "--bogus"], "--bogus"),
-        (&["bench", "cg", "--protocols", "none,nope"], "unknown protocol `nope`"),
+        (
+            &["bench", "cg", "--protocols", "none,nope"],
+            "unknown protocol `nope`",
+        ),
     ];
     for (args, needle) in cases {
         let o = lazarus(args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: stdout {} stderr {}", stdout(&o), stderr(&o));
-        assert!(stderr(&o).contains(needle), "{args:?}: `{}` lacks `{needle}`", stderr(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: stdout {} stderr {}",
+            stdout(&o),
+            stderr(&o)
+        );
+        assert!(
+            stderr(&o).contains(needle),
+            "{args:?}: `{}` lacks `{needle}`",
+            stderr(&o)
+        );
     }
 }
 
@@ -131,7 +193,10 @@ fn help_shows_examples() {
     let o = lazarus(&["run", "--help"]);
     assert_eq!(o.status.code(), Some(0));
     let text = stdout(&o);
-    assert!(text.contains("Examples:") && text.contains("--kill 3@40%"), "{text}");
+    assert!(
+        text.contains("Examples:") && text.contains("--kill 3@40%"),
+        "{text}"
+    );
     let o = lazarus(&["bench", "--help"]);
     assert!(stdout(&o).contains("Examples:"));
 }
@@ -157,7 +222,8 @@ fn bench_reports_ratios_to_none() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written")).expect("valid JSON");
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
+            .expect("valid JSON");
     let ps = v["protocols"].as_array().expect("protocols");
     assert_eq!(ps.len(), 2);
     assert_eq!(ps[0]["protocol"], "none");
@@ -166,6 +232,10 @@ fn bench_reports_ratios_to_none() {
     assert!(ps[1]["ratio"].as_f64().is_some_and(|r| r > 0.0));
     assert_eq!(ps[0]["value"], ps[1]["value"]);
     assert_eq!(ps[1]["wall_s"].as_array().map(Vec::len), Some(3));
-    assert!(ps[1]["runs"][0]["checkpoints"].as_u64().is_some_and(|c| c > 0));
+    assert!(
+        ps[1]["runs"][0]["checkpoints"]
+            .as_u64()
+            .is_some_and(|c| c > 0)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
