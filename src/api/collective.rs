@@ -25,6 +25,20 @@ const TAG_GATHER: Tag = 4;
 const TAG_SCATTER: Tag = 5;
 const TAG_ALLTOALL: Tag = 6;
 
+/// Copy `src` into `dst`, which must have exactly its length.
+fn copy_exact<T: Equivalence>(src: &[u8], dst: &mut [T], what: &'static str) -> Result<()> {
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
+    if src.len() != dst.len() {
+        return Err(Error::SizeMismatch {
+            expected: dst.len(),
+            got: src.len(),
+            what,
+        });
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
 fn decode<T: Equivalence>(b: &[u8], what: &'static str) -> Result<Vec<T>> {
     to_vec(b).ok_or(Error::SizeMismatch {
         expected: std::mem::size_of::<T>(),
@@ -133,15 +147,7 @@ impl Communicator {
         };
         let got = self.bcast_bytes(root, TAG_BCAST, data)?;
         if self.rank() != root {
-            let dst: &mut [u8] = bytemuck::cast_slice_mut(buf);
-            if got.len() != dst.len() {
-                return Err(Error::SizeMismatch {
-                    expected: dst.len(),
-                    got: got.len(),
-                    what: "broadcast buffer",
-                });
-            }
-            dst.copy_from_slice(&got);
+            copy_exact(&got, buf, "broadcast buffer")?;
         }
         Ok(())
     }
@@ -196,15 +202,7 @@ impl Communicator {
             }
             None => {
                 let got = self.bcast_bytes(0, TAG_BCAST, Bytes::new())?;
-                let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
-                if got.len() != dst.len() {
-                    return Err(Error::SizeMismatch {
-                        expected: dst.len(),
-                        got: got.len(),
-                        what: "all_reduce result",
-                    });
-                }
-                dst.copy_from_slice(&got);
+                copy_exact(&got, out, "all_reduce result")?;
             }
         }
         Ok(())

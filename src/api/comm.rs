@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::datatype::{Equivalence, slice_to_bytes, to_vec, vec_into_bytes};
-use crate::engine::frame::{AppMessage, ContextId, Tag};
+use crate::engine::frame::{AppMessage, ContextId, Envelope, Tag};
 use crate::engine::{Engine, MatchSpec, ReqId};
 use crate::{Error, Rank, Result};
 
@@ -171,17 +171,21 @@ impl Communicator {
         })
     }
 
-    fn status(&self, m: &AppMessage) -> Status {
+    fn status_of(&self, env: &Envelope, bytes: usize) -> Status {
         Status {
             source: self
                 .world_to_comm
-                .get(m.envelope.src)
+                .get(env.src)
                 .copied()
                 .flatten()
                 .unwrap_or(usize::MAX),
-            tag: m.envelope.tag,
-            bytes: m.payload.len(),
+            tag: env.tag,
+            bytes,
         }
+    }
+
+    fn status(&self, m: &AppMessage) -> Status {
+        self.status_of(&m.envelope, m.payload.len())
     }
 
     pub(crate) fn send_in(
@@ -315,16 +319,7 @@ impl Communicator {
     pub fn probe(&self, source: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let spec = self.spec(self.p2p, source.into(), tag.into())?;
         let (env, bytes) = self.engine.borrow_mut().probe(spec)?;
-        Ok(Status {
-            source: self
-                .world_to_comm
-                .get(env.src)
-                .copied()
-                .flatten()
-                .unwrap_or(usize::MAX),
-            tag: env.tag,
-            bytes,
-        })
+        Ok(self.status_of(&env, bytes))
     }
 
     /// Nonblocking probe.
@@ -335,16 +330,7 @@ impl Communicator {
     ) -> Result<Option<Status>> {
         let spec = self.spec(self.p2p, source.into(), tag.into())?;
         let found = self.engine.borrow_mut().iprobe(spec)?;
-        Ok(found.map(|(env, bytes)| Status {
-            source: self
-                .world_to_comm
-                .get(env.src)
-                .copied()
-                .flatten()
-                .unwrap_or(usize::MAX),
-            tag: env.tag,
-            bytes,
-        }))
+        Ok(found.map(|(env, bytes)| self.status_of(&env, bytes)))
     }
 
     /// Send and receive in one call (no deadlock: sends are eager).

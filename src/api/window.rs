@@ -234,8 +234,7 @@ impl<T: Equivalence> Window<T> {
         self.comm.engine.borrow_mut().window_epoch(self.id, t)
     }
 
-    /// Read this rank's window memory.
-    pub fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    fn local<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
         let mut f = Some(f);
         let mut out = None;
         self.comm
@@ -243,7 +242,7 @@ impl<T: Equivalence> Window<T> {
             .borrow_mut()
             .window_local(self.id, &mut |m| {
                 if let Some(f) = f.take() {
-                    out = Some(f(bytemuck::cast_slice(m)));
+                    out = Some(f(m));
                 }
             })?;
         out.ok_or(Error::Rma {
@@ -252,23 +251,15 @@ impl<T: Equivalence> Window<T> {
         })
     }
 
+    /// Read this rank's window memory.
+    pub fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.local(|m| f(bytemuck::cast_slice(m)))
+    }
+
     /// Change this rank's window memory (a local store; remote ranks see it
     /// according to the epoch rules).
     pub fn with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        let mut f = Some(f);
-        let mut out = None;
-        self.comm
-            .engine
-            .borrow_mut()
-            .window_local(self.id, &mut |m| {
-                if let Some(f) = f.take() {
-                    out = Some(f(bytemuck::cast_slice_mut(m)));
-                }
-            })?;
-        out.ok_or(Error::Rma {
-            window: self.id,
-            detail: "local access did not run".into(),
-        })
+        self.local(|m| f(bytemuck::cast_slice_mut(m)))
     }
 
     /// Free the window (collective).

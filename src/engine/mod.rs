@@ -913,6 +913,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Take `target`'s lock, retrying while it is contended (arrivals, such
+    /// as failure notices, are handled between attempts).
+    fn acquire(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
+        loop {
+            if let RmaReply::Granted(true) = self.rma_raw(id, target, RmaOp::TryLock(kind))? {
+                return Ok(());
+            }
+            self.progress(Some(Duration::from_micros(50)))?;
+            self.check()?;
+        }
+    }
+
     /// LOCK(p -> q).
     pub fn window_lock(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
         self.enter()?;
@@ -923,16 +935,7 @@ impl Engine {
                 detail: format!("rank {target} is already locked by this origin"),
             });
         }
-        loop {
-            match self.rma_raw(id, target, RmaOp::TryLock(kind))? {
-                RmaReply::Granted(true) => break,
-                _ => {
-                    // Contended: let arrivals (failure notices) in, then retry.
-                    self.progress(Some(Duration::from_micros(50)))?;
-                    self.check()?;
-                }
-            }
-        }
+        self.acquire(id, target, kind)?;
         self.win(id)?.locks.insert(target, kind);
         Ok(())
     }
@@ -960,15 +963,7 @@ impl Engine {
             });
         }
         for t in 0..self.size {
-            loop {
-                match self.rma_raw(id, t, RmaOp::TryLock(LockType::Shared))? {
-                    RmaReply::Granted(true) => break,
-                    _ => {
-                        self.progress(Some(Duration::from_micros(50)))?;
-                        self.check()?;
-                    }
-                }
-            }
+            self.acquire(id, t, LockType::Shared)?;
         }
         self.win(id)?.lock_all = true;
         Ok(())
