@@ -106,6 +106,14 @@ impl Ctx {
         self.engine.borrow().now().as_secs_f64()
     }
 
+    /// Charge `seconds` of computation to this rank: a sleep on real
+    /// backends, virtual time on the simulator (communication-pattern apps
+    /// use it instead of computing).
+    pub fn compute(&self, seconds: f64) -> Result<()> {
+        let d = std::time::Duration::from_secs_f64(seconds.max(0.0));
+        self.engine.borrow_mut().compute(d)
+    }
+
     /// Failure events seen so far (the world epoch).
     pub fn epoch(&self) -> u64 {
         self.engine.borrow().epoch()

@@ -10,6 +10,7 @@
 //! Backends: [`threads`] (all ranks in one process). `processes`, `mpi` and
 //! `sim` plug in here.
 
+mod shared;
 pub mod threads;
 
 use std::time::Duration;
@@ -133,6 +134,9 @@ pub trait Endpoint {
     fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>>;
     /// Time since the job started.
     fn now(&self) -> Duration;
+    /// Charge `d` of computation to this rank: real time on real backends
+    /// (a sleep), virtual time on the simulator.
+    fn compute(&mut self, d: Duration) -> Result<()>;
     /// Fault injection: returns `Err(Killed)` if the fault plan kills this
     /// rank here. Called at every runtime call of the rank.
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()>;

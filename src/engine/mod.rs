@@ -253,6 +253,12 @@ impl Engine {
         self.ep.report_progress(self.progress);
     }
 
+    /// Charge `d` of computation (virtual time on the simulator).
+    pub fn compute(&mut self, d: Duration) -> Result<()> {
+        self.enter()?;
+        self.ep.compute(d)
+    }
+
     /// Safe points passed.
     pub fn safe_points(&self) -> u64 {
         self.safe_points

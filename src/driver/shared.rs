@@ -1,0 +1,403 @@
+//! Pieces every in-process driver shares: window memory and RMA application,
+//! rank incarnations, job statistics, and collecting the ranks' outcomes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
+use crate::api::datatype::combine_bytes;
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::job::{JobStats, RankFn, run_rank};
+use crate::protocol::ProtocolKind;
+use crate::store::partner::PartnerStore;
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+
+/// Lock a mutex, recovering the data if a rank thread panicked while holding
+/// it (the panic itself is reported through the rank's outcome).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One incarnation of a rank.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub incarnation: u64,
+    pub killed: AtomicBool,
+}
+
+impl Slot {
+    pub fn new(incarnation: u64) -> Arc<Self> {
+        Arc::new(Slot {
+            incarnation,
+            killed: AtomicBool::new(false),
+        })
+    }
+
+    pub fn alive(&self) -> Result<()> {
+        if self.killed.load(Ordering::SeqCst) {
+            Err(Error::Killed)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[derive(Default)]
+struct LockState {
+    readers: usize,
+    writer: bool,
+}
+
+/// Window memory exposed by one rank incarnation in one epoch.
+struct WinMem {
+    epoch: u64,
+    owner: Arc<Slot>,
+    len: usize,
+    /// `u64` words keep the memory 8-byte aligned for every element type.
+    mem: Mutex<Vec<u64>>,
+    lock: Mutex<LockState>,
+}
+
+fn rma_error(id: WinId, detail: String) -> Error {
+    Error::Rma { window: id, detail }
+}
+
+/// All window memory of a job, by `(window, rank)`. An origin applies its
+/// operation directly under the memory's lock: the target's code does not run.
+#[derive(Default)]
+pub(crate) struct WindowRegistry {
+    map: Mutex<HashMap<(WinId, Rank), Arc<WinMem>>>,
+}
+
+impl WindowRegistry {
+    pub fn expose(
+        &self,
+        id: WinId,
+        rank: Rank,
+        owner: &Arc<Slot>,
+        epoch: u64,
+        bytes: usize,
+        init: Option<&[u8]>,
+    ) {
+        let mut mem = vec![0u64; bytes.div_ceil(8)];
+        if let Some(init) = init {
+            let n = init.len().min(bytes);
+            bytemuck::cast_slice_mut::<u64, u8>(&mut mem)[..n].copy_from_slice(&init[..n]);
+        }
+        let w = Arc::new(WinMem {
+            epoch,
+            owner: owner.clone(),
+            len: bytes,
+            mem: Mutex::new(mem),
+            lock: Mutex::new(LockState::default()),
+        });
+        lock(&self.map).insert((id, rank), w);
+    }
+
+    pub fn withdraw(&self, id: WinId, rank: Rank, owner: &Arc<Slot>) {
+        let mut ws = lock(&self.map);
+        if ws
+            .get(&(id, rank))
+            .is_some_and(|w| Arc::ptr_eq(&w.owner, owner))
+        {
+            ws.remove(&(id, rank));
+        }
+    }
+
+    /// A rank died: its window memory is lost.
+    pub fn remove_rank(&self, rank: Rank) {
+        lock(&self.map).retain(|&(_, r), _| r != rank);
+    }
+
+    fn get(&self, id: WinId, rank: Rank) -> Option<Arc<WinMem>> {
+        lock(&self.map).get(&(id, rank)).cloned()
+    }
+
+    pub fn rma(&self, epoch: u64, target: Rank, id: WinId, op: RmaOp) -> Result<RmaReply> {
+        let w = self
+            .get(id, target)
+            .filter(|w| w.epoch == epoch && !w.owner.killed.load(Ordering::SeqCst))
+            .ok_or_else(|| {
+                Error::Driver(format!(
+                    "rank {target} exposes no window {id} in epoch {epoch}"
+                ))
+            })?;
+        apply_rma(&w, id, op)
+    }
+
+    pub fn with_local(&self, id: WinId, rank: Rank, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let w = self
+            .get(id, rank)
+            .ok_or_else(|| rma_error(id, "not exposed on this rank".into()))?;
+        let mut guard = lock(&w.mem);
+        f(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut guard)[..w.len]);
+        Ok(())
+    }
+}
+
+fn apply_rma(w: &WinMem, id: WinId, op: RmaOp) -> Result<RmaReply> {
+    let range = |offset: usize, len: usize| -> Result<std::ops::Range<usize>> {
+        match offset.checked_add(len) {
+            Some(end) if end <= w.len => Ok(offset..end),
+            _ => Err(rma_error(
+                id,
+                format!(
+                    "access [{offset}, {offset}+{len}) outside the {}-byte target window",
+                    w.len
+                ),
+            )),
+        }
+    };
+    match op {
+        RmaOp::TryLock(kind) => {
+            let mut l = lock(&w.lock);
+            let granted = match kind {
+                LockType::Shared if !l.writer => {
+                    l.readers += 1;
+                    true
+                }
+                LockType::Exclusive if !l.writer && l.readers == 0 => {
+                    l.writer = true;
+                    true
+                }
+                _ => false,
+            };
+            Ok(RmaReply::Granted(granted))
+        }
+        RmaOp::Unlock(kind) => {
+            let mut l = lock(&w.lock);
+            match kind {
+                LockType::Shared => l.readers = l.readers.saturating_sub(1),
+                LockType::Exclusive => l.writer = false,
+            }
+            Ok(RmaReply::Done)
+        }
+        op => {
+            let mut guard = lock(&w.mem);
+            let mem = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut guard)[..w.len];
+            match op {
+                RmaOp::Put { offset, data } => {
+                    mem[range(offset, data.len())?].copy_from_slice(&data);
+                    Ok(RmaReply::Done)
+                }
+                RmaOp::Get { offset, len } => Ok(RmaReply::Data(Bytes::copy_from_slice(
+                    &mem[range(offset, len)?],
+                ))),
+                RmaOp::Accumulate {
+                    offset,
+                    data,
+                    dtype,
+                    op,
+                    fetch,
+                } => {
+                    if !data.len().is_multiple_of(dtype.size()) {
+                        return Err(rma_error(
+                            id,
+                            "operand is not a whole number of elements".into(),
+                        ));
+                    }
+                    let r = range(offset, data.len())?;
+                    let old = fetch.then(|| Bytes::copy_from_slice(&mem[r.clone()]));
+                    combine_bytes(dtype, op, &mut mem[r], &data);
+                    Ok(old.map_or(RmaReply::Done, RmaReply::Data))
+                }
+                RmaOp::CompareAndSwap {
+                    offset,
+                    compare,
+                    swap,
+                    dtype,
+                } => {
+                    if compare.len() != dtype.size() || swap.len() != dtype.size() {
+                        return Err(rma_error(id, "compare_and_swap takes one element".into()));
+                    }
+                    let r = range(offset, compare.len())?;
+                    let old = Bytes::copy_from_slice(&mem[r.clone()]);
+                    if old == compare {
+                        mem[r].copy_from_slice(&swap);
+                    }
+                    Ok(RmaReply::Data(old))
+                }
+                RmaOp::TryLock(_) | RmaOp::Unlock(_) => Ok(RmaReply::Done),
+            }
+        }
+    }
+}
+
+/// Job statistics as the driver aggregates them.
+#[derive(Default)]
+pub(crate) struct StatsBook {
+    pub stats: JobStats,
+    resumed: HashMap<u64, usize>,
+    recovery_open: Option<Duration>,
+}
+
+impl StatsBook {
+    pub fn on_kill(&mut self, victims: usize, now: Duration) {
+        self.stats.failures += 1;
+        self.stats.ranks_killed += victims as u64;
+        if self.recovery_open.is_none() {
+            self.recovery_open = Some(now);
+        }
+    }
+
+    /// `current_epoch` is the world epoch now: a recovery ends when every
+    /// rank resumed in the newest epoch.
+    pub fn record(&mut self, rank: Rank, size: usize, stat: Stat, now: Duration, current_epoch: u64) {
+        let st = &mut self.stats;
+        match stat {
+            Stat::Checkpoint {
+                generation,
+                bytes,
+                seconds,
+            } => {
+                st.checkpoint_bytes += bytes as u64;
+                st.checkpoint_s = st.checkpoint_s.max(seconds);
+                st.checkpoint_s_total += seconds / size as f64;
+                if rank == 0 {
+                    st.checkpoints += 1;
+                    st.last_generation = Some(generation);
+                }
+            }
+            Stat::Resumed { epoch, rolled_back } => {
+                if rolled_back {
+                    st.ranks_rolled_back += 1;
+                }
+                let n = self.resumed.entry(epoch).or_insert(0);
+                *n += 1;
+                if *n == size
+                    && epoch == current_epoch
+                    && let Some(t0) = self.recovery_open.take()
+                {
+                    st.recovery_s += (now - t0).as_secs_f64();
+                }
+            }
+            Stat::LogBytes(b) => st.peak_log_bytes = st.peak_log_bytes.max(b as u64),
+        }
+    }
+}
+
+/// Build the engine of one rank incarnation and run the rank function on it,
+/// turning a panic into an error outcome.
+pub(crate) fn rank_body<T>(
+    ep: Box<dyn Endpoint>,
+    protocol: ProtocolKind,
+    checkpoint_every: u64,
+    placement: Placement,
+    f: &RankFn<T>,
+) -> Result<T> {
+    let rank = ep.rank();
+    let engine = Engine::new(
+        ep,
+        protocol.build(checkpoint_every),
+        Box::new(PartnerStore::new(rank, &placement)),
+        placement,
+    );
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rank(engine, f))).unwrap_or_else(
+        |p| {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::App(format!("rank {rank} panicked: {msg}")))
+        },
+    )
+}
+
+/// The final outcome of every rank.
+pub(crate) struct Finals<T> {
+    finals: Vec<Option<Result<T>>>,
+    aborted: bool,
+}
+
+/// What the driver must do after an exit.
+pub(crate) enum ExitAction {
+    /// Nothing more.
+    None,
+    /// Abort the job: tell every rank that `rank` failed with `reason`.
+    Abort { rank: Rank, reason: String },
+}
+
+impl<T> Finals<T> {
+    pub fn new(size: usize) -> Self {
+        Finals {
+            finals: (0..size).map(|_| None).collect(),
+            aborted: false,
+        }
+    }
+
+    pub fn done(&self) -> bool {
+        self.finals.iter().all(Option::is_some)
+    }
+
+    /// A rank incarnation exited. `superseded`: a newer incarnation of this
+    /// rank exists (the protocol replaced it), so a killed one is not final.
+    pub fn on_exit(
+        &mut self,
+        rank: Rank,
+        outcome: Result<T>,
+        superseded: bool,
+        cfg: &Config,
+    ) -> ExitAction {
+        let killed = matches!(outcome, Err(Error::Killed));
+        if killed && superseded {
+            return ExitAction::None;
+        }
+        let mut action = ExitAction::None;
+        if let Err(e) = &outcome
+            && !killed
+            && !self.aborted
+            && !matches!(e, Error::ProcessFailed { .. } | Error::Aborted { .. })
+        {
+            // An application error ends the job: everyone must be told.
+            self.aborted = true;
+            action = ExitAction::Abort {
+                rank,
+                reason: e.to_string(),
+            };
+        }
+        if let Some(slot) = self.finals.get_mut(rank) {
+            *slot = Some(outcome.map_err(|e| match e {
+                Error::Killed => Error::ProcessFailed {
+                    ranks: vec![rank],
+                    protocol: cfg.protocol.name().into(),
+                    why: "killed by fault injection".into(),
+                },
+                e => e,
+            }));
+        }
+        action
+    }
+
+    /// Every rank's value, or the root-cause error.
+    pub fn finish(self) -> Result<Vec<T>> {
+        let mut results = Vec::with_capacity(self.finals.len());
+        let mut first_err: Option<Error> = None;
+        for r in self.finals.into_iter().flatten() {
+            match r {
+                Ok(v) => results.push(v),
+                Err(e) => {
+                    // Prefer the root cause over the errors it caused elsewhere.
+                    let better = match (&first_err, &e) {
+                        (None, _) => true,
+                        (Some(Error::Aborted { .. }), x) => !matches!(x, Error::Aborted { .. }),
+                        _ => false,
+                    };
+                    if better {
+                        first_err = Some(e);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    }
+}
