@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::driver::sim::NetworkModel;
 use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
 use crate::topology::Placement;
@@ -14,16 +15,19 @@ use crate::{Error, Result};
 pub enum Backend {
     /// Every rank a thread of this process.
     Threads,
+    /// The deterministic simulator (virtual time, seeded schedule).
+    Sim,
 }
 
 impl Backend {
     /// Every backend that exists, for the shared test suite.
-    pub const ALL: [Backend; 1] = [Backend::Threads];
+    pub const ALL: [Backend; 2] = [Backend::Threads, Backend::Sim];
 
     /// Name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Threads => "threads",
+            Backend::Sim => "sim",
         }
     }
 }
@@ -43,7 +47,7 @@ impl FromStr for Backend {
             .ok_or_else(|| {
                 Error::config(
                     "--backend",
-                    format!("unknown backend `{s}` (available: threads)"),
+                    format!("unknown backend `{s}` (available: threads, sim)"),
                 )
             })
     }
@@ -62,6 +66,7 @@ impl FromStr for Backend {
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
+/// | `network` | (sim only) | 0.5/2 us latency, 20/10 GB/s |
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where ranks run.
@@ -82,6 +87,8 @@ pub struct Config {
     pub iterations: Option<u64>,
     /// Draw a progress bar on stderr.
     pub progress_bar: bool,
+    /// The simulated network (backend `sim` only).
+    pub network: NetworkModel,
 }
 
 impl Default for Config {
@@ -96,6 +103,7 @@ impl Default for Config {
             seed: 1,
             iterations: None,
             progress_bar: false,
+            network: NetworkModel::default(),
         }
     }
 }
@@ -130,6 +138,12 @@ impl Config {
     /// Checkpoint every `n` safe points.
     pub fn checkpoint_every(mut self, n: u64) -> Self {
         self.checkpoint_every = n;
+        self
+    }
+
+    /// Choose the backend.
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.backend = b;
         self
     }
 

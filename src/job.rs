@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::api::Ctx;
 use crate::config::{Backend, Config};
+use crate::driver::sim::{self, SimReport};
 use crate::driver::threads;
 use crate::engine::Engine;
 use crate::{Error, Result};
@@ -57,6 +58,8 @@ pub struct JobReport<T> {
     pub outcome: Result<Vec<T>>,
     /// Statistics.
     pub stats: JobStats,
+    /// What the simulator reports (backend `sim` only).
+    pub sim: Option<SimReport>,
 }
 
 /// Run `f` as the rank function of every rank under `cfg`.
@@ -82,14 +85,29 @@ where
             return JobReport {
                 outcome: Err(e),
                 stats: JobStats::default(),
+                sim: None,
             };
         }
     };
     let f: Arc<RankFn<T>> = Arc::new(f);
-    let (outcome, stats) = match cfg.backend {
-        Backend::Threads => threads::run(cfg, placement, f),
-    };
-    JobReport { outcome, stats }
+    match cfg.backend {
+        Backend::Threads => {
+            let (outcome, stats) = threads::run(cfg, placement, f);
+            JobReport {
+                outcome,
+                stats,
+                sim: None,
+            }
+        }
+        Backend::Sim => {
+            let (outcome, stats, report) = sim::run(cfg, placement, f);
+            JobReport {
+                outcome,
+                stats,
+                sim: Some(report),
+            }
+        }
+    }
 }
 
 /// The harness of one rank incarnation.

@@ -69,7 +69,7 @@ struct JobArgs {
     /// Failure domains (nodes) ranks are placed on, in blocks.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
-    /// Backend.
+    /// Backend: threads, sim.
     #[arg(long, default_value = "threads")]
     backend: String,
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N].
@@ -168,6 +168,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         seed: job.seed,
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),
+        network: Default::default(),
     };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
@@ -205,6 +206,17 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         st.checkpoint_bytes,
         st.checkpoint_s
     );
+    if let Some(sim) = &summary.sim {
+        println!(
+            "sim: trace hash {:016x}, {} events in {:.3} s wall ({:.0} events/s), virtual time {:.6} s{}",
+            sim.trace_hash,
+            sim.events,
+            sim.wall_s,
+            sim.events as f64 / sim.wall_s.max(1e-9),
+            sim.virtual_s,
+            if sim.hung { ", HUNG" } else { "" }
+        );
+    }
     if !st.unfired_kills.is_empty() {
         eprintln!(
             "warning: these kills never fired (their moment never came): {}",

@@ -14,7 +14,8 @@ struct Scenario {
     kills: &'static [&'static str],
     /// Failure events expected.
     failures: u64,
-    /// Completed recoveries (each rolls back every rank under `coordinated`).
+    /// Recoveries that run to completion (each rolls every rank back under
+    /// `coordinated`).
     recoveries: u64,
 }
 
@@ -100,10 +101,14 @@ fn check_app(app: AppKind, params: AppParams, ranks: usize, seeds: u64) {
                     st.unfired_kills
                 );
                 assert_eq!(st.failures, sc.failures, "{what}: failure events");
-                assert_eq!(
-                    st.ranks_rolled_back,
-                    sc.recoveries * ranks as u64,
-                    "{what}: coordinated rolls every rank back once per completed recovery"
+                // Coordinated rolls every rank back once per completed
+                // recovery; a kill during a recovery may land after some
+                // ranks already resumed, and they roll back once more.
+                let n = ranks as u64;
+                assert!(
+                    (sc.recoveries * n..=sc.failures * n).contains(&st.ranks_rolled_back),
+                    "{what}: {} ranks rolled back",
+                    st.ranks_rolled_back
                 );
                 assert!(st.checkpoints > 0, "{what}: no checkpoint committed");
             }

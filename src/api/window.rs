@@ -39,9 +39,12 @@ impl Communicator {
     /// checkpointed contents.
     pub fn allocate_window<T: Equivalence>(&self, len: usize) -> Result<Window<T>> {
         let id = self.agree_context(1)?;
+        let group = (0..self.size())
+            .map(|r| self.world_rank(r))
+            .collect::<Result<Vec<_>>>()?;
         self.engine
             .borrow_mut()
-            .window_create(id, len * std::mem::size_of::<T>())?;
+            .window_create(id, len * std::mem::size_of::<T>(), group)?;
         self.barrier()?;
         Ok(Window {
             comm: self.clone(),

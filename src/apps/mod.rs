@@ -109,6 +109,8 @@ pub struct AppRun {
     pub stats: JobStats,
     /// Safe points (iterations) of the run.
     pub iterations: u64,
+    /// The simulator's report (backend `sim`).
+    pub sim: Option<crate::driver::sim::SimReport>,
 }
 
 /// Number of safe points an app will pass with these parameters (validates
@@ -131,6 +133,7 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
                 outcome: Err(e),
                 stats: JobStats::default(),
                 iterations: 0,
+                sim: None,
             };
         }
     };
@@ -167,6 +170,7 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
         outcome,
         stats: report.stats,
         iterations,
+        sim: report.sim,
     }
 }
 
@@ -175,6 +179,7 @@ fn failed(e: Error) -> AppRun {
         outcome: Err(e),
         stats: JobStats::default(),
         iterations: 0,
+        sim: None,
     }
 }
 

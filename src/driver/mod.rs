@@ -7,10 +7,11 @@
 //! trait (DESIGN principle 2), which is what lets the same engine run on
 //! threads, processes, MPI and the deterministic simulator.
 //!
-//! Backends: [`threads`] (all ranks in one process). `processes`, `mpi` and
-//! `sim` plug in here.
+//! Backends: [`threads`] (all ranks in one process) and [`sim`] (a
+//! deterministic discrete-event simulator). `processes` and `mpi` plug in here.
 
 mod shared;
+pub mod sim;
 pub mod threads;
 
 use std::time::Duration;

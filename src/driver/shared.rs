@@ -248,7 +248,14 @@ impl StatsBook {
 
     /// `current_epoch` is the world epoch now: a recovery ends when every
     /// rank resumed in the newest epoch.
-    pub fn record(&mut self, rank: Rank, size: usize, stat: Stat, now: Duration, current_epoch: u64) {
+    pub fn record(
+        &mut self,
+        rank: Rank,
+        size: usize,
+        stat: Stat,
+        now: Duration,
+        current_epoch: u64,
+    ) {
         let st = &mut self.stats;
         match stat {
             Stat::Checkpoint {

@@ -68,6 +68,8 @@ pub struct Snapshot {
 /// Per-window bookkeeping of the origin side (epochs, locks).
 #[derive(Debug)]
 struct WinLocal {
+    /// World ranks of the window's group (`lock_all` locks exactly these).
+    group: Vec<Rank>,
     /// A fence has opened an access epoch to every target (GSYNC).
     fence_open: bool,
     /// Passive-target locks held, per target.
@@ -812,8 +814,9 @@ impl Engine {
 
     // ----- windows --------------------------------------------------------
 
-    /// Expose a new window of `bytes` bytes under the agreed id.
-    pub fn window_create(&mut self, id: WinId, bytes: usize) -> Result<()> {
+    /// Expose a new window of `bytes` bytes under the agreed id, over the
+    /// world ranks `group`.
+    pub fn window_create(&mut self, id: WinId, bytes: usize, group: Vec<Rank>) -> Result<()> {
         self.enter()?;
         let init = self.restore_windows.remove(&id);
         if let Some(m) = &init
@@ -832,6 +835,7 @@ impl Engine {
         self.windows.insert(
             id,
             WinLocal {
+                group,
                 fence_open: false,
                 locks: BTreeMap::new(),
                 lock_all: false,
@@ -968,7 +972,7 @@ impl Engine {
                 detail: "lock_all while already holding locks".into(),
             });
         }
-        for t in 0..self.size {
+        for t in self.win(id)?.group.clone() {
             self.acquire(id, t, LockType::Shared)?;
         }
         self.win(id)?.lock_all = true;
@@ -984,7 +988,7 @@ impl Engine {
                 detail: "unlock_all without lock_all".into(),
             });
         }
-        for t in 0..self.size {
+        for t in self.win(id)?.group.clone() {
             self.rma_raw(id, t, RmaOp::Unlock(LockType::Shared))?;
         }
         let w = self.win(id)?;

@@ -40,6 +40,8 @@ pub struct RunSummary {
     pub stats: JobStats,
     /// App-specific measurements.
     pub metrics: serde_json::Value,
+    /// The simulator's report (trace hash, events, virtual time), on `sim`.
+    pub sim: Option<crate::driver::sim::SimReport>,
 }
 
 impl RunSummary {
@@ -73,6 +75,7 @@ impl RunSummary {
             kills: cfg.kills.iter().map(|k| k.to_string()).collect(),
             stats: run.stats.clone(),
             metrics,
+            sim: run.sim.clone(),
         }
     }
 }

@@ -1,0 +1,700 @@
+//! The `sim` backend: a deterministic discrete-event simulator.
+//!
+//! The real engine and protocols run on rank threads, but only one rank runs
+//! at a time: a rank keeps the baton until it blocks (waits for a frame, charges
+//! computation, or finishes), and then it picks the next rank itself. Which
+//! rank runs next among those ready at the same virtual instant, the jitter of
+//! every link, and when kills land are all drawn from one seeded generator, so
+//! a seed reproduces the whole run: its schedule, its failures and its result.
+//! A trace hash over every scheduling decision and delivery proves it.
+//!
+//! Time is virtual. A frame from `a` to `b` arrives after the link's latency
+//! (inside or between failure domains), its size over the link's bandwidth,
+//! and a seeded jitter; each channel stays FIFO. Computation costs time only
+//! when charged (`Ctx::compute`), so communication-pattern apps can model
+//! 10,000+ ranks. RMA operations are applied at the target at once and charge
+//! the origin a round trip. If every rank is blocked and no event is pending,
+//! the run is a hang: the simulator says so and ends the job.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::shared::{ExitAction, Finals, Slot, StatsBook, WindowRegistry, lock, rank_body};
+use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
+use crate::config::Config;
+use crate::engine::frame::{Body, Frame, Incoming};
+use crate::fault::{FaultPlan, FaultPoint};
+use crate::job::{JobStats, RankFn};
+use crate::store::StoreMsg;
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+
+/// The simulated network and failure detector.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct NetworkModel {
+    /// One-way latency between ranks of one failure domain.
+    pub latency_intra: Duration,
+    /// One-way latency between failure domains.
+    pub latency_inter: Duration,
+    /// Bandwidth inside a failure domain, bytes per second.
+    pub bandwidth_intra: f64,
+    /// Bandwidth between failure domains, bytes per second.
+    pub bandwidth_inter: f64,
+    /// Jitter: up to this fraction of the latency is added, uniformly drawn.
+    pub jitter: f64,
+    /// Time from a death to the survivors' failure notice.
+    pub detection: Duration,
+    /// A run whose virtual time passes this is declared hung.
+    pub time_limit: Duration,
+}
+
+impl Default for NetworkModel {
+    fn default() -> Self {
+        NetworkModel {
+            latency_intra: Duration::from_nanos(500),
+            latency_inter: Duration::from_micros(2),
+            bandwidth_intra: 20e9,
+            bandwidth_inter: 10e9,
+            jitter: 0.2,
+            detection: Duration::from_millis(1),
+            time_limit: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What the simulator reports besides the job's statistics.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimReport {
+    /// Hash of every scheduling decision and delivery: equal seeds give
+    /// equal hashes.
+    pub trace_hash: u64,
+    /// Events processed (deliveries, wake-ups, scheduling decisions).
+    pub events: u64,
+    /// Virtual time at the end, seconds.
+    pub virtual_s: f64,
+    /// Wall time of the simulation, seconds.
+    pub wall_s: f64,
+    /// Whether the run hung (every rank blocked, nothing pending).
+    pub hung: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    Ready,
+    Running,
+    BlockedPoll(u64),
+    BlockedCompute(u64),
+    Exited,
+}
+
+struct Entity {
+    slot: Arc<Slot>,
+    inbox: VecDeque<Incoming>,
+    st: St,
+    cv: Arc<Condvar>,
+    /// Consecutive empty non-blocking polls (a spinning rank must yield).
+    spins: u32,
+}
+
+enum Ev {
+    Deliver { entity: usize, inc: Incoming },
+    Wake { entity: usize, token: u64 },
+}
+
+struct Timed {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+struct Sched<T> {
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Timed>>,
+    entities: Vec<Entity>,
+    current: Vec<usize>,
+    ready: Vec<usize>,
+    running: Option<usize>,
+    rng: ChaCha8Rng,
+    last_on_channel: HashMap<(Rank, Rank), u64>,
+    trace: u64,
+    events: u64,
+    epoch: u64,
+    plan: FaultPlan,
+    stats: StatsBook,
+    finals: Finals<T>,
+    hung: bool,
+    finished: bool,
+    token: u64,
+}
+
+struct SimWorld<T> {
+    size: usize,
+    placement: Placement,
+    net: NetworkModel,
+    cfg: Config,
+    f: Arc<RankFn<T>>,
+    replaces: bool,
+    windows: WindowRegistry,
+    sched: Mutex<Sched<T>>,
+    done: Condvar,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+const FNV_PRIME: u64 = 0x100_0000_01b3;
+
+fn mix(h: &mut u64, x: u64) {
+    for b in x.to_le_bytes() {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(FNV_PRIME);
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn frame_bytes(f: &Frame) -> usize {
+    64 + match &f.body {
+        Body::App(m) => m.payload.len(),
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => p.data.len(),
+        _ => 0,
+    }
+}
+
+impl<T> Sched<T> {
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Timed {
+            at,
+            seq: self.seq,
+            ev,
+        }));
+    }
+
+    fn make_ready(&mut self, e: usize) {
+        if !matches!(self.entities[e].st, St::Ready | St::Running | St::Exited) {
+            self.entities[e].st = St::Ready;
+            self.ready.push(e);
+        }
+    }
+
+    fn apply(&mut self, ev: Ev) {
+        self.events += 1;
+        match ev {
+            Ev::Deliver { entity, inc } => {
+                let ent = &mut self.entities[entity];
+                if ent.st == St::Exited || ent.slot.killed.load(Ordering::SeqCst) {
+                    return; // lost with its destination
+                }
+                mix(&mut self.trace, entity as u64);
+                mix(&mut self.trace, self.now);
+                ent.inbox.push_back(inc);
+                if matches!(ent.st, St::BlockedPoll(_)) {
+                    self.make_ready(entity);
+                }
+            }
+            Ev::Wake { entity, token } => {
+                let st = self.entities[entity].st;
+                if st == St::BlockedPoll(token) || st == St::BlockedCompute(token) {
+                    self.make_ready(entity);
+                }
+            }
+        }
+    }
+
+    /// Choose the next entity to run, advancing virtual time as needed.
+    fn switch(&mut self, limit: u64) -> Option<usize> {
+        loop {
+            if !self.ready.is_empty() {
+                let i = self.rng.random_range(0..self.ready.len());
+                let e = self.ready.swap_remove(i);
+                self.entities[e].st = St::Running;
+                self.running = Some(e);
+                self.events += 1;
+                mix(&mut self.trace, e as u64 ^ 0x5c4e_d000);
+                return Some(e);
+            }
+            self.running = None;
+            let Reverse(t) = self.queue.pop()?;
+            self.now = self.now.max(t.at);
+            if self.now > limit {
+                return None;
+            }
+            self.apply(t.ev);
+        }
+    }
+
+    fn all_exited(&self) -> bool {
+        self.entities.iter().all(|e| e.st == St::Exited)
+    }
+}
+
+struct SimEndpoint<T: Send + 'static> {
+    world: Arc<SimWorld<T>>,
+    rank: Rank,
+    entity: usize,
+    slot: Arc<Slot>,
+    start_epoch: u64,
+}
+
+impl<T: Send + 'static> SimWorld<T> {
+    fn sched(&self) -> MutexGuard<'_, Sched<T>> {
+        lock(&self.sched)
+    }
+
+    /// Give the baton away and wait to get it back.
+    fn yield_baton<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, Sched<T>>,
+        me: usize,
+    ) -> MutexGuard<'a, Sched<T>> {
+        self.hand_over(&mut s);
+        let cv = s.entities[me].cv.clone();
+        while s.running != Some(me) && !s.finished {
+            s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s
+    }
+
+    /// Pick who runs next and wake it; when nobody can, the job ended or hung.
+    fn hand_over(&self, s: &mut Sched<T>) {
+        match s.switch(nanos(self.net.time_limit)) {
+            Some(next) => s.entities[next].cv.notify_one(),
+            None => {
+                if !s.all_exited() && !s.hung {
+                    // Every rank blocked, nothing pending: a hang. End it
+                    // deterministically by aborting every rank.
+                    s.hung = true;
+                    let why = format!(
+                        "simulated hang at t = {:.6} s: every rank is blocked and nothing is in flight",
+                        s.now as f64 * 1e-9
+                    );
+                    for e in 0..s.entities.len() {
+                        if s.entities[e].st != St::Exited {
+                            s.entities[e].inbox.push_back(Incoming::Abort {
+                                rank: usize::MAX,
+                                reason: why.clone(),
+                            });
+                            s.make_ready(e);
+                        }
+                    }
+                    if let Some(next) = s.switch(u64::MAX) {
+                        s.entities[next].cv.notify_one();
+                        return;
+                    }
+                }
+                s.finished = true;
+                for e in &s.entities {
+                    e.cv.notify_one();
+                }
+                self.done.notify_all();
+            }
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, s: &mut Sched<T>, rank: Rank, slot: Arc<Slot>, epoch: u64) {
+        let entity = s.entities.len();
+        s.entities.push(Entity {
+            slot: slot.clone(),
+            inbox: VecDeque::new(),
+            st: St::Ready,
+            cv: Arc::new(Condvar::new()),
+            spins: 0,
+        });
+        s.ready.push(entity);
+        if let Some(c) = s.current.get_mut(rank) {
+            *c = entity;
+        } else {
+            s.current.push(entity);
+        }
+        let world = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("sim-rank-{rank}"))
+            .stack_size(1 << 20)
+            .spawn(move || world.rank_thread(rank, entity, slot, epoch))
+            .unwrap_or_else(|e| panic!("cannot start a thread for rank {rank}: {e}"));
+        lock(&self.threads).push(handle);
+    }
+
+    fn rank_thread(self: Arc<Self>, rank: Rank, entity: usize, slot: Arc<Slot>, epoch: u64) {
+        {
+            let mut s = self.sched();
+            let cv = s.entities[entity].cv.clone();
+            while s.running != Some(entity) && !s.finished {
+                s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+            if s.finished {
+                return;
+            }
+        }
+        let ep = SimEndpoint {
+            world: self.clone(),
+            rank,
+            entity,
+            slot: slot.clone(),
+            start_epoch: epoch,
+        };
+        let outcome = rank_body(
+            Box::new(ep),
+            self.cfg.protocol,
+            self.cfg.checkpoint_every,
+            self.placement.clone(),
+            &*self.f,
+        );
+        let mut s = self.sched();
+        s.entities[entity].st = St::Exited;
+        s.entities[entity].inbox.clear();
+        let superseded = self.replaces && s.current[rank] != entity;
+        if let ExitAction::Abort { rank, reason } =
+            s.finals.on_exit(rank, outcome, superseded, &self.cfg)
+        {
+            for e in 0..s.entities.len() {
+                if s.entities[e].st != St::Exited {
+                    s.entities[e].inbox.push_back(Incoming::Abort {
+                        rank,
+                        reason: reason.clone(),
+                    });
+                    s.make_ready(e);
+                }
+            }
+        }
+        if s.running == Some(entity) {
+            self.hand_over(&mut s);
+        }
+    }
+
+    fn latency_and_bandwidth(&self, a: Rank, b: Rank) -> (Duration, f64) {
+        if self.placement.node_of(a) == self.placement.node_of(b) {
+            (self.net.latency_intra, self.net.bandwidth_intra)
+        } else {
+            (self.net.latency_inter, self.net.bandwidth_inter)
+        }
+    }
+
+    /// Kill `victims` at once (sched lock held by the caller).
+    fn kill(self: &Arc<Self>, s: &mut Sched<T>, victims: &[Rank]) {
+        s.epoch += 1;
+        let epoch = s.epoch;
+        let now = Duration::from_nanos(s.now);
+        for &v in victims {
+            let e = s.current[v];
+            s.entities[e].slot.killed.store(true, Ordering::SeqCst);
+            s.entities[e].inbox.clear();
+            s.make_ready(e); // so its thread runs, sees it is dead, and ends
+            self.windows.remove_rank(v);
+            let slot = Slot::new(s.entities[e].slot.incarnation + 1);
+            if self.replaces {
+                self.spawn(s, v, slot, epoch);
+            }
+        }
+        let at = s.now + nanos(self.net.detection);
+        for r in 0..self.size {
+            if !victims.contains(&r) {
+                let entity = s.current[r];
+                s.push(
+                    at,
+                    Ev::Deliver {
+                        entity,
+                        inc: Incoming::FailureNotice {
+                            epoch,
+                            dead: victims.to_vec(),
+                        },
+                    },
+                );
+            }
+        }
+        mix(&mut s.trace, 0xdead ^ epoch);
+        s.stats.on_kill(victims.len(), now);
+    }
+}
+
+impl<T: Send + 'static> SimEndpoint<T> {
+    /// Block this rank until woken (by a delivery if `poll`, else only by the
+    /// timer), charging nothing else.
+    fn block<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, Sched<T>>,
+        wake_after: Option<u64>,
+        poll: bool,
+    ) -> MutexGuard<'a, Sched<T>> {
+        s.token += 1;
+        let token = s.token;
+        s.entities[self.entity].st = if poll {
+            St::BlockedPoll(token)
+        } else {
+            St::BlockedCompute(token)
+        };
+        if let Some(d) = wake_after {
+            let at = s.now.saturating_add(d);
+            s.push(
+                at,
+                Ev::Wake {
+                    entity: self.entity,
+                    token,
+                },
+            );
+        }
+        self.world.yield_baton(s, self.entity)
+    }
+}
+
+impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.world.size
+    }
+
+    fn start_epoch(&self) -> u64 {
+        self.start_epoch
+    }
+
+    fn send(&mut self, dest: Rank, frame: Frame) -> Result<()> {
+        self.slot.alive()?;
+        if dest >= self.world.size {
+            return Err(Error::RankOutOfRange {
+                rank: dest,
+                size: self.world.size,
+            });
+        }
+        let (lat, bw) = self.world.latency_and_bandwidth(self.rank, dest);
+        let bytes = frame_bytes(&frame);
+        let mut s = self.world.sched();
+        let jitter = if self.world.net.jitter > 0.0 {
+            s.rng.random_range(0.0..self.world.net.jitter) * lat.as_nanos() as f64
+        } else {
+            0.0
+        };
+        let mut at = s.now + nanos(lat) + (bytes as f64 / bw * 1e9) as u64 + jitter as u64;
+        let last = s.last_on_channel.entry((self.rank, dest)).or_insert(0);
+        at = at.max(*last + 1); // channels are FIFO
+        *last = at;
+        let entity = s.current[dest];
+        mix(&mut s.trace, (self.rank as u64) << 32 | dest as u64);
+        mix(&mut s.trace, bytes as u64);
+        s.push(
+            at,
+            Ev::Deliver {
+                entity,
+                inc: Incoming::Frame(frame),
+            },
+        );
+        Ok(())
+    }
+
+    fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
+        self.slot.alive()?;
+        let mut s = self.world.sched();
+        if let Some(inc) = s.entities[self.entity].inbox.pop_front() {
+            s.entities[self.entity].spins = 0;
+            return Ok(Some(inc));
+        }
+        match timeout {
+            Some(t) if t.is_zero() => {
+                // A rank that keeps testing must let the others (and time) move.
+                s.entities[self.entity].spins += 1;
+                if s.entities[self.entity].spins < 16 {
+                    return Ok(None);
+                }
+                s.entities[self.entity].spins = 0;
+                s = self.block(s, Some(100), true);
+            }
+            t => {
+                let after = t.map(nanos);
+                s = self.block(s, after, true);
+            }
+        }
+        if s.finished && s.running != Some(self.entity) {
+            return Err(Error::Driver("the simulation ended".into()));
+        }
+        drop(s);
+        self.slot.alive()?;
+        let mut s = self.world.sched();
+        Ok(s.entities[self.entity].inbox.pop_front())
+    }
+
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.world.sched().now)
+    }
+
+    fn compute(&mut self, d: Duration) -> Result<()> {
+        self.slot.alive()?;
+        let s = self.world.sched();
+        let s = self.block(s, Some(nanos(d)), false);
+        if s.finished && s.running != Some(self.entity) {
+            return Err(Error::Driver("the simulation ended".into()));
+        }
+        drop(s);
+        self.slot.alive()
+    }
+
+    fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
+        self.slot.alive()?;
+        let mut s = self.world.sched();
+        if let Some(victims) = s.plan.check(self.rank, at) {
+            self.world.kill(&mut s, &victims);
+        }
+        drop(s);
+        self.slot.alive()
+    }
+
+    fn window_expose(
+        &mut self,
+        id: WinId,
+        epoch: u64,
+        bytes: usize,
+        init: Option<&[u8]>,
+    ) -> Result<()> {
+        self.slot.alive()?;
+        self.world
+            .windows
+            .expose(id, self.rank, &self.slot, epoch, bytes, init);
+        Ok(())
+    }
+
+    fn window_withdraw(&mut self, id: WinId) {
+        self.world.windows.withdraw(id, self.rank, &self.slot);
+    }
+
+    fn rma(&mut self, epoch: u64, target: Rank, id: WinId, op: RmaOp) -> Result<RmaReply> {
+        self.slot.alive()?;
+        let bytes = match &op {
+            RmaOp::Put { data, .. } | RmaOp::Accumulate { data, .. } => data.len(),
+            RmaOp::Get { len, .. } => *len,
+            _ => 8,
+        };
+        let reply = self.world.windows.rma(epoch, target, id, op)?;
+        // The origin waits a round trip (the target's CPU is not involved).
+        let (lat, bw) = self.world.latency_and_bandwidth(self.rank, target);
+        let rtt = 2 * nanos(lat) + (bytes as f64 / bw * 1e9) as u64;
+        let s = self.world.sched();
+        let s = self.block(s, Some(rtt), false);
+        if s.finished && s.running != Some(self.entity) {
+            return Err(Error::Driver("the simulation ended".into()));
+        }
+        drop(s);
+        self.slot.alive()?;
+        Ok(reply)
+    }
+
+    fn with_local_window(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.slot.alive()?;
+        self.world.windows.with_local(id, self.rank, f)
+    }
+
+    fn record(&mut self, stat: Stat) {
+        let mut s = self.world.sched();
+        let (now, epoch) = (Duration::from_nanos(s.now), s.epoch);
+        s.stats.record(self.rank, self.world.size, stat, now, epoch);
+    }
+
+    fn report_progress(&mut self, _fraction: f64) {}
+}
+
+/// Run `f` on `cfg.ranks` simulated ranks.
+pub(crate) fn run<T: Send + 'static>(
+    cfg: &Config,
+    placement: Placement,
+    f: Arc<RankFn<T>>,
+) -> (Result<Vec<T>>, JobStats, SimReport) {
+    let size = cfg.ranks;
+    let wall = Instant::now();
+    let world = Arc::new(SimWorld {
+        size,
+        placement: placement.clone(),
+        net: cfg.network,
+        cfg: cfg.clone(),
+        f,
+        replaces: cfg.protocol.replaces_failed_ranks(),
+        windows: WindowRegistry::default(),
+        sched: Mutex::new(Sched {
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            entities: Vec::with_capacity(size),
+            current: Vec::with_capacity(size),
+            ready: Vec::new(),
+            running: None,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            last_on_channel: HashMap::new(),
+            trace: 0xcbf2_9ce4_8422_2325,
+            events: 0,
+            epoch: 0,
+            plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
+            stats: StatsBook::default(),
+            finals: Finals::new(size),
+            hung: false,
+            finished: false,
+            token: 0,
+        }),
+        done: Condvar::new(),
+        threads: Mutex::new(Vec::new()),
+    });
+    {
+        let mut s = world.sched();
+        for r in 0..size {
+            world.spawn(&mut s, r, Slot::new(0), 0);
+        }
+        world.hand_over(&mut s);
+        while !s.finished {
+            s = world.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+    loop {
+        let next = lock(&world.threads).pop();
+        match next {
+            Some(h) => {
+                let _ = h.join();
+            }
+            None => break,
+        }
+    }
+    let mut s = world.sched();
+    let mut stats = s.stats.stats.clone();
+    stats.wall_s = s.now as f64 * 1e-9;
+    stats.unfired_kills = s.plan.unfired().iter().map(|k| k.to_string()).collect();
+    let report = SimReport {
+        trace_hash: s.trace,
+        events: s.events,
+        virtual_s: s.now as f64 * 1e-9,
+        wall_s: wall.elapsed().as_secs_f64(),
+        hung: s.hung,
+    };
+    let finals = std::mem::replace(&mut s.finals, Finals::new(0));
+    let outcome = if s.hung {
+        Err(Error::Driver(format!(
+            "simulated hang at t = {:.6} s (seed {})",
+            report.virtual_s, cfg.seed
+        )))
+    } else {
+        finals.finish()
+    };
+    (outcome, stats, report)
+}
