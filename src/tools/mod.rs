@@ -2,4 +2,5 @@
 //! the benchmark driver. The binary (`src/main.rs`) only parses arguments.
 
 pub mod bench;
+pub mod model;
 pub mod summary;
