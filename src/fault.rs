@@ -36,16 +36,34 @@ pub enum Moment {
     /// During the N-th recovery (N ≥ 1: the recovery from the N-th failure
     /// event), while it is still in progress.
     Recovery(u64),
+    /// While the victim takes part in the N-th checkpoint it enters (N ≥ 1),
+    /// after its safe point began and before the generation committed.
+    Checkpoint(u64),
 }
 
-/// One `--kill` specification: `R@P%`, `R@iI`, `R@recovery[:N]`, or the same
-/// with `node:K` as victim.
+/// One `--kill` specification: `R@P%`, `R@iI`, `R@recovery[:N]`,
+/// `R@checkpoint[:N]`, or the same with `node:K` as victim.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KillSpec {
     /// Who dies.
     pub victim: Victim,
     /// When.
     pub moment: Moment,
+}
+
+/// Parse the `[:N]` suffix of `recovery[:N]` / `checkpoint[:N]` (default 1).
+fn ordinal(rest: &str, what: &str) -> std::result::Result<u64, String> {
+    let n = match rest.strip_prefix(':') {
+        Some(n) => n
+            .parse()
+            .map_err(|_| format!("{what} number must be a number"))?,
+        None if rest.is_empty() => 1,
+        None => return Err(format!("expected `{what}` or `{what}:N`")),
+    };
+    if n == 0 {
+        return Err(format!("{what}s are numbered from 1"));
+    }
+    Ok(n)
 }
 
 impl FromStr for KillSpec {
@@ -70,19 +88,11 @@ impl FromStr for KillSpec {
         } else if let Some(i) = when.strip_prefix('i') {
             Moment::Iteration(i.parse().map_err(|_| bad("iteration must be a number"))?)
         } else if let Some(rest) = when.strip_prefix("recovery") {
-            let n = match rest.strip_prefix(':') {
-                Some(n) => n
-                    .parse()
-                    .map_err(|_| bad("recovery number must be a number"))?,
-                None if rest.is_empty() => 1,
-                None => return Err(bad("expected `recovery` or `recovery:N`")),
-            };
-            if n == 0 {
-                return Err(bad("recoveries are numbered from 1"));
-            }
-            Moment::Recovery(n)
+            Moment::Recovery(ordinal(rest, "recovery").map_err(|d| bad(&d))?)
+        } else if let Some(rest) = when.strip_prefix("checkpoint") {
+            Moment::Checkpoint(ordinal(rest, "checkpoint").map_err(|d| bad(&d))?)
         } else {
-            return Err(bad("moment must be P%, iI or recovery[:N]"));
+            return Err(bad("moment must be P%, iI, recovery[:N] or checkpoint[:N]"));
         };
         Ok(KillSpec { victim, moment })
     }
@@ -98,6 +108,7 @@ impl fmt::Display for KillSpec {
             Moment::Progress(p) => write!(f, "{p}%"),
             Moment::Iteration(i) => write!(f, "i{i}"),
             Moment::Recovery(n) => write!(f, "recovery:{n}"),
+            Moment::Checkpoint(n) => write!(f, "checkpoint:{n}"),
         }
     }
 }
@@ -150,6 +161,9 @@ pub struct FaultPoint {
     pub progress: f64,
     /// `Some(n)` while this rank is recovering from the n-th failure event.
     pub recovery: Option<u64>,
+    /// `Some(n)` while this rank takes part in the n-th checkpoint it
+    /// entered (counted over its incarnations' lives: restarts included).
+    pub checkpoint: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -205,13 +219,15 @@ impl FaultPlan {
                 Moment::Progress(p) => at.recovery.is_none() && at.progress * 100.0 >= p,
                 Moment::Iteration(it) => at.recovery.is_none() && at.iteration >= it,
                 Moment::Recovery(n) => at.recovery == Some(n),
+                Moment::Checkpoint(n) => at.checkpoint == Some(n),
             };
             if !due {
                 continue;
             }
             let max_delay = match k.spec.moment {
-                // Recovery exchanges are short: land within its first calls.
-                Moment::Recovery(_) => 2,
+                // Recovery and checkpoint exchanges are short: land within
+                // their first calls.
+                Moment::Recovery(_) | Moment::Checkpoint(_) => 1,
                 _ => 12,
             };
             let delay = match self.kills[i].countdown {
@@ -253,7 +269,18 @@ mod tests {
         assert_eq!(k.moment, Moment::Recovery(1));
         let k: KillSpec = "2@recovery:3".parse().expect("valid");
         assert_eq!(k.moment, Moment::Recovery(3));
-        for bad in ["3", "x@5%", "1@150%", "1@q", "node:a@1%", "1@recovery:0"] {
+        let k: KillSpec = "node:0@checkpoint:2".parse().expect("valid");
+        assert_eq!(k.moment, Moment::Checkpoint(2));
+        assert_eq!(k.to_string(), "node:0@checkpoint:2");
+        for bad in [
+            "3",
+            "x@5%",
+            "1@150%",
+            "1@q",
+            "node:a@1%",
+            "1@recovery:0",
+            "1@checkpoint:x",
+        ] {
             assert!(bad.parse::<KillSpec>().is_err(), "{bad}");
         }
     }
@@ -299,6 +326,7 @@ mod tests {
             iteration: 0,
             progress: 0.4,
             recovery: None,
+            checkpoint: None,
         };
         assert_eq!(plan.check(2, &early), None);
         let late = FaultPoint {

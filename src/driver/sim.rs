@@ -83,6 +83,10 @@ pub struct SimReport {
     pub wall_s: f64,
     /// Whether the run hung (every rank blocked, nothing pending).
     pub hung: bool,
+    /// Frames sent (application, protocol, store and runtime).
+    pub messages: u64,
+    /// Bytes of those frames (payload plus a 64-byte header each).
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +147,8 @@ struct Sched<T> {
     last_on_channel: HashMap<(Rank, Rank), u64>,
     trace: u64,
     events: u64,
+    messages: u64,
+    bytes: u64,
     epoch: u64,
     plan: FaultPlan,
     stats: StatsBook,
@@ -497,6 +503,8 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         at = at.max(*last + 1); // channels are FIFO
         *last = at;
         let entity = s.current[dest];
+        s.messages += 1;
+        s.bytes += bytes as u64;
         mix(&mut s.trace, (self.rank as u64) << 32 | dest as u64);
         mix(&mut s.trace, bytes as u64);
         s.push(
@@ -646,6 +654,8 @@ pub(crate) fn run<T: Send + 'static>(
             last_on_channel: HashMap::new(),
             trace: 0xcbf2_9ce4_8422_2325,
             events: 0,
+            messages: 0,
+            bytes: 0,
             epoch: 0,
             plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
             stats: StatsBook::default(),
@@ -686,6 +696,8 @@ pub(crate) fn run<T: Send + 'static>(
         virtual_s: s.now as f64 * 1e-9,
         wall_s: wall.elapsed().as_secs_f64(),
         hung: s.hung,
+        messages: s.messages,
+        bytes: s.bytes,
     };
     let finals = std::mem::replace(&mut s.finals, Finals::new(0));
     let outcome = if s.hung {

@@ -59,8 +59,8 @@ pub struct Snapshot {
     pub app: Vec<u8>,
     /// Unexpected (arrived, unmatched) messages, in arrival order.
     pub unexpected: Vec<AppMessage>,
-    /// Send sequence numbers per destination.
-    pub ssn_out: Vec<u64>,
+    /// Send sequence numbers per destination (only channels used).
+    pub ssn_out: Vec<(Rank, u64)>,
     /// Window memories by window id.
     pub windows: Vec<(WinId, Vec<u8>)>,
 }
@@ -75,8 +75,11 @@ struct WinLocal {
     /// Passive-target locks held, per target.
     locks: BTreeMap<Rank, LockType>,
     lock_all: bool,
-    /// E(p -> q) of 003 §2.2: incremented by FLUSH/UNLOCK to q and by GSYNC.
-    epochs: Vec<u64>,
+    /// E(p -> q) of 003 §2.2 is `all_targets + per_target[q]`: FLUSH/UNLOCK
+    /// to q increments q's term, GSYNC and the `_all` forms the common one
+    /// (sparse, so a window costs O(targets used), not O(ranks)).
+    all_targets: u64,
+    per_target: HashMap<Rank, u64>,
 }
 
 /// Owned events queued inside the engine.
@@ -115,7 +118,11 @@ pub struct Engine {
     posted: Vec<(ReqId, MatchSpec)>,
     completed: HashMap<ReqId, AppMessage>,
     next_req: ReqId,
-    ssn_out: Vec<u64>,
+    ssn_out: BTreeMap<Rank, u64>,
+    /// Application messages sent and arrived in this execution (coordinated
+    /// checkpointing uses the totals to know no message is in transit).
+    app_sent: u64,
+    app_arrived: u64,
 
     interrupt: Option<Error>,
     released: bool,
@@ -123,7 +130,12 @@ pub struct Engine {
     committed_now: Option<u64>,
     resume: Option<Option<u64>>,
     runtime_msgs: Vec<(Rank, RuntimeMsg)>,
+    /// `Done` messages received (finalize, rank 0).
+    done_count: usize,
     recovering: bool,
+    /// `Some(n)` while taking part in the n-th checkpoint this rank entered.
+    in_checkpoint: Option<u64>,
+    checkpoints_entered: u64,
 
     safe_points: u64,
     progress: f64,
@@ -164,14 +176,19 @@ impl Engine {
             posted: Vec::new(),
             completed: HashMap::new(),
             next_req: 1,
-            ssn_out: vec![0; size],
+            ssn_out: BTreeMap::new(),
+            app_sent: 0,
+            app_arrived: 0,
             interrupt: None,
             released: false,
             capture_due: None,
             committed_now: None,
             resume: None,
             runtime_msgs: Vec::new(),
+            done_count: 0,
             recovering: false,
+            in_checkpoint: None,
+            checkpoints_entered: 0,
             safe_points: 0,
             progress: 0.0,
             restore_app: None,
@@ -237,6 +254,7 @@ impl Engine {
             iteration: self.safe_points,
             progress: self.progress,
             recovery: self.recovering.then_some(self.epoch),
+            checkpoint: self.in_checkpoint,
         };
         self.ep.fault_point(&at)
     }
@@ -367,6 +385,9 @@ impl Engine {
                 self.apply_store_out(out)
             }
             Body::Runtime(m) => {
+                if m == RuntimeMsg::Done {
+                    self.done_count += 1;
+                }
                 self.runtime_msgs.push((f.src, m));
                 Ok(())
             }
@@ -374,6 +395,7 @@ impl Engine {
     }
 
     fn arrive(&mut self, msg: AppMessage) {
+        self.app_arrived += 1;
         if let Some(i) = self
             .posted
             .iter()
@@ -402,6 +424,8 @@ impl Engine {
             placement: &self.placement,
             store: self.store.as_ref(),
             now: self.ep.now(),
+            app_sent: self.app_sent,
+            app_arrived: self.app_arrived,
             actions: Vec::new(),
         };
         self.proto.handle(event, &mut cx);
@@ -484,7 +508,10 @@ impl Engine {
                 size: self.size,
             });
         }
-        self.ssn_out[dest] += 1;
+        let ssn = self.ssn_out.entry(dest).or_insert(0);
+        *ssn += 1;
+        let ssn = *ssn;
+        self.app_sent += 1;
         let msg = AppMessage {
             envelope: Envelope {
                 src: self.rank,
@@ -492,7 +519,7 @@ impl Engine {
                 context,
                 tag,
             },
-            ssn: self.ssn_out[dest],
+            ssn,
             payload,
         };
         self.handle(Event::AppSend { msg: &msg })?;
@@ -634,8 +661,33 @@ impl Engine {
         self.handle(Event::SafePoint {
             index: self.safe_points,
         })?;
+        if !self.released {
+            // The protocol is saving here: fault points inside the
+            // checkpoint let a kill land mid-checkpoint.
+            self.checkpoints_entered += 1;
+            self.in_checkpoint = Some(self.checkpoints_entered);
+        }
+        let r = self.checkpoint_loop(serialize);
+        self.in_checkpoint = None;
+        r?;
+        if let Some(generation) = self.committed_now.take() {
+            self.stats.checkpoints += 1;
+            let seconds = (self.ep.now() - t0).as_secs_f64();
+            self.ep.record(Stat::Checkpoint {
+                generation,
+                bytes: self.stats.checkpoint_bytes,
+                seconds,
+            });
+        }
+        Ok(())
+    }
+
+    fn checkpoint_loop(&mut self, serialize: &mut dyn FnMut() -> Result<Vec<u8>>) -> Result<()> {
         loop {
             self.check()?;
+            if self.in_checkpoint.is_some() {
+                self.fault()?;
+            }
             if let Some(generation) = self.capture_due.take() {
                 let app = serialize()?;
                 let data = self.snapshot(app)?;
@@ -649,20 +701,10 @@ impl Engine {
                 continue;
             }
             if self.released {
-                break;
+                return Ok(());
             }
             self.progress(None)?;
         }
-        if let Some(generation) = self.committed_now.take() {
-            self.stats.checkpoints += 1;
-            let seconds = (self.ep.now() - t0).as_secs_f64();
-            self.ep.record(Stat::Checkpoint {
-                generation,
-                bytes: self.stats.checkpoint_bytes,
-                seconds,
-            });
-        }
-        Ok(())
     }
 
     fn snapshot(&mut self, app: Vec<u8>) -> Result<Vec<u8>> {
@@ -678,7 +720,7 @@ impl Engine {
             progress: self.progress,
             app,
             unexpected: self.unexpected.iter().cloned().collect(),
-            ssn_out: self.ssn_out.clone(),
+            ssn_out: self.ssn_out.iter().map(|(&r, &n)| (r, n)).collect(),
             windows,
         };
         Ok(postcard::to_allocvec(&snap)?)
@@ -692,6 +734,7 @@ impl Engine {
         self.posted.clear();
         self.completed.clear();
         self.runtime_msgs.clear();
+        self.done_count = 0;
         self.capture_due = None;
         self.committed_now = None;
         self.released = false;
@@ -700,7 +743,9 @@ impl Engine {
             self.ep.window_withdraw(id);
         }
         self.next_context = FIRST_FREE_CONTEXT;
-        self.ssn_out = vec![0; self.size];
+        self.ssn_out.clear();
+        self.app_sent = 0;
+        self.app_arrived = 0;
         self.safe_points = 0;
         self.progress = 0.0;
         self.restore_app = None;
@@ -768,9 +813,7 @@ impl Engine {
         let arrived = std::mem::take(&mut self.unexpected);
         self.unexpected = snap.unexpected.into();
         self.unexpected.extend(arrived);
-        if snap.ssn_out.len() == self.size {
-            self.ssn_out = snap.ssn_out;
-        }
+        self.ssn_out = snap.ssn_out.into_iter().collect();
         self.restore_windows = snap.windows.into_iter().collect();
         self.restore_app = Some(snap.app);
         Ok(())
@@ -790,12 +833,7 @@ impl Engine {
         loop {
             self.check()?;
             if self.rank == 0 {
-                let done = self
-                    .runtime_msgs
-                    .iter()
-                    .filter(|(_, m)| *m == RuntimeMsg::Done)
-                    .count();
-                if done >= self.size {
+                if self.done_count >= self.size {
                     for d in 1..self.size {
                         self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
                     }
@@ -839,7 +877,8 @@ impl Engine {
                 fence_open: false,
                 locks: BTreeMap::new(),
                 lock_all: false,
-                epochs: vec![0; self.size],
+                all_targets: 0,
+                per_target: HashMap::new(),
             },
         );
         Ok(())
@@ -919,7 +958,7 @@ impl Engine {
             });
         }
         w.fence_open = true;
-        w.epochs.iter_mut().for_each(|e| *e += 1);
+        w.all_targets += 1;
         Ok(())
     }
 
@@ -958,7 +997,7 @@ impl Engine {
             detail: format!("unlock of rank {target}, which this origin has not locked"),
         })?;
         self.rma_raw(id, target, RmaOp::Unlock(kind))?;
-        self.win(id)?.epochs[target] += 1;
+        *self.win(id)?.per_target.entry(target).or_insert(0) += 1;
         Ok(())
     }
 
@@ -993,7 +1032,7 @@ impl Engine {
         }
         let w = self.win(id)?;
         w.lock_all = false;
-        w.epochs.iter_mut().for_each(|e| *e += 1);
+        w.all_targets += 1;
         Ok(())
     }
 
@@ -1004,15 +1043,16 @@ impl Engine {
         let size = self.size;
         let w = self.win(id)?;
         match target {
-            Some(t) if t < size => w.epochs[t] += 1,
+            Some(t) if t < size => *w.per_target.entry(t).or_insert(0) += 1,
             Some(t) => return Err(Error::RankOutOfRange { rank: t, size }),
-            None => w.epochs.iter_mut().for_each(|e| *e += 1),
+            None => w.all_targets += 1,
         }
         Ok(())
     }
 
     /// E(p -> q) of 003 §2.2 for this origin.
     pub fn window_epoch(&mut self, id: WinId, target: Rank) -> Result<u64> {
-        Ok(self.win(id)?.epochs.get(target).copied().unwrap_or(0))
+        let w = self.win(id)?;
+        Ok(w.all_targets + w.per_target.get(&target).copied().unwrap_or(0))
     }
 }

@@ -2,51 +2,74 @@
 //! "coordinated checkpoint" of 003 §3.1).
 //!
 //! **Checkpoint.** Every `every`-th safe point is a checkpoint of generation
-//! `g`. Each rank silences its channels by sending a `Marker(g)` to every other
-//! rank after its last application message and waits for the markers of all
-//! others: channels are FIFO, so every message sent before the checkpoint has
-//! then arrived (it is either consumed or in the unexpected queue, which the
-//! engine saves with the application state). No message is in transit, so the
-//! set of saved states is a consistent cut without channel state. The rank
-//! then captures its piece and hands it to the store; once the store has it
-//! locally and on the partner, the rank reports `Stored(g)` to the coordinator
-//! (rank 0), which, when every rank reported, sends the commit record
-//! `Commit(g)`. Only a committed generation is ever restored. The rank blocks
-//! until the commit (blocking coordinated checkpointing), so no message of the
-//! next interval can cross the cut.
+//! `g`, and every rank blocks in it until `g` commits (blocking coordinated
+//! checkpointing), so no application message is sent while it is taken.
+//! Channels are silenced by counting rather than by a marker on each of the
+//! P² channels: ranks sum the application messages sent and arrived in their
+//! subtree of a fixed 4-ary tree rooted at rank 0 (`Count`). Sends are frozen
+//! once a rank is in the checkpoint and arrivals never exceed sends, so when
+//! the root sees the totals equal, every message sent before the cut has
+//! arrived (consumed, or in an unexpected queue that the engine saves with the
+//! state): the saved states form a consistent cut with no channel state. If
+//! the totals differ the root starts another round (`Recount`); otherwise it
+//! sends `Silent` down the tree and each rank captures its piece. The store
+//! keeps it locally and on the partner; `Stored` climbs the tree once a whole
+//! subtree is stored, and the root sends the commit record (`Commit`) down.
+//! Only a committed generation is ever restored. Every phase costs O(P)
+//! messages and O(log P) latency, so this scales to the 10,000-rank studies.
 //!
 //! **Recovery.** Any failure rolls every rank back. Survivors and replacements
-//! send an `Inventory` (newest commit record seen, pieces held) to the recovery
-//! leader (rank 0). The leader picks the newest committed generation of which
-//! every rank's piece survives somewhere, names a holder for each piece, and
-//! says whose partner copy was lost. Each rank fetches its piece, re-creates its
-//! partner copy if needed (so the replacement is protected again), and reports
-//! `Ready`; the leader then sends `Go` and every rank restarts its rank
-//! function from that generation. A failure during any of this simply starts a
-//! new recovery in the new epoch (frames of the old epoch are dropped).
+//! send an `Inventory` (newest commit record seen, pieces held) to the
+//! recovery leader (rank 0). The leader picks the newest committed generation
+//! of which every rank's piece survives somewhere and tells each rank who holds
+//! its piece and whether its partner copy survived. Each rank fetches its
+//! piece, re-creates its partner copy if needed (so a replacement is protected
+//! again), and reports `Ready`; the leader then sends `Go` and every rank
+//! restarts its rank function from that generation. A failure during any of
+//! this starts a new recovery in the new epoch (frames of the old epoch are
+//! dropped by the engine).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 
 use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::Rank;
 
-/// The coordinator of checkpoints and the leader of recoveries.
+/// The root of the tree: coordinator of checkpoints, leader of recoveries.
 const LEADER: Rank = 0;
 
-/// What a rank reports at recovery: its newest commit record and the
-/// `(generation, owner)` pieces it holds.
-type Inventory = (Option<u64>, Vec<(u64, Rank)>);
+/// Fan-out of the reduction tree.
+const FANOUT: usize = 4;
 
+fn parent(r: Rank) -> Option<Rank> {
+    (r > 0).then(|| (r - 1) / FANOUT)
+}
+
+fn children(r: Rank, size: usize) -> impl Iterator<Item = Rank> {
+    (FANOUT * r + 1..=FANOUT * r + FANOUT).filter(move |&c| c < size)
+}
+
+fn child_count(r: Rank, size: usize) -> usize {
+    children(r, size).count()
+}
+
+/// Where each piece is, from the inventories (leader only).
 #[derive(Debug, Default)]
 struct Recovery {
-    /// Inventories received (leader only).
-    inventories: BTreeMap<Rank, Inventory>,
-    /// Generation decided.
+    reported: usize,
+    newest_commit: Option<u64>,
+    /// `(generation, owner)` -> ranks holding that piece.
+    holders: HashMap<(u64, Rank), Vec<Rank>>,
     decided: Option<Option<u64>>,
-    /// Whether this rank must re-create its partner copy.
     replicate: bool,
-    /// Ranks ready (leader only).
-    ready: BTreeSet<Rank>,
+    ready: usize,
+}
+
+/// Per-generation sums received from children.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sums {
+    reports: usize,
+    sent: u64,
+    arrived: u64,
 }
 
 /// State of the coordinated protocol on one rank.
@@ -56,11 +79,15 @@ pub struct Coordinated {
     next_generation: u64,
     /// Generation this rank is saving, if any.
     saving: Option<u64>,
-    captured: bool,
-    /// Markers received per generation (they may arrive before our own safe point).
-    markers: BTreeMap<u64, BTreeSet<Rank>>,
-    /// Coordinator: ranks whose piece is stored, per generation.
-    stored: BTreeMap<u64, BTreeSet<Rank>>,
+    /// Current silence-detection round and whether this rank reported in it.
+    round: u32,
+    reported: bool,
+    /// Counts from children per (generation, round); they may arrive before
+    /// this rank reaches its own safe point.
+    counts: BTreeMap<(u64, u32), Sums>,
+    /// Children whose subtree is stored, per generation.
+    stored_children: BTreeMap<u64, usize>,
+    own_stored: Option<u64>,
     recovery: Option<Recovery>,
 }
 
@@ -71,71 +98,134 @@ impl Coordinated {
             every,
             next_generation: 1,
             saving: None,
-            captured: false,
-            markers: BTreeMap::new(),
-            stored: BTreeMap::new(),
+            round: 0,
+            reported: false,
+            counts: BTreeMap::new(),
+            stored_children: BTreeMap::new(),
+            own_stored: None,
             recovery: None,
         }
     }
 
-    fn maybe_capture(&mut self, cx: &mut ProtocolCx<'_>) {
-        if let Some(g) = self.saving
-            && !self.captured
-            && self.markers.get(&g).map_or(0, |s| s.len()) + 1 >= cx.size
+    fn send_down(&self, msg: &Control, cx: &mut ProtocolCx<'_>) {
+        for c in children(cx.rank, cx.size) {
+            cx.emit(Action::Transmit {
+                dest: c,
+                msg: msg.clone(),
+            });
+        }
+    }
+
+    /// Report this subtree's counts once every child reported in this round.
+    fn try_report(&mut self, cx: &mut ProtocolCx<'_>) {
+        let Some(g) = self.saving else { return };
+        if self.reported {
+            return;
+        }
+        let sums = self
+            .counts
+            .get(&(g, self.round))
+            .copied()
+            .unwrap_or_default();
+        if sums.reports < child_count(cx.rank, cx.size) {
+            return;
+        }
+        self.reported = true;
+        self.counts.remove(&(g, self.round));
+        let sent = sums.sent + cx.app_sent;
+        let arrived = sums.arrived + cx.app_arrived;
+        match parent(cx.rank) {
+            Some(p) => cx.emit(Action::Transmit {
+                dest: p,
+                msg: Control::Count {
+                    generation: g,
+                    round: self.round,
+                    sent,
+                    arrived,
+                },
+            }),
+            None if sent == arrived => self.on_silent(g, cx),
+            None => self.on_recount(g, self.round + 1, cx),
+        }
+    }
+
+    fn on_recount(&mut self, generation: u64, round: u32, cx: &mut ProtocolCx<'_>) {
+        if self.saving != Some(generation) {
+            return;
+        }
+        self.send_down(&Control::Recount { generation, round }, cx);
+        self.round = round;
+        self.reported = false;
+        self.try_report(cx);
+    }
+
+    fn on_silent(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        self.send_down(&Control::Silent { generation }, cx);
+        cx.emit(Action::Capture { generation });
+    }
+
+    /// Report `Stored` up once this rank's piece and all its children's
+    /// subtrees are stored; the root commits.
+    fn try_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        if self.own_stored != Some(generation)
+            || self.stored_children.get(&generation).copied().unwrap_or(0)
+                < child_count(cx.rank, cx.size)
         {
-            self.captured = true;
-            cx.emit(Action::Capture { generation: g });
+            return;
+        }
+        self.stored_children.remove(&generation);
+        match parent(cx.rank) {
+            Some(p) => cx.emit(Action::Transmit {
+                dest: p,
+                msg: Control::Stored { generation },
+            }),
+            None => self.on_commit(generation, cx),
         }
     }
 
     fn on_commit(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        self.send_down(&Control::Commit { generation }, cx);
         cx.emit(Action::Commit { generation });
-        self.markers.remove(&generation);
         if self.saving == Some(generation) {
             self.saving = None;
-            self.captured = false;
             cx.emit(Action::ReleaseSafePoint);
         }
     }
 
-    /// Leader: choose the generation to restore from the inventories.
-    fn decide(inv: &BTreeMap<Rank, Inventory>, cx: &ProtocolCx<'_>) -> Control {
-        let newest = inv.values().filter_map(|(c, _)| *c).max();
-        let holder_of = |g: u64, owner: Rank| -> Option<Rank> {
-            if inv
-                .get(&owner)
-                .is_some_and(|(_, h)| h.contains(&(g, owner)))
-            {
-                return Some(owner);
-            }
-            inv.iter()
-                .find(|(_, (_, h))| h.contains(&(g, owner)))
-                .map(|(&r, _)| r)
-        };
-        if let Some(g) = newest {
-            let holders: Option<Vec<Rank>> = (0..cx.size).map(|r| holder_of(g, r)).collect();
-            if let Some(holders) = holders {
-                let partner_has = (0..cx.size)
-                    .map(|r| {
-                        cx.placement
-                            .partner(r)
-                            .is_none_or(|p| inv.get(&p).is_some_and(|(_, h)| h.contains(&(g, r))))
-                    })
-                    .collect();
-                return Control::Decision {
-                    generation: Some(g),
-                    holders,
-                    partner_has,
+    /// Leader: choose the generation to restore and tell each rank where
+    /// its piece is.
+    fn decide(rec: &Recovery, cx: &mut ProtocolCx<'_>) -> Vec<(Rank, Control)> {
+        let whole = rec.newest_commit.filter(|&g| {
+            (0..cx.size).all(|r| rec.holders.get(&(g, r)).is_some_and(|h| !h.is_empty()))
+        });
+        (0..cx.size)
+            .map(|r| {
+                let msg = match whole {
+                    Some(g) => {
+                        let hs = rec.holders.get(&(g, r)).map(Vec::as_slice).unwrap_or(&[]);
+                        let holder = if hs.contains(&r) {
+                            r
+                        } else {
+                            hs.iter().copied().min().unwrap_or(r)
+                        };
+                        let partner_has = cx.placement.partner(r).is_none_or(|p| hs.contains(&p));
+                        Control::Decision {
+                            generation: Some(g),
+                            holder,
+                            partner_has,
+                        }
+                    }
+                    // No committed generation survives whole: restart from
+                    // the beginning (a valid, if costly, rollback).
+                    None => Control::Decision {
+                        generation: None,
+                        holder: r,
+                        partner_has: true,
+                    },
                 };
-            }
-        }
-        // No committed generation survives whole: restart from the beginning
-        // (a valid, if costly, rollback).
-        Control::Decision {
-            generation: None,
-            holders: (0..cx.size).collect(),
-            partner_has: vec![true; cx.size],
-        }
+                (r, msg)
+            })
+            .collect()
     }
 
     fn ready(&mut self, cx: &mut ProtocolCx<'_>) {
@@ -147,47 +237,66 @@ impl Coordinated {
 
     fn on_control(&mut self, src: Rank, msg: Control, cx: &mut ProtocolCx<'_>) {
         match msg {
-            Control::Marker { generation } => {
-                self.markers.entry(generation).or_default().insert(src);
-                self.maybe_capture(cx);
-            }
-            Control::Stored { generation } => {
-                let set = self.stored.entry(generation).or_default();
-                set.insert(src);
-                if set.len() == cx.size {
-                    self.stored.remove(&generation);
-                    cx.broadcast(&Control::Commit { generation });
-                    self.on_commit(generation, cx);
+            Control::Count {
+                generation,
+                round,
+                sent,
+                arrived,
+            } => {
+                let s = self.counts.entry((generation, round)).or_default();
+                s.reports += 1;
+                s.sent += sent;
+                s.arrived += arrived;
+                if self.saving == Some(generation) && self.round == round {
+                    self.try_report(cx);
                 }
             }
+            Control::Recount { generation, round } => self.on_recount(generation, round, cx),
+            Control::Silent { generation } => {
+                if self.saving == Some(generation) {
+                    self.on_silent(generation, cx);
+                }
+            }
+            Control::Stored { generation } => {
+                *self.stored_children.entry(generation).or_default() += 1;
+                self.try_stored(generation, cx);
+            }
             Control::Commit { generation } => self.on_commit(generation, cx),
+            Control::Marker { .. } => {}
             Control::Inventory { committed, held } => {
                 let Some(rec) = self.recovery.as_mut() else {
                     return;
                 };
-                rec.inventories.insert(src, (committed, held));
-                if rec.inventories.len() == cx.size {
-                    let decision = Self::decide(&rec.inventories, cx);
-                    cx.broadcast(&decision);
-                    self.on_control(cx.rank, decision, cx);
+                rec.reported += 1;
+                rec.newest_commit = rec.newest_commit.max(committed);
+                for piece in held {
+                    rec.holders.entry(piece).or_default().push(src);
+                }
+                if rec.reported == cx.size {
+                    for (dest, d) in Self::decide(rec, cx) {
+                        if dest == cx.rank {
+                            self.on_control(cx.rank, d, cx);
+                        } else {
+                            cx.emit(Action::Transmit { dest, msg: d });
+                        }
+                    }
                 }
             }
             Control::Decision {
                 generation,
-                holders,
+                holder,
                 partner_has,
             } => {
                 let Some(rec) = self.recovery.as_mut() else {
                     return;
                 };
                 rec.decided = Some(generation);
-                rec.replicate = !partner_has.get(cx.rank).copied().unwrap_or(true);
+                rec.replicate = !partner_has;
                 self.next_generation = generation.map_or(1, |g| g + 1);
                 cx.emit(Action::RetainOnly { keep: generation });
                 match generation {
                     Some(g) => {
                         cx.emit(Action::Commit { generation: g });
-                        let holder = holders.get(cx.rank).copied().unwrap_or(cx.rank);
                         cx.emit(Action::Fetch {
                             generation: g,
                             holder,
@@ -200,8 +309,8 @@ impl Coordinated {
                 let Some(rec) = self.recovery.as_mut() else {
                     return;
                 };
-                rec.ready.insert(src);
-                if rec.ready.len() == cx.size {
+                rec.ready += 1;
+                if rec.ready == cx.size {
                     cx.broadcast(&Control::Go);
                     self.on_control(cx.rank, Control::Go, cx);
                 }
@@ -225,25 +334,26 @@ impl Protocol for Coordinated {
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
         match event {
             Event::SafePoint { index } => {
-                if self.every == 0 || index % self.every != 0 {
+                if self.every == 0 || !index.is_multiple_of(self.every) {
                     cx.emit(Action::ReleaseSafePoint);
                     return;
                 }
                 let g = self.next_generation;
                 self.next_generation += 1;
                 self.saving = Some(g);
-                self.captured = false;
-                cx.broadcast(&Control::Marker { generation: g });
-                self.maybe_capture(cx);
+                self.round = 0;
+                self.reported = false;
+                self.own_stored = None;
+                self.try_report(cx);
             }
             Event::Control { src, msg } => self.on_control(src, msg, cx),
             Event::PieceStored { generation } => match self.recovery.as_ref() {
                 Some(rec) if rec.decided.is_some() => self.ready(cx),
                 Some(_) => {}
-                None => cx.emit(Action::Transmit {
-                    dest: LEADER,
-                    msg: Control::Stored { generation },
-                }),
+                None => {
+                    self.own_stored = Some(generation);
+                    self.try_stored(generation, cx);
+                }
             },
             Event::PieceRestored { generation } => {
                 let Some(rec) = self.recovery.as_ref() else {
@@ -257,9 +367,9 @@ impl Protocol for Coordinated {
             }
             Event::PeerFailed { epoch, .. } => {
                 self.saving = None;
-                self.captured = false;
-                self.markers.clear();
-                self.stored.clear();
+                self.counts.clear();
+                self.stored_children.clear();
+                self.own_stored = None;
                 self.recovery = None;
                 cx.emit(Action::Rollback { epoch });
             }
@@ -285,53 +395,168 @@ mod tests {
     use crate::topology::Placement;
     use std::time::Duration;
 
-    fn run(
-        p: &mut Coordinated,
-        rank: Rank,
-        pl: &Placement,
-        store: &PartnerStore,
-        ev: Event<'_>,
-    ) -> Vec<Action> {
-        let mut cx = ProtocolCx {
-            rank,
-            size: pl.ranks(),
-            placement: pl,
-            store,
-            now: Duration::ZERO,
-            actions: Vec::new(),
-        };
-        p.handle(ev, &mut cx);
-        cx.actions
+    struct Harness {
+        pl: Placement,
+        store: PartnerStore,
+        sent: u64,
+        arrived: u64,
+    }
+
+    impl Harness {
+        fn new(rank: Rank, ranks: usize, nodes: usize) -> Self {
+            let pl = Placement::block(ranks, nodes).expect("valid");
+            let store = PartnerStore::new(rank, &pl);
+            Harness {
+                pl,
+                store,
+                sent: 0,
+                arrived: 0,
+            }
+        }
+
+        fn run(&self, p: &mut Coordinated, rank: Rank, ev: Event<'_>) -> Vec<Action> {
+            let mut cx = ProtocolCx {
+                rank,
+                size: self.pl.ranks(),
+                placement: &self.pl,
+                store: &self.store,
+                now: Duration::ZERO,
+                app_sent: self.sent,
+                app_arrived: self.arrived,
+                actions: Vec::new(),
+            };
+            p.handle(ev, &mut cx);
+            cx.actions
+        }
+    }
+
+    fn count(generation: u64, round: u32, sent: u64, arrived: u64) -> Control {
+        Control::Count {
+            generation,
+            round,
+            sent,
+            arrived,
+        }
     }
 
     #[test]
-    fn checkpoint_waits_for_all_markers_then_commit() {
-        let pl = Placement::block(3, 3).expect("valid");
-        let store = PartnerStore::new(1, &pl);
+    fn tree_shape() {
+        assert_eq!(parent(0), None);
+        assert_eq!(parent(4), Some(0));
+        assert_eq!(parent(5), Some(1));
+        assert_eq!(children(1, 7).collect::<Vec<_>>(), vec![5, 6]);
+        // Every rank but the root has exactly one parent that lists it.
+        for size in 1..40 {
+            for r in 1..size {
+                let p = parent(r).expect("non-root");
+                assert!(children(p, size).any(|c| c == r));
+            }
+        }
+    }
+
+    #[test]
+    fn interior_rank_reports_subtree_counts_then_captures_and_commits() {
+        // 7 ranks: rank 1's children are 5 and 6.
+        let mut h = Harness::new(1, 7, 1);
+        h.sent = 3;
+        h.arrived = 2;
         let mut p = Coordinated::new(2);
-        // Safe point 1 is not a checkpoint.
-        let a = run(&mut p, 1, &pl, &store, Event::SafePoint { index: 1 });
-        assert_eq!(a, vec![Action::ReleaseSafePoint]);
-        // A marker may arrive before our own safe point.
-        let m = Control::Marker { generation: 1 };
-        assert!(
-            run(
-                &mut p,
-                1,
-                &pl,
-                &store,
-                Event::Control {
-                    src: 0,
-                    msg: m.clone()
-                }
-            )
-            .is_empty()
+        assert_eq!(
+            h.run(&mut p, 1, Event::SafePoint { index: 1 }),
+            vec![Action::ReleaseSafePoint]
         );
-        let a = run(&mut p, 1, &pl, &store, Event::SafePoint { index: 2 });
-        assert_eq!(a.len(), 2, "markers to ranks 0 and 2: {a:?}");
-        let a = run(&mut p, 1, &pl, &store, Event::Control { src: 2, msg: m });
-        assert_eq!(a, vec![Action::Capture { generation: 1 }]);
-        let a = run(&mut p, 1, &pl, &store, Event::PieceStored { generation: 1 });
+        // A child's count may arrive before our own safe point.
+        let a = h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 5,
+                msg: count(1, 0, 1, 1),
+            },
+        );
+        assert!(a.is_empty());
+        assert!(h.run(&mut p, 1, Event::SafePoint { index: 2 }).is_empty());
+        let a = h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 6,
+                msg: count(1, 0, 0, 2),
+            },
+        );
+        assert_eq!(
+            a,
+            vec![Action::Transmit {
+                dest: 0,
+                msg: count(1, 0, 4, 5)
+            }]
+        );
+        // The root saw unequal totals: recount; our counts changed meanwhile.
+        h.arrived = 3;
+        let a = h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 0,
+                msg: Control::Recount {
+                    generation: 1,
+                    round: 1,
+                },
+            },
+        );
+        assert_eq!(a.len(), 2, "recount forwarded to both children: {a:?}");
+        h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 5,
+                msg: count(1, 1, 1, 1),
+            },
+        );
+        let a = h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 6,
+                msg: count(1, 1, 0, 0),
+            },
+        );
+        assert_eq!(
+            a,
+            vec![Action::Transmit {
+                dest: 0,
+                msg: count(1, 1, 4, 4)
+            }]
+        );
+        let a = h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 0,
+                msg: Control::Silent { generation: 1 },
+            },
+        );
+        assert_eq!(a.last(), Some(&Action::Capture { generation: 1 }));
+        assert!(
+            h.run(&mut p, 1, Event::PieceStored { generation: 1 })
+                .is_empty()
+        );
+        h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 5,
+                msg: Control::Stored { generation: 1 },
+            },
+        );
+        let a = h.run(
+            &mut p,
+            1,
+            Event::Control {
+                src: 6,
+                msg: Control::Stored { generation: 1 },
+            },
+        );
         assert_eq!(
             a,
             vec![Action::Transmit {
@@ -339,16 +564,30 @@ mod tests {
                 msg: Control::Stored { generation: 1 }
             }]
         );
-        let a = run(
+        let a = h.run(
             &mut p,
             1,
-            &pl,
-            &store,
             Event::Control {
                 src: 0,
                 msg: Control::Commit { generation: 1 },
             },
         );
+        assert_eq!(
+            a[a.len() - 2..],
+            [Action::Commit { generation: 1 }, Action::ReleaseSafePoint]
+        );
+    }
+
+    #[test]
+    fn root_alone_checks_its_own_counts() {
+        let mut h = Harness::new(0, 1, 1);
+        let mut p = Coordinated::new(1);
+        h.sent = 2;
+        h.arrived = 2;
+        let a = h.run(&mut p, 0, Event::SafePoint { index: 1 });
+        assert_eq!(a, vec![Action::Capture { generation: 1 }]);
+        h.sent = 0;
+        let a = h.run(&mut p, 0, Event::PieceStored { generation: 1 });
         assert_eq!(
             a,
             vec![Action::Commit { generation: 1 }, Action::ReleaseSafePoint]
@@ -357,41 +596,56 @@ mod tests {
 
     #[test]
     fn leader_picks_newest_complete_generation() {
-        let pl = Placement::block(4, 2).expect("valid");
-        let store = PartnerStore::new(0, &pl);
-        let cx = ProtocolCx {
+        // Rank 3 died (its replacement holds nothing); its partner is rank 1.
+        // Generation 2 is committed at ranks 0 and 1; rank 2 had not seen it.
+        let h = Harness::new(0, 4, 2);
+        let mut cx = ProtocolCx {
             rank: 0,
             size: 4,
-            placement: &pl,
-            store: &store,
+            placement: &h.pl,
+            store: &h.store,
             now: Duration::ZERO,
+            app_sent: 0,
+            app_arrived: 0,
             actions: Vec::new(),
         };
-        // Rank 3 died (replacement holds nothing); its partner is rank 1.
-        // Generation 2 is committed at rank 0 only; rank 2 had not seen it.
-        let mut inv = BTreeMap::new();
-        inv.insert(0, (Some(2), vec![(2, 0), (2, 2)]));
-        inv.insert(1, (Some(2), vec![(2, 1), (2, 3)]));
-        inv.insert(2, (Some(1), vec![(1, 2), (2, 2), (2, 0)]));
-        inv.insert(3, (None, vec![]));
-        let d = Coordinated::decide(&inv, &cx);
+        let mut rec = Recovery::default();
+        let inv: [(Rank, Option<u64>, Vec<(u64, Rank)>); 4] = [
+            (0, Some(2), vec![(2, 0), (2, 2)]),
+            (1, Some(2), vec![(2, 1), (2, 3)]),
+            (2, Some(1), vec![(1, 2), (2, 2), (2, 0)]),
+            (3, None, vec![]),
+        ];
+        for (src, c, held) in inv.clone() {
+            rec.newest_commit = rec.newest_commit.max(c);
+            for piece in held {
+                rec.holders.entry(piece).or_default().push(src);
+            }
+        }
+        let d = Coordinated::decide(&rec, &mut cx);
+        let expect = |holder, partner_has| Control::Decision {
+            generation: Some(2),
+            holder,
+            partner_has,
+        };
         assert_eq!(
             d,
-            Control::Decision {
-                generation: Some(2),
-                holders: vec![0, 1, 2, 1],
-                partner_has: vec![true, false, true, true],
-            }
+            vec![
+                (0, expect(0, true)),
+                (1, expect(1, false)),
+                (2, expect(2, true)),
+                (3, expect(1, true)),
+            ]
         );
         // Lose rank 3's only copy too: nothing complete, restart from scratch.
-        inv.insert(1, (Some(2), vec![(2, 1)]));
-        let d = Coordinated::decide(&inv, &cx);
-        assert!(matches!(
-            d,
+        rec.holders.remove(&(2, 3));
+        let d = Coordinated::decide(&rec, &mut cx);
+        assert!(d.iter().all(|(_, m)| matches!(
+            m,
             Control::Decision {
                 generation: None,
                 ..
             }
-        ));
+        )));
     }
 }

@@ -95,18 +95,43 @@ impl FromStr for ProtocolKind {
 /// Protocol control messages (carried in `Body::Control`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Control {
-    /// Channel-silencing marker for `generation`: the sender sends no more
-    /// application messages before the generation commits.
+    /// Channel-silencing marker for `generation` on one channel: the sender
+    /// sends no more application messages on it before the generation
+    /// commits (Chandy–Lamport markers, 004 §3.3 tokens).
     Marker {
         /// Generation being saved.
         generation: u64,
     },
-    /// The sender's piece of `generation` is stored (to the coordinator).
+    /// Silence detection, up the reduction tree: application messages sent
+    /// and arrived in the sender's subtree, for one round of `generation`.
+    Count {
+        /// Generation being saved.
+        generation: u64,
+        /// Detection round.
+        round: u32,
+        /// Messages sent in the subtree.
+        sent: u64,
+        /// Messages arrived in the subtree.
+        arrived: u64,
+    },
+    /// Down the tree: the totals differed, count again in `round`.
+    Recount {
+        /// Generation being saved.
+        generation: u64,
+        /// The new round.
+        round: u32,
+    },
+    /// Down the tree: no message is in transit; capture now.
+    Silent {
+        /// Generation being saved.
+        generation: u64,
+    },
+    /// Up the tree: every piece of the sender's subtree is stored.
     Stored {
         /// Generation.
         generation: u64,
     },
-    /// Commit record of `generation` (from the coordinator).
+    /// Commit record of `generation`, down the tree.
     Commit {
         /// Generation.
         generation: u64,
@@ -118,15 +143,15 @@ pub enum Control {
         /// Pieces held: `(generation, owner)`.
         held: Vec<(u64, Rank)>,
     },
-    /// Recovery: the generation everyone restores, and where each rank's
-    /// piece is (`holders[r]`), and whether `r`'s partner still holds a copy.
+    /// Recovery: the generation everyone restores, which rank holds the
+    /// receiver's piece, and whether its partner copy survived.
     Decision {
         /// Generation to restore (`None`: restart from the beginning).
         generation: Option<u64>,
-        /// For each rank, a rank holding its piece.
-        holders: Vec<Rank>,
-        /// For each rank, whether its partner still has its piece.
-        partner_has: Vec<bool>,
+        /// A rank holding the receiver's piece.
+        holder: Rank,
+        /// Whether the receiver's partner still has its piece.
+        partner_has: bool,
     },
     /// Recovery: the sender has its piece back and its redundancy rebuilt.
     Ready,
@@ -253,6 +278,11 @@ pub struct ProtocolCx<'a> {
     pub store: &'a dyn CheckpointStore,
     /// Driver time.
     pub now: Duration,
+    /// Application messages this rank sent in the current execution.
+    pub app_sent: u64,
+    /// Application messages that arrived at this rank in the current
+    /// execution (matched or not).
+    pub app_arrived: u64,
     /// Emitted actions, executed in order after the handler returns.
     pub actions: Vec<Action>,
 }
