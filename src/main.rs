@@ -28,6 +28,21 @@ Kill specifications (repeatable):
 
 Exit status: 0 VERIFIED, 1 NOT VERIFIED (or the job failed), 2 bad usage.";
 
+const CHAOS_EXAMPLES: &str = "Examples:
+  lazarus chaos --app cg --class S --protocols coordinated --seeds 200
+  lazarus chaos --app dht --ranks 6 --nodes 3 --protocols coordinated --seeds 50 --from 1000 --json chaos.json
+
+Each failing case is printed with a `lazarus run ... --backend sim --seed S --kill ...` command that
+replays it exactly. Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
+
+const SIM_EXAMPLES: &str = "Examples:
+  lazarus sim --app stencil --ranks 16384 --protocols none,coordinated --kill 5@50%
+  lazarus sim --app allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json";
+
+const MODEL_EXAMPLES: &str = "Examples:
+  lazarus model --checkpoint-cost 60 --mtbf 86400
+  lazarus model --processes 4000 --plot pcf.svg";
+
 const BENCH_EXAMPLES: &str = "Examples:
   lazarus bench cg --class W --ranks 4 --protocols none,coordinated --reps 5 --json bench.json
   lazarus bench pingpong --ranks 2 --protocols none,coordinated --json pp.json";
@@ -48,6 +63,111 @@ enum Command {
     /// Run protocols alternately and report median wall times and ratios to `none`.
     #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
+    /// Seeded failure scenarios on the deterministic simulator.
+    #[command(after_help = CHAOS_EXAMPLES)]
+    Chaos(ChaosArgs),
+    /// Scale studies: communication patterns on many simulated ranks.
+    #[command(after_help = SIM_EXAMPLES)]
+    Sim(SimArgs),
+    /// Daly's checkpoint interval and the catastrophic-failure probability (003 §5-§7).
+    #[command(after_help = MODEL_EXAMPLES)]
+    Model(ModelArgs),
+}
+
+#[derive(Args, Debug)]
+struct ChaosArgs {
+    /// The app: stencil, cg, dht, pingpong.
+    #[arg(long)]
+    app: String,
+    /// Problem class.
+    #[arg(long)]
+    class: Option<char>,
+    /// Problem size.
+    #[arg(long)]
+    size: Option<usize>,
+    /// Iterations.
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// Failure domains.
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    /// Comma-separated protocols to test.
+    #[arg(long, default_value = "coordinated")]
+    protocols: String,
+    /// Number of seeds.
+    #[arg(long, default_value_t = 20)]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 1)]
+    from: u64,
+    /// Checkpoint every N safe points, or every P% of the run.
+    #[arg(long, default_value = "10%")]
+    checkpoint_every: String,
+    /// Wall-clock bound per case, seconds.
+    #[arg(long, default_value_t = 120.0)]
+    bound_s: f64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// The pattern: stencil, allreduce.
+    #[arg(long)]
+    app: String,
+    /// Number of simulated ranks.
+    #[arg(long, default_value_t = 1024)]
+    ranks: usize,
+    /// Failure domains.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// Comma-separated protocols.
+    #[arg(long, default_value = "none,coordinated")]
+    protocols: String,
+    /// Iterations.
+    #[arg(long, default_value_t = 20)]
+    iterations: u64,
+    /// Virtual compute per iteration per rank, seconds.
+    #[arg(long, default_value_t = 1e-3)]
+    compute_s: f64,
+    /// Stencil halo message size, bytes.
+    #[arg(long, default_value_t = 8192)]
+    halo_bytes: usize,
+    /// Allreduce length, f64 elements.
+    #[arg(long, default_value_t = 1)]
+    reduce_len: usize,
+    /// Checkpoint every N iterations.
+    #[arg(long, default_value_t = 5)]
+    checkpoint_every: u64,
+    /// Failure to inject (repeatable).
+    #[arg(long = "kill", value_name = "SPEC")]
+    kills: Vec<String>,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the JSON rows here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ModelArgs {
+    /// Checkpoint cost, seconds (with --mtbf: print Daly's interval).
+    #[arg(long)]
+    checkpoint_cost: Option<f64>,
+    /// Mean time between failures, seconds.
+    #[arg(long)]
+    mtbf: Option<f64>,
+    /// Processes N of the P_cf table (003 Fig. 10c).
+    #[arg(long, default_value_t = lazarus::tools::model::FIG10C_PROCESSES)]
+    processes: usize,
+    /// Draw the P_cf table as an SVG here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -245,12 +365,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
 }
 
 fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
-    let protocols = args
-        .protocols
-        .split(',')
-        .map(|p| p.trim().parse::<ProtocolKind>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
+    let protocols = protocols(&args.protocols)?;
     let (app, params, cfg) = build(&args.job, ProtocolKind::None)?;
     let cfg = Config {
         progress_bar: false,
@@ -317,11 +432,150 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
+fn protocols(list: &str) -> anyhow::Result<Vec<ProtocolKind>> {
+    list.split(',')
+        .map(|p| p.trim().parse::<ProtocolKind>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)
+}
+
+fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
+    use lazarus::tools::chaos::{ChaosPlan, Verdict, chaos};
+    let job = JobArgs {
+        app: args.app.clone(),
+        class: args.class,
+        size: args.size,
+        iterations: args.iterations,
+        ranks: args.ranks,
+        nodes: args.nodes,
+        backend: "sim".into(),
+        kills: Vec::new(),
+        checkpoint_every: args.checkpoint_every.clone(),
+        seed: args.from,
+    };
+    let (app, params, base) = build(&job, ProtocolKind::None)?;
+    if !args.bound_s.is_finite() || args.bound_s <= 0.0 {
+        return Err(usage(lazarus::Error::config(
+            "--bound-s",
+            "must be a positive number of seconds",
+        )));
+    }
+    let plan = ChaosPlan {
+        app,
+        params,
+        base,
+        protocols: protocols(&args.protocols)?,
+        from: args.from,
+        seeds: args.seeds,
+        bound: std::time::Duration::from_secs_f64(args.bound_s),
+    };
+    let report = chaos(&plan, |c| {
+        if c.verdict != Verdict::Pass {
+            println!(
+                "seed {} {}: {:?} (kills {})\n  reproduce: {}",
+                c.seed,
+                c.protocol,
+                c.verdict,
+                c.kills.join(" "),
+                c.reproduce
+            );
+        } else {
+            eprintln!(
+                "seed {} {}: pass ({} failures, trace {}, {:.2} s)",
+                c.seed, c.protocol, c.failures, c.trace_hash, c.wall_s
+            );
+        }
+    })
+    .map_err(usage)?;
+    println!(
+        "chaos {}: {} cases, {} failed, {:.1} s; every case must print {}",
+        report.app, report.cases, report.failed, report.wall_s, report.expected
+    );
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(report.failed == 0)
+}
+
+fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
+    use lazarus::apps::patterns::{Pattern, PatternParams};
+    use lazarus::tools::scale::{render, scale_study};
+    let pattern: Pattern = args.app.parse().map_err(usage)?;
+    let params = PatternParams {
+        iterations: args.iterations,
+        compute_s: args.compute_s,
+        halo_bytes: args.halo_bytes,
+        reduce_len: args.reduce_len,
+    };
+    let kills = args
+        .kills
+        .iter()
+        .map(|k| k.parse::<KillSpec>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
+    let base = Config {
+        backend: Backend::Sim,
+        ranks: args.ranks,
+        nodes: args.nodes,
+        kills,
+        checkpoint_every: args.checkpoint_every,
+        seed: args.seed,
+        iterations: Some(args.iterations),
+        ..Config::default()
+    };
+    base.validate().map_err(usage)?;
+    let rows = scale_study(pattern, &params, &base, &protocols(&args.protocols)?).map_err(usage)?;
+    print!("{}", render(&rows));
+    if let Some(path) = &args.json {
+        write_json(path, &rows)?;
+    }
+    let ok = rows.iter().all(|r| r.verified);
+    if !ok {
+        println!("NOT VERIFIED: a pattern run failed its check");
+    }
+    Ok(ok)
+}
+
+fn cmd_model(args: &ModelArgs) -> anyhow::Result<bool> {
+    use lazarus::tools::model::{
+        FIG10C_FRACTIONS, daly_interval, fig10c_table, plot_svg, render_table,
+    };
+    match (args.checkpoint_cost, args.mtbf) {
+        (Some(cost), Some(mtbf)) => {
+            let tau = daly_interval(cost, mtbf).map_err(usage)?;
+            println!(
+                "Daly's optimal interval (003 §6.1): checkpoint cost {cost} s, MTBF {mtbf} s -> compute {tau:.3} s between checkpoints"
+            );
+        }
+        (None, None) => {}
+        _ => {
+            return Err(usage(lazarus::Error::config(
+                "--checkpoint-cost/--mtbf",
+                "give both to compute Daly's interval",
+            )));
+        }
+    }
+    let rows = fig10c_table(args.processes, FIG10C_FRACTIONS).map_err(usage)?;
+    println!(
+        "P_cf per day (003 eq. 7-9, TSUBAME2.0 fits of §7.1) for N = {} processes, one checksum rank per group:",
+        args.processes
+    );
+    print!("{}", render_table(&rows));
+    if let Some(path) = &args.plot {
+        plot_svg(&rows, path).map_err(usage)?;
+        println!("plot written to {}", path.display());
+    }
+    Ok(true)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Run(a) => cmd_run(a),
         Command::Bench(a) => cmd_bench(a),
+        Command::Chaos(a) => cmd_chaos(a),
+        Command::Sim(a) => cmd_sim(a),
+        Command::Model(a) => cmd_model(a),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

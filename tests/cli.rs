@@ -239,3 +239,114 @@ fn bench_reports_ratios_to_none() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn chaos_sweep_passes_and_reports_json() {
+    let dir = std::env::temp_dir().join(format!("lazarus-chaos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("chaos.json");
+    let o = lazarus(&[
+        "chaos",
+        "--app",
+        "cg",
+        "--class",
+        "S",
+        "--protocols",
+        "coordinated",
+        "--seeds",
+        "4",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
+            .expect("valid JSON");
+    assert_eq!(v["cases"], 4);
+    assert_eq!(v["failed"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn chaos_failure_prints_a_replay_command_and_exits_1() {
+    let o = lazarus(&[
+        "chaos",
+        "--app",
+        "stencil",
+        "--protocols",
+        "none",
+        "--seeds",
+        "1",
+        "--from",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("reproduce: "))
+        .expect("a reproduce line");
+    let cmd = line.trim_start().trim_start_matches("reproduce: lazarus ");
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    let replay = lazarus(&args);
+    assert_eq!(
+        replay.status.code(),
+        Some(1),
+        "the replay fails the same way: {}",
+        stdout(&replay)
+    );
+    assert!(last_line(&replay).starts_with("NOT VERIFIED"));
+}
+
+#[test]
+fn model_prints_daly_and_the_pcf_table() {
+    let dir = std::env::temp_dir().join(format!("lazarus-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let svg = dir.join("pcf.svg");
+    let o = lazarus(&[
+        "model",
+        "--checkpoint-cost",
+        "300",
+        "--mtbf",
+        "120",
+        "--plot",
+        svg.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("compute 120.000 s"),
+        "delta >= 2M gives tau = M: {out}"
+    );
+    assert!(out.contains("switches") && out.contains("5.00%"), "{out}");
+    assert!(std::fs::read_to_string(&svg).expect("svg").contains("<svg"));
+    let bad = lazarus(&["model", "--checkpoint-cost", "-1", "--mtbf", "10"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sim_scale_study_reports_rows() {
+    let o = lazarus(&[
+        "sim",
+        "--app",
+        "stencil",
+        "--ranks",
+        "256",
+        "--nodes",
+        "16",
+        "--protocols",
+        "none,coordinated",
+        "--iterations",
+        "10",
+        "--kill",
+        "node:3@50%",
+    ]);
+    // `none` cannot survive the kill: the study still reports both rows.
+    let out = stdout(&o);
+    assert!(
+        out.contains("coordinated") && out.contains("none"),
+        "{out}{}",
+        stderr(&o)
+    );
+}

@@ -11,6 +11,7 @@
 
 pub mod cg;
 pub mod dht;
+pub mod patterns;
 pub mod pingpong;
 pub mod stencil;
 

@@ -610,13 +610,13 @@ mod tests {
             actions: Vec::new(),
         };
         let mut rec = Recovery::default();
-        let inv: [(Rank, Option<u64>, Vec<(u64, Rank)>); 4] = [
+        let inv = [
             (0, Some(2), vec![(2, 0), (2, 2)]),
             (1, Some(2), vec![(2, 1), (2, 3)]),
             (2, Some(1), vec![(1, 2), (2, 2), (2, 0)]),
             (3, None, vec![]),
         ];
-        for (src, c, held) in inv.clone() {
+        for (src, c, held) in inv {
             rec.newest_commit = rec.newest_commit.max(c);
             for piece in held {
                 rec.holders.entry(piece).or_default().push(src);

@@ -2,5 +2,7 @@
 //! the benchmark driver. The binary (`src/main.rs`) only parses arguments.
 
 pub mod bench;
+pub mod chaos;
 pub mod model;
+pub mod scale;
 pub mod summary;

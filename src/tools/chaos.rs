@@ -1,0 +1,298 @@
+//! `lazarus chaos`: seeded failure scenarios on the simulator.
+//!
+//! For each seed, a scenario of one to three kills is drawn from the seed:
+//! ranks or whole nodes, at a fraction of progress, at an iteration, during a
+//! checkpoint, or during a recovery. The app runs on the deterministic
+//! simulator with that seed (so the schedule and network jitter differ per
+//! seed too), and the case passes only if the run ends (the simulator detects
+//! a hang deterministically, and a wall-clock bound catches anything else),
+//! verifies, and prints the same value as the failure-free run. A failing case
+//! is reported with a one-line `lazarus run` command that replays it exactly.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::apps::{AppKind, AppParams, iterations, run_app};
+use crate::fault::{KillSpec, Moment, Victim};
+use crate::protocol::ProtocolKind;
+use crate::{Backend, Config, Error, Result};
+
+/// What a chaos sweep runs.
+#[derive(Debug, Clone)]
+pub struct ChaosPlan {
+    /// The app.
+    pub app: AppKind,
+    /// Its parameters.
+    pub params: AppParams,
+    /// Ranks, nodes, checkpoint interval (backend and protocol are set here).
+    pub base: Config,
+    /// Protocols to test.
+    pub protocols: Vec<ProtocolKind>,
+    /// First seed.
+    pub from: u64,
+    /// Number of seeds.
+    pub seeds: u64,
+    /// Wall-clock bound per case.
+    pub bound: Duration,
+}
+
+/// The verdict on one case.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Verdict {
+    /// Verified, with the failure-free value.
+    Pass,
+    /// Verified or not, the value differs.
+    Mismatch {
+        /// What the case printed.
+        got: String,
+    },
+    /// The app's own check failed.
+    NotVerified {
+        /// Its explanation.
+        detail: String,
+    },
+    /// The job ended with an error (a hang detected by the simulator, a
+    /// panic, an unrecoverable failure).
+    Failed {
+        /// The error.
+        error: String,
+    },
+    /// The case did not finish within the wall-clock bound.
+    Timeout,
+}
+
+/// One case of the sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChaosCase {
+    /// Seed (of the scenario, the schedule and the network).
+    pub seed: u64,
+    /// Protocol.
+    pub protocol: String,
+    /// The kills drawn.
+    pub kills: Vec<String>,
+    /// Verdict.
+    pub verdict: Verdict,
+    /// Failure events that happened.
+    pub failures: u64,
+    /// The simulator's trace hash.
+    pub trace_hash: String,
+    /// Wall time of the case, seconds.
+    pub wall_s: f64,
+    /// The command that replays this case exactly.
+    pub reproduce: String,
+}
+
+/// The whole sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChaosReport {
+    /// App name.
+    pub app: String,
+    /// The failure-free value every case must print.
+    pub expected: String,
+    /// Cases run.
+    pub cases: usize,
+    /// Cases that failed.
+    pub failed: usize,
+    /// Wall time of the sweep, seconds.
+    pub wall_s: f64,
+    /// The failing cases.
+    pub failures: Vec<ChaosCase>,
+}
+
+/// The kills of the scenario of `seed` for this job.
+pub fn scenario(seed: u64, base: &Config, iterations: u64) -> Vec<KillSpec> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc4a0_5eed);
+    let n = rng.random_range(1..=3u32);
+    let mut kills = Vec::new();
+    for i in 0..n {
+        let victim = if base.nodes > 1 && rng.random_range(0..10) < 3 {
+            Victim::Node(rng.random_range(0..base.nodes))
+        } else {
+            Victim::Rank(rng.random_range(0..base.ranks))
+        };
+        let roll = rng.random_range(0..10);
+        let moment = if i > 0 && roll < 4 {
+            Moment::Recovery(rng.random_range(1..=u64::from(i)))
+        } else if roll < 7 || iterations < 2 {
+            Moment::Progress(f64::from(rng.random_range(2..98u32)))
+        } else if roll < 9 {
+            Moment::Checkpoint(rng.random_range(1..=3))
+        } else {
+            Moment::Iteration(rng.random_range(0..iterations))
+        };
+        kills.push(KillSpec { victim, moment });
+    }
+    kills
+}
+
+/// The `lazarus run` command that replays a case.
+pub fn reproduce_command(app: AppKind, params: &AppParams, cfg: &Config) -> String {
+    let mut c = format!("lazarus run {}", app.name());
+    if let Some(class) = params.class {
+        c += &format!(" --class {class}");
+    }
+    if let Some(size) = params.size {
+        c += &format!(" --size {size}");
+    }
+    if let Some(it) = params.iterations {
+        c += &format!(" --iterations {it}");
+    }
+    c += &format!(
+        " --ranks {} --nodes {} --backend {} --protocol {} --checkpoint-every {} --seed {}",
+        cfg.ranks, cfg.nodes, cfg.backend, cfg.protocol, cfg.checkpoint_every, cfg.seed
+    );
+    for k in &cfg.kills {
+        c += &format!(" --kill {k}");
+    }
+    c
+}
+
+/// Run one case with a wall-clock bound.
+fn run_case(
+    app: AppKind,
+    params: &AppParams,
+    cfg: &Config,
+    expected: &str,
+    bound: Duration,
+) -> ChaosCase {
+    let t0 = Instant::now();
+    let (tx, rx) = mpsc::channel();
+    {
+        let (params, cfg) = (params.clone(), cfg.clone());
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_app(app, &params, &cfg)
+            }));
+            let _ = tx.send(r);
+        });
+    }
+    let mut case = ChaosCase {
+        seed: cfg.seed,
+        protocol: cfg.protocol.name().into(),
+        kills: cfg.kills.iter().map(|k| k.to_string()).collect(),
+        verdict: Verdict::Timeout,
+        failures: 0,
+        trace_hash: String::new(),
+        wall_s: 0.0,
+        reproduce: reproduce_command(app, params, cfg),
+    };
+    case.verdict = match rx.recv_timeout(bound) {
+        Err(_) => Verdict::Timeout,
+        Ok(Err(_)) => Verdict::Failed {
+            error: "the runtime panicked outside any rank".into(),
+        },
+        Ok(Ok(run)) => {
+            case.failures = run.stats.failures;
+            case.trace_hash = run
+                .sim
+                .map(|s| format!("{:016x}", s.trace_hash))
+                .unwrap_or_default();
+            match run.outcome {
+                Err(e) => Verdict::Failed {
+                    error: e.to_string(),
+                },
+                Ok(v) if v.value != expected => Verdict::Mismatch { got: v.value },
+                Ok(v) if !v.verified => Verdict::NotVerified { detail: v.detail },
+                Ok(_) => Verdict::Pass,
+            }
+        }
+    };
+    case.wall_s = t0.elapsed().as_secs_f64();
+    case
+}
+
+/// Run the sweep; `on_case` sees every case as it ends.
+pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<ChaosReport> {
+    if plan.seeds == 0 {
+        return Err(Error::config("--seeds", "at least one seed"));
+    }
+    let t0 = Instant::now();
+    let n = iterations(plan.app, &plan.params)?;
+    let base = Config {
+        backend: Backend::Sim,
+        iterations: Some(n),
+        progress_bar: false,
+        ..plan.base.clone()
+    };
+    base.validate()?;
+    let reference = run_app(
+        plan.app,
+        &plan.params,
+        &base.clone().protocol(ProtocolKind::None),
+    );
+    let expected = match reference.outcome {
+        Ok(v) if v.verified => v.value,
+        Ok(v) => {
+            return Err(Error::app(format!(
+                "the failure-free run does not verify: {}",
+                v.detail
+            )));
+        }
+        Err(e) => return Err(Error::app(format!("the failure-free run failed: {e}"))),
+    };
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for seed in plan.from..plan.from + plan.seeds {
+        for &protocol in &plan.protocols {
+            let mut cfg = base.clone().protocol(protocol).seed(seed);
+            cfg.kills = scenario(seed, &cfg, n);
+            let case = run_case(plan.app, &plan.params, &cfg, &expected, plan.bound);
+            cases += 1;
+            on_case(&case);
+            if case.verdict != Verdict::Pass {
+                failures.push(case);
+            }
+        }
+    }
+    Ok(ChaosReport {
+        app: plan.app.name().into(),
+        expected,
+        cases,
+        failed: failures.len(),
+        wall_s: t0.elapsed().as_secs_f64(),
+        failures,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_are_seeded_and_valid() {
+        let cfg = Config::new(6).nodes(3);
+        let pl = cfg.placement().expect("valid");
+        for seed in 0..200 {
+            let a = scenario(seed, &cfg, 15);
+            assert_eq!(a, scenario(seed, &cfg, 15));
+            assert!((1..=3).contains(&a.len()));
+            for k in &a {
+                k.validate(&pl, 15).expect("scenario kills are valid");
+            }
+        }
+        assert_ne!(scenario(1, &cfg, 15), scenario(2, &cfg, 15));
+    }
+
+    #[test]
+    fn reproduce_command_parses_back() {
+        let cfg = Config::new(4)
+            .nodes(2)
+            .protocol(ProtocolKind::Coordinated)
+            .seed(9)
+            .kill("node:1@recovery:1".parse().expect("spec"));
+        let params = AppParams {
+            class: Some('S'),
+            ..AppParams::default()
+        };
+        let c = reproduce_command(AppKind::Cg, &params, &cfg);
+        assert_eq!(
+            c,
+            "lazarus run cg --class S --ranks 4 --nodes 2 --backend threads --protocol coordinated \
+             --checkpoint-every 1 --seed 9 --kill node:1@recovery:1"
+        );
+    }
+}

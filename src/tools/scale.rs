@@ -1,0 +1,370 @@
+//! `lazarus sim`: scale studies of the communication patterns on the
+//! simulator.
+//!
+//! Runs a [`Pattern`] under each protocol on the `sim` backend (forced,
+//! whatever `base.backend` says) and reports, per protocol, what a scale
+//! study needs: checkpoint coordination and recovery time in virtual
+//! seconds, messages and bytes carried, and what the simulation itself cost
+//! (wall time, events per second, peak resident memory).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::apps::patterns::{Pattern, PatternParams, run_pattern};
+use crate::protocol::ProtocolKind;
+use crate::{Backend, Config, Error, Result};
+
+/// One protocol's figures in a scale study. Times are virtual (simulated)
+/// seconds unless named `wall`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScaleRow {
+    /// Protocol name.
+    pub protocol: String,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Number of failure domains.
+    pub nodes: usize,
+    /// Whether the run verified against the pattern's closed form.
+    pub verified: bool,
+    /// The verification value (empty when the job failed).
+    pub value: String,
+    /// Verification details, or the job's error when it failed.
+    pub detail: String,
+    /// Virtual time at the end of the run.
+    pub virtual_s: f64,
+    /// Longest time one rank spent in one checkpoint (coordination
+    /// included): `JobStats::checkpoint_s`.
+    pub checkpoint_s: f64,
+    /// Time spent in checkpoints, averaged over ranks:
+    /// `JobStats::checkpoint_s_total`.
+    pub checkpoint_s_total: f64,
+    /// Checkpoint generations committed.
+    pub checkpoints: u64,
+    /// Time from failures until every rank resumed, summed over recoveries.
+    pub recovery_s: f64,
+    /// Failure events.
+    pub failures: u64,
+    /// Simulator events (deliveries, wake-ups, scheduling decisions).
+    pub events: u64,
+    /// The simulator's trace hash, hexadecimal: equal seeds give equal hashes.
+    pub trace_hash: String,
+    /// Real seconds the simulation took.
+    pub wall_s: f64,
+    /// Simulator events per real second.
+    pub events_per_s: f64,
+    /// Frames the simulated network carried (application, protocol, store
+    /// and runtime frames).
+    pub messages: u64,
+    /// Bytes the simulated network carried.
+    pub bytes: u64,
+    /// Peak resident memory of this process during the run, MiB: Linux's
+    /// `VmHWM`, reset before each run when the kernel allows it (Linux 4.0+,
+    /// `/proc/self/clear_refs`). It is a process-wide high-water mark, so it
+    /// includes whatever else the process held or did concurrently (other
+    /// tests, for instance), and an earlier run's peak when the reset is not
+    /// available. 0.0 where `/proc` is not available.
+    pub peak_rss_mib: f64,
+}
+
+/// The process's peak resident set size (`VmHWM` of `/proc/self/status`) in
+/// MiB; 0.0 when unavailable (not Linux).
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// Reset the process's peak resident set size to the current one (best
+/// effort: writing `5` to `/proc/self/clear_refs`, Linux 4.0+).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Run `pattern` with `params` under each of `protocols` on the simulator,
+/// with everything else from `base` (ranks, nodes, kills, checkpoint
+/// interval, seed, network model). A job that fails (a kill under `none`,
+/// say) gives a row with `verified: false` and the error in `detail`; an
+/// invalid configuration is an error.
+pub fn scale_study(
+    pattern: Pattern,
+    params: &PatternParams,
+    base: &Config,
+    protocols: &[ProtocolKind],
+) -> Result<Vec<ScaleRow>> {
+    if protocols.is_empty() {
+        return Err(Error::config("--protocols", "name at least one protocol"));
+    }
+    let mut rows = Vec::with_capacity(protocols.len());
+    for &protocol in protocols {
+        let cfg = base.clone().backend(Backend::Sim).protocol(protocol);
+        reset_peak_rss();
+        let report = run_pattern(pattern, params, &cfg);
+        let peak_rss_mib = peak_rss_mib();
+        let Some(sim) = report.sim else {
+            // The job did not start: its configuration is invalid.
+            return Err(match report.outcome {
+                Err(e) => e,
+                Ok(_) => Error::Driver("the simulator gave no report".into()),
+            });
+        };
+        let (verified, value, detail) = match report.outcome {
+            Ok(v) => match v.into_iter().next() {
+                Some(v) => (v.verified, v.value, v.detail),
+                None => (false, String::new(), "no rank returned".into()),
+            },
+            Err(e) => (false, String::new(), e.to_string()),
+        };
+        let st = &report.stats;
+        rows.push(ScaleRow {
+            protocol: protocol.name().into(),
+            ranks: cfg.ranks,
+            nodes: cfg.nodes,
+            verified,
+            value,
+            detail,
+            virtual_s: sim.virtual_s,
+            checkpoint_s: st.checkpoint_s,
+            checkpoint_s_total: st.checkpoint_s_total,
+            checkpoints: st.checkpoints,
+            recovery_s: st.recovery_s,
+            failures: st.failures,
+            events: sim.events,
+            trace_hash: format!("{:016x}", sim.trace_hash),
+            wall_s: sim.wall_s,
+            events_per_s: sim.events as f64 / sim.wall_s.max(1e-9),
+            messages: sim.messages,
+            bytes: sim.bytes,
+            peak_rss_mib,
+        });
+    }
+    Ok(rows)
+}
+
+/// A plain-text table of `rows`, one line per protocol (virtual times in
+/// milliseconds).
+pub fn render(rows: &[ScaleRow]) -> String {
+    let header = [
+        "protocol",
+        "ranks",
+        "nodes",
+        "ok",
+        "virtual_ms",
+        "ckpt_max_ms",
+        "ckpt_avg_ms",
+        "ckpts",
+        "recov_ms",
+        "fail",
+        "messages",
+        "bytes",
+        "events",
+        "wall_s",
+        "events/s",
+        "rss_MiB",
+        "trace_hash",
+        "value",
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.protocol.clone(),
+                r.ranks.to_string(),
+                r.nodes.to_string(),
+                if r.verified { "yes" } else { "NO" }.into(),
+                format!("{:.3}", r.virtual_s * 1e3),
+                format!("{:.3}", r.checkpoint_s * 1e3),
+                format!("{:.3}", r.checkpoint_s_total * 1e3),
+                r.checkpoints.to_string(),
+                format!("{:.3}", r.recovery_s * 1e3),
+                r.failures.to_string(),
+                r.messages.to_string(),
+                r.bytes.to_string(),
+                r.events.to_string(),
+                format!("{:.2}", r.wall_s),
+                format!("{:.0}", r.events_per_s),
+                format!("{:.0}", r.peak_rss_mib),
+                r.trace_hash.clone(),
+                r.value.clone(),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            cells
+                .iter()
+                .map(|c| c[i].len())
+                .chain([h.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let mut line = |cols: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, c) in cols.enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            // Names left-aligned, numbers right-aligned.
+            if i == 0 || i + 1 >= header.len() - 1 {
+                let _ = write!(l, "{c:<w$}", w = widths[i]);
+            } else {
+                let _ = write!(l, "{c:>w$}", w = widths[i]);
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for c in &cells {
+        line(&mut c.iter().map(String::as_str));
+    }
+    for r in rows.iter().filter(|r| !r.verified) {
+        let _ = writeln!(out, "{}: {}", r.protocol, r.detail);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apps::patterns::expected;
+
+    fn params() -> PatternParams {
+        PatternParams {
+            iterations: 20,
+            ..PatternParams::default()
+        }
+    }
+
+    fn one(pattern: Pattern, cfg: &Config, protocol: ProtocolKind) -> ScaleRow {
+        let rows = scale_study(pattern, &params(), cfg, &[protocol]).expect("valid study");
+        assert_eq!(rows.len(), 1);
+        rows.into_iter().next().expect("one row")
+    }
+
+    /// Failure-free under `none` and `coordinated`, then a kill under
+    /// `coordinated`: every run verifies with the same value.
+    fn check_pattern(pattern: Pattern, base: &Config, kills: &[&str]) {
+        let reference = expected(pattern, base.ranks, &params()).to_string();
+        let rows = scale_study(
+            pattern,
+            &params(),
+            base,
+            &[ProtocolKind::None, ProtocolKind::Coordinated],
+        )
+        .expect("valid study");
+        for r in &rows {
+            assert!(r.verified, "{pattern} {}: {}", r.protocol, r.detail);
+            assert_eq!(r.value, reference);
+            assert_eq!(r.failures, 0);
+            assert!(r.messages > 0 && r.bytes > 0 && r.events > 0);
+            assert!(r.virtual_s >= 20.0 * params().compute_s, "{r:?}");
+        }
+        assert_eq!(rows[1].checkpoints, 4, "every 5 of 20 iterations");
+        assert!(rows[1].checkpoint_s > 0.0);
+        assert!(
+            rows[1].messages > rows[0].messages,
+            "checkpoints cost messages"
+        );
+        for k in kills {
+            let cfg = base.clone().kill(k.parse().expect("kill spec"));
+            let r = one(pattern, &cfg, ProtocolKind::Coordinated);
+            assert!(r.verified, "{pattern} with {k}: {}", r.detail);
+            assert_eq!(r.value, reference, "{pattern} with {k}");
+            assert!(r.failures >= 1, "{pattern}: {k} did not fire");
+            assert!(r.recovery_s > 0.0, "{pattern} with {k}: {r:?}");
+            // Without recovery the same kill ends the job.
+            let r = one(pattern, &cfg, ProtocolKind::None);
+            assert!(!r.verified && r.value.is_empty() && !r.detail.is_empty());
+        }
+    }
+
+    #[test]
+    fn stencil_pattern_64_ranks_survives_rank_and_node_kills() {
+        let base = Config::new(64).checkpoint_every(5);
+        check_pattern(Pattern::Stencil, &base, &["5@50%"]);
+        check_pattern(Pattern::Stencil, &base.nodes(4), &["node:1@40%"]);
+    }
+
+    #[test]
+    fn allreduce_pattern_33_ranks_survives_a_kill() {
+        let base = Config::new(33).checkpoint_every(5);
+        check_pattern(Pattern::Allreduce, &base, &["5@50%"]);
+    }
+
+    #[test]
+    fn same_seed_same_trace() {
+        let cfg = Config::new(64)
+            .nodes(4)
+            .checkpoint_every(5)
+            .seed(7)
+            .kill("5@50%".parse().expect("kill spec"));
+        let a = one(Pattern::Stencil, &cfg, ProtocolKind::Coordinated);
+        let b = one(Pattern::Stencil, &cfg, ProtocolKind::Coordinated);
+        assert_eq!(a.trace_hash, b.trace_hash);
+        assert_eq!(
+            (a.events, a.messages, a.bytes, a.virtual_s),
+            (b.events, b.messages, b.bytes, b.virtual_s)
+        );
+        let c = one(Pattern::Stencil, &cfg.seed(8), ProtocolKind::Coordinated);
+        assert_ne!(a.trace_hash, c.trace_hash, "the seed drives the schedule");
+        assert_eq!(a.value, c.value);
+    }
+
+    #[test]
+    fn study_refuses_bad_input_and_renders() {
+        let base = Config::new(4);
+        assert!(scale_study(Pattern::Stencil, &params(), &base, &[]).is_err());
+        let bad = PatternParams {
+            halo_bytes: 1,
+            ..params()
+        };
+        assert!(scale_study(Pattern::Stencil, &bad, &base, &[ProtocolKind::None]).is_err());
+        let rows = scale_study(Pattern::Allreduce, &params(), &base, &[ProtocolKind::None])
+            .expect("valid study");
+        let table = render(&rows);
+        assert!(table.starts_with("protocol"));
+        assert_eq!(table.lines().count(), 2, "{table}");
+        assert!(peak_rss_mib() >= 0.0);
+        let json = serde_json::to_value(&rows).expect("serialize");
+        assert_eq!(json[0]["protocol"], "none");
+    }
+
+    /// Measurement, not a check: `cargo test --release --lib scale --
+    /// --ignored --nocapture` (ranks from `LAZARUS_SCALE_RANKS`, default
+    /// `1024,4096`).
+    #[test]
+    #[ignore]
+    fn measure_stencil_scale() {
+        let ranks: Vec<usize> = std::env::var("LAZARUS_SCALE_RANKS")
+            .unwrap_or_else(|_| "1024,4096".into())
+            .split(',')
+            .map(|s| s.trim().parse().expect("rank count"))
+            .collect();
+        for n in ranks {
+            let cfg = Config::new(n)
+                .nodes(16)
+                .checkpoint_every(5)
+                .kill("5@50%".parse().expect("kill spec"));
+            let rows = scale_study(
+                Pattern::Stencil,
+                &params(),
+                &cfg,
+                &[ProtocolKind::Coordinated],
+            )
+            .expect("valid study");
+            eprintln!("{}", render(&rows));
+            eprintln!("{}", serde_json::to_string(&rows).expect("json"));
+            assert!(rows.iter().all(|r| r.verified));
+        }
+    }
+}

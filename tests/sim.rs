@@ -1,0 +1,182 @@
+//! The deterministic simulator: a seed reproduces a run exactly, different
+//! seeds give different schedules, hangs are detected, and a small chaos
+//! sweep passes (the full 200-seed sweeps are `lazarus chaos` commands).
+
+use std::time::Duration;
+
+use lazarus::apps::{AppKind, AppParams, run_app};
+use lazarus::tools::chaos::{ChaosPlan, Verdict, chaos, scenario};
+use lazarus::{Backend, Config, Error, ProtocolKind};
+
+fn cg_s() -> AppParams {
+    AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    }
+}
+
+fn sim_cfg(seed: u64) -> Config {
+    Config::new(4)
+        .backend(Backend::Sim)
+        .nodes(2)
+        .protocol(ProtocolKind::Coordinated)
+        .checkpoint_every(2)
+        .seed(seed)
+        .kill("node:1@30%".parse().expect("spec"))
+        .kill("0@recovery".parse().expect("spec"))
+}
+
+fn trace(cfg: &Config) -> (u64, String) {
+    let r = run_app(AppKind::Cg, &cg_s(), cfg);
+    let v = r.outcome.expect("the run verifies");
+    assert!(v.verified);
+    (r.sim.expect("sim report").trace_hash, v.value)
+}
+
+#[test]
+fn same_seed_same_trace_hash() {
+    for seed in [1, 7] {
+        let a = trace(&sim_cfg(seed));
+        let b = trace(&sim_cfg(seed));
+        assert_eq!(a, b, "seed {seed}");
+    }
+}
+
+#[test]
+fn different_seeds_different_schedules_same_answer() {
+    let runs: Vec<(u64, String)> = (1..=5).map(|s| trace(&sim_cfg(s))).collect();
+    let mut hashes: Vec<u64> = runs.iter().map(|r| r.0).collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    assert_eq!(hashes.len(), 5, "five seeds, five schedules: {runs:?}");
+    assert!(
+        runs.iter().all(|r| r.1 == runs[0].1),
+        "one answer: {runs:?}"
+    );
+}
+
+#[test]
+fn a_deadlock_is_reported_as_a_hang_not_waited_for() {
+    let cfg = Config::new(2).backend(Backend::Sim);
+    let report = lazarus::run(&cfg, |ctx| {
+        let world = ctx.world();
+        // Both ranks receive first: a deadlock.
+        let other = 1 - world.rank();
+        let (v, _) = world.receive::<u8>(other, 0)?;
+        world.send(other, 0, &v)?;
+        Ok(())
+    });
+    match report.outcome {
+        Err(Error::Driver(msg)) => assert!(msg.contains("hang"), "{msg}"),
+        other => panic!("expected a hang report, got {other:?}"),
+    }
+    assert!(report.sim.expect("sim report").hung);
+}
+
+#[test]
+fn virtual_time_follows_the_network_model() {
+    // One 8-byte ping-pong costs two one-way latencies (plus jitter and the
+    // 64-byte header over the bandwidth), not wall time.
+    let mut cfg = Config::new(2).backend(Backend::Sim);
+    cfg.network.jitter = 0.0;
+    let report = lazarus::run(&cfg, |ctx| {
+        let world = ctx.world();
+        let t0 = ctx.wtime();
+        if world.rank() == 0 {
+            world.send(1, 0, &[1u64])?;
+            world.receive::<u64>(1, 0)?;
+        } else {
+            let (v, _) = world.receive::<u64>(0, 0)?;
+            world.send(0, 0, &v)?;
+        }
+        Ok(ctx.wtime() - t0)
+    });
+    let times = report.outcome.expect("runs");
+    let one_way = 500e-9 + 72.0 / 20e9;
+    assert!((times[0] - 2.0 * one_way).abs() < 5e-9, "{times:?}");
+}
+
+#[test]
+fn small_chaos_sweeps_pass() {
+    for (app, params, ranks, nodes, seeds) in [
+        (AppKind::Cg, cg_s(), 4, 2, 12),
+        (
+            AppKind::Stencil,
+            AppParams {
+                size: Some(64),
+                iterations: Some(30),
+                ..AppParams::default()
+            },
+            6,
+            3,
+            12,
+        ),
+        (
+            AppKind::Dht,
+            AppParams {
+                size: Some(256),
+                iterations: Some(6),
+                ..AppParams::default()
+            },
+            4,
+            2,
+            8,
+        ),
+    ] {
+        let plan = ChaosPlan {
+            app,
+            params,
+            base: Config::new(ranks).nodes(nodes).checkpoint_every(2),
+            protocols: vec![ProtocolKind::Coordinated],
+            from: 1,
+            seeds,
+            bound: Duration::from_secs(120),
+        };
+        let report = chaos(&plan, |_| {}).expect("sweep runs");
+        assert_eq!(report.cases as u64, seeds);
+        assert!(report.failures.is_empty(), "{app}: {:#?}", report.failures);
+    }
+}
+
+#[test]
+fn chaos_catches_a_protocol_that_cannot_recover() {
+    // Under `none` every scenario with a kill must be reported, with a
+    // command that replays it.
+    let plan = ChaosPlan {
+        app: AppKind::Cg,
+        params: cg_s(),
+        base: Config::new(4).nodes(2),
+        protocols: vec![ProtocolKind::None],
+        from: 1,
+        seeds: 3,
+        bound: Duration::from_secs(60),
+    };
+    let report = chaos(&plan, |_| {}).expect("sweep runs");
+    assert_eq!(report.failed, 3);
+    for c in &report.failures {
+        assert!(matches!(c.verdict, Verdict::Failed { .. }), "{c:?}");
+        assert!(
+            c.reproduce.contains("--backend sim")
+                && c.reproduce.contains(&format!("--seed {}", c.seed))
+        );
+    }
+}
+
+#[test]
+fn a_chaos_case_replays_exactly_from_its_seed() {
+    let base = Config::new(4)
+        .nodes(2)
+        .checkpoint_every(2)
+        .backend(Backend::Sim);
+    let mut cfg = base.clone().protocol(ProtocolKind::Coordinated).seed(42);
+    cfg.kills = scenario(42, &cfg, 15);
+    let a = run_app(AppKind::Cg, &cg_s(), &cfg);
+    let b = run_app(AppKind::Cg, &cg_s(), &cfg);
+    assert_eq!(
+        a.sim.map(|s| s.trace_hash),
+        b.sim.map(|s| s.trace_hash),
+        "kills {:?}",
+        cfg.kills
+    );
+    assert_eq!(a.stats.failures, b.stats.failures);
+}
