@@ -75,8 +75,9 @@ fn a_deadlock_is_reported_as_a_hang_not_waited_for() {
 
 #[test]
 fn virtual_time_follows_the_network_model() {
-    // One 8-byte ping-pong costs two one-way latencies (plus jitter and the
-    // 64-byte header over the bandwidth), not wall time.
+    // One 8-byte ping-pong costs two one-way trips (sender overhead,
+    // latency, the 72-byte frame over the bandwidth; no jitter), not wall
+    // time.
     let mut cfg = Config::new(2).backend(Backend::Sim);
     cfg.network.jitter = 0.0;
     let report = lazarus::run(&cfg, |ctx| {
@@ -92,7 +93,7 @@ fn virtual_time_follows_the_network_model() {
         Ok(ctx.wtime() - t0)
     });
     let times = report.outcome.expect("runs");
-    let one_way = 500e-9 + 72.0 / 20e9;
+    let one_way = 100e-9 + 500e-9 + 72.0 / 20e9;
     assert!((times[0] - 2.0 * one_way).abs() < 5e-9, "{times:?}");
 }
 

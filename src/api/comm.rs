@@ -6,6 +6,7 @@
 //! communicator; wildcards take the earliest matching arrival.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -85,12 +86,46 @@ impl Message {
     }
 }
 
+/// The ranks of a communicator, as world ranks.
+///
+/// The world group is the identity and costs nothing, so a 16,384-rank
+/// simulation does not hold P-sized tables on every rank.
+#[derive(Debug, Clone)]
+enum Group {
+    /// World ranks `0..size`.
+    World(usize),
+    /// An explicit list, with the reverse map of its members only.
+    List(Rc<(Vec<Rank>, HashMap<Rank, Rank>)>),
+}
+
+impl Group {
+    fn len(&self) -> usize {
+        match self {
+            Group::World(n) => *n,
+            Group::List(l) => l.0.len(),
+        }
+    }
+
+    fn world_rank(&self, r: Rank) -> Option<Rank> {
+        match self {
+            Group::World(n) => (r < *n).then_some(r),
+            Group::List(l) => l.0.get(r).copied(),
+        }
+    }
+
+    fn comm_rank(&self, w: Rank) -> Option<Rank> {
+        match self {
+            Group::World(n) => (w < *n).then_some(w),
+            Group::List(l) => l.1.get(&w).copied(),
+        }
+    }
+}
+
 /// A communicator: a group of ranks and a private communication context.
 #[derive(Clone)]
 pub struct Communicator {
     pub(crate) engine: Rc<RefCell<Engine>>,
-    group: Rc<Vec<Rank>>,
-    world_to_comm: Rc<Vec<Option<Rank>>>,
+    group: Group,
     rank: Rank,
     pub(crate) p2p: ContextId,
     pub(crate) coll: ContextId,
@@ -114,8 +149,7 @@ impl Communicator {
         };
         Communicator {
             engine,
-            group: Rc::new((0..size).collect()),
-            world_to_comm: Rc::new((0..size).map(Some).collect()),
+            group: Group::World(size),
             rank,
             p2p: 0,
             coll: 1,
@@ -125,14 +159,16 @@ impl Communicator {
     pub(crate) fn with_group(&self, group: Vec<Rank>, context: ContextId) -> Option<Self> {
         let me = self.engine.borrow().rank();
         let rank = group.iter().position(|&r| r == me)?;
-        let mut world_to_comm = vec![None; self.engine.borrow().size()];
-        for (i, &w) in group.iter().enumerate() {
-            world_to_comm[w] = Some(i);
-        }
+        let size = self.engine.borrow().size();
+        let group = if group.len() == size && group.iter().enumerate().all(|(i, &w)| i == w) {
+            Group::World(size)
+        } else {
+            let reverse = group.iter().enumerate().map(|(i, &w)| (w, i)).collect();
+            Group::List(Rc::new((group, reverse)))
+        };
         Some(Communicator {
             engine: self.engine.clone(),
-            group: Rc::new(group),
-            world_to_comm: Rc::new(world_to_comm),
+            group,
             rank,
             p2p: context,
             coll: context + 1,
@@ -151,7 +187,7 @@ impl Communicator {
 
     /// The world rank of communicator rank `r`.
     pub fn world_rank(&self, r: Rank) -> Result<Rank> {
-        self.group.get(r).copied().ok_or(Error::RankOutOfRange {
+        self.group.world_rank(r).ok_or(Error::RankOutOfRange {
             rank: r,
             size: self.group.len(),
         })
@@ -173,12 +209,7 @@ impl Communicator {
 
     fn status_of(&self, env: &Envelope, bytes: usize) -> Status {
         Status {
-            source: self
-                .world_to_comm
-                .get(env.src)
-                .copied()
-                .flatten()
-                .unwrap_or(usize::MAX),
+            source: self.group.comm_rank(env.src).unwrap_or(usize::MAX),
             tag: env.tag,
             bytes,
         }

@@ -49,6 +49,9 @@ pub struct NetworkModel {
     pub bandwidth_inter: f64,
     /// Jitter: up to this fraction of the latency is added, uniformly drawn.
     pub jitter: f64,
+    /// Per-message cost at the sender (LogP's gap): a rank's messages leave
+    /// one after another, so sending to many ranks takes time.
+    pub overhead: Duration,
     /// Time from a death to the survivors' failure notice.
     pub detection: Duration,
     /// A run whose virtual time passes this is declared hung.
@@ -63,6 +66,7 @@ impl Default for NetworkModel {
             bandwidth_intra: 20e9,
             bandwidth_inter: 10e9,
             jitter: 0.2,
+            overhead: Duration::from_nanos(100),
             detection: Duration::from_millis(1),
             time_limit: Duration::from_secs(3600),
         }
@@ -145,6 +149,8 @@ struct Sched<T> {
     running: Option<usize>,
     rng: ChaCha8Rng,
     last_on_channel: HashMap<(Rank, Rank), u64>,
+    /// When each rank's network interface is free again.
+    nic_free: Vec<u64>,
     trace: u64,
     events: u64,
     messages: u64,
@@ -498,7 +504,12 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         } else {
             0.0
         };
-        let mut at = s.now + nanos(lat) + (bytes as f64 / bw * 1e9) as u64 + jitter as u64;
+        // The message leaves when the sender's interface is free, and keeps
+        // it busy for the per-message overhead plus its size over bandwidth.
+        let wire = (bytes as f64 / bw * 1e9) as u64;
+        let depart = s.now.max(s.nic_free[self.rank]) + nanos(self.world.net.overhead);
+        s.nic_free[self.rank] = depart + wire;
+        let mut at = depart + nanos(lat) + wire + jitter as u64;
         let last = s.last_on_channel.entry((self.rank, dest)).or_insert(0);
         at = at.max(*last + 1); // channels are FIFO
         *last = at;
@@ -626,6 +637,57 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
     fn report_progress(&mut self, _fraction: f64) {}
 }
 
+/// Memory mappings one rank thread costs (stack, guard page, signal stack
+/// and its guard), measured on Linux.
+const MAPPINGS_PER_THREAD: usize = 4;
+
+/// Refuse clearly, instead of aborting mid-run, when the kernel's limit on
+/// memory mappings cannot hold one thread per rank.
+fn check_mapping_limit(ranks: usize, kills: usize) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/vm/max_map_count") else {
+        return Ok(());
+    };
+    let Ok(limit) = text.trim().parse::<usize>() else {
+        return Ok(());
+    };
+    let need = MAPPINGS_PER_THREAD * (ranks + 8 * kills) + 4096;
+    if need > limit {
+        return Err(Error::config(
+            "--ranks",
+            format!(
+                "{ranks} simulated ranks need about {need} memory mappings but vm.max_map_count is {limit}; \
+                 raise it (as root: sysctl -w vm.max_map_count={})",
+                need.next_power_of_two()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Linux 6.17+ gives each process a private futex hash sized for its CPUs;
+/// with thousands of rank threads parked on 2 cores, every wake-up then
+/// scans long buckets and the hand-over costs O(P). Ask for enough slots.
+#[allow(unsafe_code)]
+fn widen_futex_hash(threads: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const PR_FUTEX_HASH: libc::c_int = 78;
+        const PR_FUTEX_HASH_SET_SLOTS: libc::c_ulong = 1;
+        let slots = threads.next_power_of_two().clamp(16, 1 << 16) as libc::c_ulong;
+        // SAFETY: prctl with integer arguments only, no pointers; a kernel
+        // without this option returns EINVAL, which changes nothing.
+        let _ = unsafe {
+            libc::prctl(
+                PR_FUTEX_HASH,
+                PR_FUTEX_HASH_SET_SLOTS,
+                slots,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+    }
+}
+
 /// Run `f` on `cfg.ranks` simulated ranks.
 pub(crate) fn run<T: Send + 'static>(
     cfg: &Config,
@@ -634,6 +696,12 @@ pub(crate) fn run<T: Send + 'static>(
 ) -> (Result<Vec<T>>, JobStats, SimReport) {
     let size = cfg.ranks;
     let wall = Instant::now();
+    if let Err(e) = check_mapping_limit(size, cfg.kills.len()) {
+        return (Err(e), JobStats::default(), SimReport::default());
+    }
+    if size >= 256 {
+        widen_futex_hash(size);
+    }
     let world = Arc::new(SimWorld {
         size,
         placement: placement.clone(),
@@ -652,6 +720,7 @@ pub(crate) fn run<T: Send + 'static>(
             running: None,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             last_on_channel: HashMap::new(),
+            nic_free: vec![0; size],
             trace: 0xcbf2_9ce4_8422_2325,
             events: 0,
             messages: 0,
