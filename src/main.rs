@@ -41,7 +41,9 @@ const SIM_EXAMPLES: &str = "Examples:
 
 const MODEL_EXAMPLES: &str = "Examples:
   lazarus model --checkpoint-cost 60 --mtbf 86400
-  lazarus model --processes 4000 --plot pcf.svg";
+  lazarus model --processes 4000 --plot pcf.svg
+  lazarus model --group-size 21 --t-aware 3
+  lazarus model --level nodes:1000:0.4:1.2 --level racks:40:0.01:2.0 --group-size 8 --t-aware 2";
 
 const BENCH_EXAMPLES: &str = "Examples:
   lazarus bench cg --class W --ranks 4 --protocols none,coordinated --reps 5 --json bench.json
@@ -168,6 +170,40 @@ struct ModelArgs {
     /// Draw the P_cf table as an SVG here.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// A failure-domain level, smallest first (repeatable):
+    /// NAME:COUNT:A:B, with P(x concurrent failures per day) = A*exp(-B*x).
+    /// Without it the TSUBAME2.0 fits of 003 §7.1 are used.
+    #[arg(long = "level", value_name = "NAME:COUNT:A:B")]
+    levels: Vec<String>,
+    /// Checksum-group size |G| (one checksum rank per group): print P_cf for it.
+    #[arg(long)]
+    group_size: Option<usize>,
+    /// Topology-awareness level for --group-size: 0 = none, 1 = the first
+    /// level (nodes), 2 = the second, ...
+    #[arg(long, default_value_t = 1)]
+    t_aware: usize,
+}
+
+fn parse_level(text: &str) -> anyhow::Result<lazarus::tools::model::Level> {
+    use lazarus::tools::model::{FailureDist, Level};
+    let bad = || {
+        usage(lazarus::Error::config(
+            "--level",
+            format!("`{text}`: expected NAME:COUNT:A:B, e.g. nodes:1408:0.5:1.1"),
+        ))
+    };
+    let parts: Vec<&str> = text.split(':').collect();
+    let [name, count, a, b] = parts[..] else {
+        return Err(bad());
+    };
+    Ok(Level {
+        name: name.to_string(),
+        count: count.parse().map_err(|_| bad())?,
+        failures: FailureDist::Exponential {
+            a: a.parse().map_err(|_| bad())?,
+            b: b.parse().map_err(|_| bad())?,
+        },
+    })
 }
 
 #[derive(Args, Debug, Clone)]
@@ -554,6 +590,38 @@ fn cmd_model(args: &ModelArgs) -> anyhow::Result<bool> {
                 "give both to compute Daly's interval",
             )));
         }
+    }
+    let hierarchy = if args.levels.is_empty() {
+        lazarus::tools::model::tsubame2()
+    } else {
+        let levels = args
+            .levels
+            .iter()
+            .map(|l| parse_level(l))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        lazarus::tools::model::Hierarchy::new(levels).map_err(usage)?
+    };
+    if let Some(g) = args.group_size {
+        let p = hierarchy.p_cf(g, args.t_aware).map_err(usage)?;
+        let names: Vec<&str> = hierarchy.levels.iter().map(|l| l.name.as_str()).collect();
+        println!(
+            "P_cf per day = {p:.4e} for |G| = {g} (m = 1), topology-aware at level {} of [{}]{}",
+            args.t_aware,
+            names.join(", "),
+            if hierarchy.is_feasible(g, args.t_aware) {
+                ""
+            } else {
+                " (placement infeasible: the level has fewer elements than |G|)"
+            }
+        );
+        if !args.levels.is_empty() {
+            return Ok(true);
+        }
+    } else if !args.levels.is_empty() {
+        return Err(usage(lazarus::Error::config(
+            "--group-size",
+            "give the checksum-group size to evaluate a custom hierarchy",
+        )));
     }
     let rows = fig10c_table(args.processes, FIG10C_FRACTIONS).map_err(usage)?;
     println!(
