@@ -63,6 +63,7 @@ impl FromStr for Backend {
 /// | `nodes` | `--nodes` | 1 (failure domains, block placement) |
 /// | `kills` | `--kill` (repeatable) | none |
 /// | `checkpoint_every` | `--checkpoint-every` | 1 (every safe point) |
+/// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
@@ -79,8 +80,12 @@ pub struct Config {
     pub nodes: usize,
     /// Failures to inject.
     pub kills: Vec<KillSpec>,
-    /// Checkpoint at every N-th safe point (0: never).
+    /// Checkpoint at every N-th safe point (0: never). With `mtbf`, the
+    /// first interval only: later ones follow Daly's formula.
     pub checkpoint_every: u64,
+    /// Mean time between failures: when set, the checkpoint interval is
+    /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
+    pub mtbf: Option<std::time::Duration>,
     /// Seed of every random choice the runtime makes (fault timing).
     pub seed: u64,
     /// Safe points the application will pass, if known (validates kills).
@@ -100,6 +105,7 @@ impl Default for Config {
             nodes: 1,
             kills: Vec::new(),
             checkpoint_every: 1,
+            mtbf: None,
             seed: 1,
             iterations: None,
             progress_bar: false,

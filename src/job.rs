@@ -47,6 +47,13 @@ pub struct JobStats {
     pub last_generation: Option<u64>,
     /// Peak bytes of message logs on one rank.
     pub peak_log_bytes: u64,
+    /// With `--checkpoint-interval daly`: the last interval chosen, in safe
+    /// points.
+    pub daly_every: Option<u64>,
+    /// Daly's interval (compute seconds between checkpoints) it came from.
+    pub daly_interval_s: Option<f64>,
+    /// The measured checkpoint cost Daly's formula used, seconds.
+    pub daly_cost_s: Option<f64>,
     /// Kill specifications whose moment never came.
     pub unfired_kills: Vec<String>,
 }

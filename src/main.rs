@@ -231,9 +231,18 @@ struct JobArgs {
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N].
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
-    /// Checkpoint every N safe points, or every P% of the run ("10%").
+    /// Checkpoint every N safe points, or every P% of the run ("10%"). With
+    /// `--checkpoint-interval daly`, the first interval only.
     #[arg(long, default_value = "10%")]
     checkpoint_every: String,
+    /// `fixed` (--checkpoint-every) or `daly`: Daly's optimal interval
+    /// (003 §6.1) from the measured checkpoint cost and --mtbf.
+    #[arg(long, default_value = "fixed")]
+    checkpoint_interval: String,
+    /// Mean time between failures for `--checkpoint-interval daly`, e.g. 90s,
+    /// 15m, 2h, 1d (plain numbers are seconds).
+    #[arg(long)]
+    mtbf: Option<String>,
     /// Seed of the runtime's random choices (when kills land).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -314,6 +323,28 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         .collect::<Result<Vec<_>, _>>()
         .map_err(usage)?;
     let backend: Backend = job.backend.parse().map_err(usage)?;
+    let mtbf = match (job.checkpoint_interval.as_str(), &job.mtbf) {
+        ("fixed", None) => None,
+        ("daly", Some(m)) => Some(parse_duration(m).map_err(usage)?),
+        ("daly", None) => {
+            return Err(usage(lazarus::Error::config(
+                "--mtbf",
+                "--checkpoint-interval daly needs the mean time between failures",
+            )));
+        }
+        ("fixed", Some(_)) => {
+            return Err(usage(lazarus::Error::config(
+                "--mtbf",
+                "only used with --checkpoint-interval daly",
+            )));
+        }
+        (other, _) => {
+            return Err(usage(lazarus::Error::config(
+                "--checkpoint-interval",
+                format!("`{other}` is neither `fixed` nor `daly`"),
+            )));
+        }
+    };
     let cfg = Config {
         backend,
         protocol,
@@ -321,6 +352,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         nodes: job.nodes,
         kills,
         checkpoint_every: every,
+        mtbf,
         seed: job.seed,
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),
@@ -328,6 +360,36 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
     };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
+}
+
+/// `90s`, `15m`, `2h`, `1d`, `250ms`, or plain seconds.
+fn parse_duration(text: &str) -> Result<std::time::Duration, lazarus::Error> {
+    let t = text.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
+    } else if let Some(n) = t.strip_suffix('d') {
+        (n, 86400.0)
+    } else {
+        (t, 1.0)
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .map(|v| v * scale)
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| {
+            lazarus::Error::config(
+                "--mtbf",
+                format!("`{text}` is not a positive duration (e.g. 90s, 2h)"),
+            )
+        })
 }
 
 fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -487,6 +549,8 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         backend: "sim".into(),
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
+        checkpoint_interval: "fixed".into(),
+        mtbf: None,
         seed: args.from,
     };
     let (app, params, base) = build(&job, ProtocolKind::None)?;

@@ -350,3 +350,51 @@ fn sim_scale_study_reports_rows() {
         stderr(&o)
     );
 }
+
+#[test]
+fn daly_interval_is_used_and_reported() {
+    let dir = std::env::temp_dir().join(format!("lazarus-daly-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("daly.json");
+    let o = lazarus(&[
+        "run",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "4",
+        "--protocol",
+        "coordinated",
+        "--checkpoint-interval",
+        "daly",
+        "--mtbf",
+        "500ms",
+        "--checkpoint-every",
+        "1",
+        "--kill",
+        "2@60%",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("summary")).expect("JSON");
+    let cost = v["daly_cost_s"].as_f64().expect("measured cost reported");
+    let tau = v["daly_interval_s"].as_f64().expect("interval reported");
+    let expected = lazarus::tools::model::daly_interval(cost, 0.5).expect("valid");
+    assert!(
+        (tau - expected).abs() <= 1e-12 * expected.max(1.0),
+        "{tau} vs {expected}"
+    );
+    assert!(v["daly_every"].as_u64().is_some_and(|e| e >= 1));
+    for bad in [
+        &["--checkpoint-interval", "daly"][..],
+        &["--mtbf", "5s"][..],
+        &["--checkpoint-interval", "daly", "--mtbf", "-3s"][..],
+    ] {
+        let mut args = vec!["run", "cg"];
+        args.extend_from_slice(bad);
+        assert_eq!(lazarus(&args).status.code(), Some(2), "{bad:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -119,6 +119,15 @@ pub enum Stat {
     },
     /// Current bytes held in message logs by this rank.
     LogBytes(usize),
+    /// The checkpoint interval was set by Daly's formula (003 §6.1).
+    Interval {
+        /// Safe points between checkpoints.
+        every: u64,
+        /// Daly's optimal compute time between checkpoints, seconds.
+        tau_s: f64,
+        /// The measured checkpoint cost it was computed from, seconds.
+        cost_s: f64,
+    },
 }
 
 /// One rank's view of the driver.

@@ -285,6 +285,15 @@ impl StatsBook {
                 }
             }
             Stat::LogBytes(b) => st.peak_log_bytes = st.peak_log_bytes.max(b as u64),
+            Stat::Interval {
+                every,
+                tau_s,
+                cost_s,
+            } => {
+                st.daly_every = Some(every);
+                st.daly_interval_s = Some(tau_s);
+                st.daly_cost_s = Some(cost_s);
+            }
         }
     }
 }
@@ -295,13 +304,14 @@ pub(crate) fn rank_body<T>(
     ep: Box<dyn Endpoint>,
     protocol: ProtocolKind,
     checkpoint_every: u64,
+    mtbf_s: Option<f64>,
     placement: Placement,
     f: &RankFn<T>,
 ) -> Result<T> {
     let rank = ep.rank();
     let engine = Engine::new(
         ep,
-        protocol.build(checkpoint_every),
+        protocol.build(checkpoint_every, mtbf_s),
         Box::new(PartnerStore::new(rank, &placement)),
         placement,
     );

@@ -375,6 +375,7 @@ impl<T: Send + 'static> SimWorld<T> {
             Box::new(ep),
             self.cfg.protocol,
             self.cfg.checkpoint_every,
+            self.cfg.mtbf.map(|d| d.as_secs_f64()),
             self.placement.clone(),
             &*self.f,
         );

@@ -273,6 +273,7 @@ pub(crate) fn run<T: Send + 'static>(
             let f = f.clone();
             let sup = sup_tx.clone();
             let (protocol, every) = (cfg.protocol, cfg.checkpoint_every);
+            let mtbf = cfg.mtbf.map(|d| d.as_secs_f64());
             let incarnation = slot.incarnation;
             std::thread::Builder::new()
                 .name(format!("rank-{rank}"))
@@ -285,7 +286,7 @@ pub(crate) fn run<T: Send + 'static>(
                         inbox,
                         start_epoch: epoch,
                     };
-                    let outcome = rank_body(Box::new(ep), protocol, every, placement, &*f);
+                    let outcome = rank_body(Box::new(ep), protocol, every, mtbf, placement, &*f);
                     let _ = sup.send(SupMsg::Exited {
                         rank,
                         incarnation,

@@ -492,6 +492,7 @@ impl Engine {
                     self.apply_store_out(out)?;
                 }
                 Action::Resume { generation } => self.resume = Some(generation),
+                Action::Record(stat) => self.ep.record(stat),
             }
         }
         Ok(())

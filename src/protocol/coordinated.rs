@@ -75,7 +75,15 @@ struct Sums {
 /// State of the coordinated protocol on one rank.
 #[derive(Debug)]
 pub struct Coordinated {
+    /// Safe points between checkpoints (agreed: set by the root's commit).
     every: u64,
+    /// Safe points since the last checkpoint (or restore).
+    since_last: u64,
+    /// With Daly's interval: the MTBF, seconds.
+    mtbf_s: Option<f64>,
+    /// Root: when the current checkpoint began and the previous one ended.
+    started_at: Option<std::time::Duration>,
+    last_end: std::time::Duration,
     next_generation: u64,
     /// Generation this rank is saving, if any.
     saving: Option<u64>,
@@ -96,6 +104,10 @@ impl Coordinated {
     pub fn new(every: u64) -> Self {
         Coordinated {
             every,
+            since_last: 0,
+            mtbf_s: None,
+            started_at: None,
+            last_end: std::time::Duration::ZERO,
             next_generation: 1,
             saving: None,
             round: 0,
@@ -105,6 +117,39 @@ impl Coordinated {
             own_stored: None,
             recovery: None,
         }
+    }
+
+    /// Follow Daly's interval (003 §6.1) for this MTBF: after each
+    /// checkpoint the root measures its cost and the time per safe point,
+    /// and sets the number of safe points between checkpoints to the
+    /// optimum, which travels to every rank with the commit record.
+    pub fn with_daly(mut self, mtbf_s: Option<f64>) -> Self {
+        self.mtbf_s = mtbf_s.filter(|m| m.is_finite() && *m > 0.0);
+        self
+    }
+
+    /// Root, at commit: Daly's interval in safe points.
+    fn daly_every(&mut self, cx: &mut ProtocolCx<'_>) -> u64 {
+        let (Some(mtbf), Some(start)) = (self.mtbf_s, self.started_at) else {
+            return self.every;
+        };
+        let cost = (cx.now.saturating_sub(start)).as_secs_f64().max(1e-9);
+        let per_safe_point =
+            (start.saturating_sub(self.last_end)).as_secs_f64() / self.every.max(1) as f64;
+        let Ok(tau) = crate::tools::model::daly_interval(cost, mtbf) else {
+            return self.every;
+        };
+        let every = if per_safe_point > 0.0 {
+            (tau / per_safe_point).round().clamp(1.0, 1e9) as u64
+        } else {
+            self.every
+        };
+        cx.emit(Action::Record(crate::driver::Stat::Interval {
+            every,
+            tau_s: tau,
+            cost_s: cost,
+        }));
+        every
     }
 
     fn send_down(&self, msg: &Control, cx: &mut ProtocolCx<'_>) {
@@ -179,12 +224,17 @@ impl Coordinated {
                 dest: p,
                 msg: Control::Stored { generation },
             }),
-            None => self.on_commit(generation, cx),
+            None => {
+                let every = self.daly_every(cx);
+                self.last_end = cx.now;
+                self.on_commit(generation, every, cx)
+            }
         }
     }
 
-    fn on_commit(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
-        self.send_down(&Control::Commit { generation }, cx);
+    fn on_commit(&mut self, generation: u64, every: u64, cx: &mut ProtocolCx<'_>) {
+        self.every = every;
+        self.send_down(&Control::Commit { generation, every }, cx);
         cx.emit(Action::Commit { generation });
         if self.saving == Some(generation) {
             self.saving = None;
@@ -194,7 +244,7 @@ impl Coordinated {
 
     /// Leader: choose the generation to restore and tell each rank where
     /// its piece is.
-    fn decide(rec: &Recovery, cx: &mut ProtocolCx<'_>) -> Vec<(Rank, Control)> {
+    fn decide(rec: &Recovery, every: u64, cx: &mut ProtocolCx<'_>) -> Vec<(Rank, Control)> {
         let whole = rec.newest_commit.filter(|&g| {
             (0..cx.size).all(|r| rec.holders.get(&(g, r)).is_some_and(|h| !h.is_empty()))
         });
@@ -213,6 +263,7 @@ impl Coordinated {
                             generation: Some(g),
                             holder,
                             partner_has,
+                            every,
                         }
                     }
                     // No committed generation survives whole: restart from
@@ -221,6 +272,7 @@ impl Coordinated {
                         generation: None,
                         holder: r,
                         partner_has: true,
+                        every,
                     },
                 };
                 (r, msg)
@@ -261,7 +313,7 @@ impl Coordinated {
                 *self.stored_children.entry(generation).or_default() += 1;
                 self.try_stored(generation, cx);
             }
-            Control::Commit { generation } => self.on_commit(generation, cx),
+            Control::Commit { generation, every } => self.on_commit(generation, every, cx),
             Control::Marker { .. } => {}
             Control::Inventory { committed, held } => {
                 let Some(rec) = self.recovery.as_mut() else {
@@ -273,7 +325,7 @@ impl Coordinated {
                     rec.holders.entry(piece).or_default().push(src);
                 }
                 if rec.reported == cx.size {
-                    for (dest, d) in Self::decide(rec, cx) {
+                    for (dest, d) in Self::decide(rec, self.every, cx) {
                         if dest == cx.rank {
                             self.on_control(cx.rank, d, cx);
                         } else {
@@ -286,10 +338,15 @@ impl Coordinated {
                 generation,
                 holder,
                 partner_has,
+                every,
             } => {
                 let Some(rec) = self.recovery.as_mut() else {
                     return;
                 };
+                // Everyone resumes right after the restored checkpoint, with
+                // the leader's interval (a replacement has no other source).
+                self.every = every;
+                self.since_last = 0;
                 rec.decided = Some(generation);
                 rec.replicate = !partner_has;
                 self.next_generation = generation.map_or(1, |g| g + 1);
@@ -316,6 +373,7 @@ impl Coordinated {
                 }
             }
             Control::Go => {
+                self.last_end = cx.now;
                 if let Some(rec) = self.recovery.take() {
                     cx.emit(Action::Resume {
                         generation: rec.decided.flatten(),
@@ -333,11 +391,14 @@ impl Protocol for Coordinated {
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
         match event {
-            Event::SafePoint { index } => {
-                if self.every == 0 || !index.is_multiple_of(self.every) {
+            Event::SafePoint { .. } => {
+                self.since_last += 1;
+                if self.every == 0 || self.since_last < self.every {
                     cx.emit(Action::ReleaseSafePoint);
                     return;
                 }
+                self.since_last = 0;
+                self.started_at = Some(cx.now);
                 let g = self.next_generation;
                 self.next_generation += 1;
                 self.saving = Some(g);
@@ -400,6 +461,7 @@ mod tests {
         store: PartnerStore,
         sent: u64,
         arrived: u64,
+        now: Duration,
     }
 
     impl Harness {
@@ -411,6 +473,7 @@ mod tests {
                 store,
                 sent: 0,
                 arrived: 0,
+                now: Duration::ZERO,
             }
         }
 
@@ -420,7 +483,7 @@ mod tests {
                 size: self.pl.ranks(),
                 placement: &self.pl,
                 store: &self.store,
-                now: Duration::ZERO,
+                now: self.now,
                 app_sent: self.sent,
                 app_arrived: self.arrived,
                 actions: Vec::new(),
@@ -569,7 +632,10 @@ mod tests {
             1,
             Event::Control {
                 src: 0,
-                msg: Control::Commit { generation: 1 },
+                msg: Control::Commit {
+                    generation: 1,
+                    every: 2,
+                },
             },
         );
         assert_eq!(
@@ -591,6 +657,45 @@ mod tests {
         assert_eq!(
             a,
             vec![Action::Commit { generation: 1 }, Action::ReleaseSafePoint]
+        );
+    }
+
+    #[test]
+    fn daly_interval_is_measured_at_the_root_and_used() {
+        let mut h = Harness::new(0, 1, 1);
+        let mut p = Coordinated::new(1).with_daly(Some(100.0));
+        // One safe point took 10 ms; the checkpoint then costs 2 ms.
+        h.now = Duration::from_millis(10);
+        assert_eq!(
+            h.run(&mut p, 0, Event::SafePoint { index: 1 }),
+            vec![Action::Capture { generation: 1 }]
+        );
+        h.now = Duration::from_millis(12);
+        let a = h.run(&mut p, 0, Event::PieceStored { generation: 1 });
+        let tau = crate::tools::model::daly_interval(0.002, 100.0).expect("valid");
+        let every = (tau / 0.010).round() as u64;
+        assert_eq!(every, 63, "tau {tau}");
+        assert!(
+            matches!(
+                a.first(),
+                Some(Action::Record(crate::driver::Stat::Interval {
+                    every: 63,
+                    ..
+                }))
+            ),
+            "{a:?}"
+        );
+        assert!(a.contains(&Action::Commit { generation: 1 }));
+        // The next 62 safe points pass; the 63rd checkpoints.
+        for i in 2..=63 {
+            assert_eq!(
+                h.run(&mut p, 0, Event::SafePoint { index: i }),
+                vec![Action::ReleaseSafePoint]
+            );
+        }
+        assert_eq!(
+            h.run(&mut p, 0, Event::SafePoint { index: 64 }),
+            vec![Action::Capture { generation: 2 }]
         );
     }
 
@@ -622,11 +727,12 @@ mod tests {
                 rec.holders.entry(piece).or_default().push(src);
             }
         }
-        let d = Coordinated::decide(&rec, &mut cx);
+        let d = Coordinated::decide(&rec, 3, &mut cx);
         let expect = |holder, partner_has| Control::Decision {
             generation: Some(2),
             holder,
             partner_has,
+            every: 3,
         };
         assert_eq!(
             d,
@@ -639,7 +745,7 @@ mod tests {
         );
         // Lose rank 3's only copy too: nothing complete, restart from scratch.
         rec.holders.remove(&(2, 3));
-        let d = Coordinated::decide(&rec, &mut cx);
+        let d = Coordinated::decide(&rec, 3, &mut cx);
         assert!(d.iter().all(|(_, m)| matches!(
             m,
             Control::Decision {

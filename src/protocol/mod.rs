@@ -56,11 +56,16 @@ impl ProtocolKind {
         }
     }
 
-    /// Build the protocol state machine for one rank.
-    pub fn build(self, checkpoint_every: u64) -> Box<dyn Protocol> {
+    /// Build the protocol state machine for one rank: checkpoint every
+    /// `checkpoint_every` safe points, or, with `mtbf_s`, at Daly's interval
+    /// (003 §6.1) from the measured checkpoint cost, starting with
+    /// `checkpoint_every`.
+    pub fn build(self, checkpoint_every: u64, mtbf_s: Option<f64>) -> Box<dyn Protocol> {
         match self {
             ProtocolKind::None => Box::new(none::NoProtocol),
-            ProtocolKind::Coordinated => Box::new(coordinated::Coordinated::new(checkpoint_every)),
+            ProtocolKind::Coordinated => {
+                Box::new(coordinated::Coordinated::new(checkpoint_every).with_daly(mtbf_s))
+            }
         }
     }
 
@@ -131,10 +136,13 @@ pub enum Control {
         /// Generation.
         generation: u64,
     },
-    /// Commit record of `generation`, down the tree.
+    /// Commit record of `generation`, down the tree, with the checkpoint
+    /// interval (in safe points) every rank uses from now on.
     Commit {
         /// Generation.
         generation: u64,
+        /// Safe points between checkpoints from now on.
+        every: u64,
     },
     /// Recovery: what the sender holds (to the recovery leader).
     Inventory {
@@ -152,6 +160,8 @@ pub enum Control {
         holder: Rank,
         /// Whether the receiver's partner still has its piece.
         partner_has: bool,
+        /// Safe points between checkpoints (the replacement must agree).
+        every: u64,
     },
     /// Recovery: the sender has its piece back and its redundancy rebuilt.
     Ready,
@@ -264,6 +274,8 @@ pub enum Action {
         /// Generation restored (`None`: from the beginning).
         generation: Option<u64>,
     },
+    /// Report a statistic to the driver.
+    Record(crate::driver::Stat),
 }
 
 /// Read-only facts and the action sink handed to a protocol with each event.
