@@ -7,6 +7,7 @@ use std::str::FromStr;
 use crate::driver::sim::NetworkModel;
 use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
+use crate::store::levels::LevelSpec;
 use crate::topology::Placement;
 use crate::{Error, Result};
 
@@ -64,6 +65,8 @@ impl FromStr for Backend {
 /// | `kills` | `--kill` (repeatable) | none |
 /// | `checkpoint_every` | `--checkpoint-every` | 1 (every safe point) |
 /// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
+/// | `storage` | `--storage partner\|disk:DIR[@N]` (repeatable) | partner |
+/// | `restart` | `--restart DIR` | none |
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
@@ -83,6 +86,11 @@ pub struct Config {
     /// Checkpoint at every N-th safe point (0: never). With `mtbf`, the
     /// first interval only: later ones follow Daly's formula.
     pub checkpoint_every: u64,
+    /// Checkpoint storage levels (the partner level is always on).
+    pub storage: Vec<LevelSpec>,
+    /// Restart the whole job from the newest committed generation in this
+    /// checkpoint directory (written by a `disk:DIR` level).
+    pub restart: Option<std::path::PathBuf>,
     /// Mean time between failures: when set, the checkpoint interval is
     /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
     pub mtbf: Option<std::time::Duration>,
@@ -106,6 +114,8 @@ impl Default for Config {
             kills: Vec::new(),
             checkpoint_every: 1,
             mtbf: None,
+            storage: vec![LevelSpec::Partner],
+            restart: None,
             seed: 1,
             iterations: None,
             progress_bar: false,
@@ -167,6 +177,12 @@ impl Config {
     /// Check the configuration as a whole.
     pub fn validate(&self) -> Result<Placement> {
         let pl = self.placement()?;
+        if self.restart.is_some() && self.protocol == ProtocolKind::None {
+            return Err(Error::config(
+                "--restart",
+                "restarting from a checkpoint needs a checkpointing protocol (--protocol coordinated)",
+            ));
+        }
         for k in &self.kills {
             k.validate(&pl, self.iterations.unwrap_or(u64::MAX))?;
         }

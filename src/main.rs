@@ -74,6 +74,27 @@ enum Command {
     /// Daly's checkpoint interval and the catastrophic-failure probability (003 §5-§7).
     #[command(after_help = MODEL_EXAMPLES)]
     Model(ModelArgs),
+    /// What a checkpoint directory holds, whether it is intact, and which
+    /// generation a restart would use.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// The checkpoint directory (of a `--storage disk:DIR` run).
+    dir: PathBuf,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn cmd_inspect(args: &InspectArgs) -> anyhow::Result<bool> {
+    let report = lazarus::store::disk::inspect(&args.dir).map_err(usage)?;
+    print!("{}", lazarus::store::disk::render(&report));
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(report.restart_from.is_some())
 }
 
 #[derive(Args, Debug)]
@@ -246,6 +267,13 @@ struct JobArgs {
     /// Seed of the runtime's random choices (when kills land).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Checkpoint storage level (repeatable): partner (always on),
+    /// disk:DIR[@N] (every N-th generation to DIR, with commit records).
+    #[arg(long = "storage", value_name = "LEVEL")]
+    storage: Vec<String>,
+    /// Restart the whole job from the newest committed generation in DIR.
+    #[arg(long, value_name = "DIR")]
+    restart: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -353,6 +381,17 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         kills,
         checkpoint_every: every,
         mtbf,
+        storage: {
+            let mut levels = vec![lazarus::store::levels::LevelSpec::Partner];
+            for s in &job.storage {
+                let l: lazarus::store::levels::LevelSpec = s.parse().map_err(usage)?;
+                if !levels.contains(&l) {
+                    levels.push(l);
+                }
+            }
+            levels
+        },
+        restart: job.restart.clone(),
         seed: job.seed,
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),
@@ -410,6 +449,26 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         cfg.iterations.unwrap_or(0),
         args.job.kills.join(", ")
     );
+    if let Some(dir) = &cfg.restart {
+        let plan = lazarus::store::disk::restart_plan(dir, cfg.ranks).map_err(usage)?;
+        for s in &plan.skipped {
+            eprintln!("warning: skipping {s}");
+        }
+        match plan.generation {
+            Some(g) => println!("restarting from generation {g} in {}", dir.display()),
+            None => {
+                return Err(usage(lazarus::Error::config(
+                    "--restart",
+                    format!(
+                        "{} holds no committed generation usable by {} ranks (see `lazarus inspect {}`)",
+                        dir.display(),
+                        cfg.ranks,
+                        dir.display()
+                    ),
+                )));
+            }
+        }
+    }
     let run = run_app(app, &params, &cfg);
     let summary = RunSummary::new(app, &params, &cfg, &run);
     let st = &summary.stats;
@@ -551,6 +610,8 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),
         mtbf: None,
+        storage: Vec::new(),
+        restart: None,
         seed: args.from,
     };
     let (app, params, base) = build(&job, ProtocolKind::None)?;
@@ -708,6 +769,7 @@ fn main() -> ExitCode {
         Command::Chaos(a) => cmd_chaos(a),
         Command::Sim(a) => cmd_sim(a),
         Command::Model(a) => cmd_model(a),
+        Command::Inspect(a) => cmd_inspect(a),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

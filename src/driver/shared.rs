@@ -13,8 +13,7 @@ use crate::api::datatype::combine_bytes;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::job::{JobStats, RankFn, run_rank};
-use crate::protocol::ProtocolKind;
-use crate::store::partner::PartnerStore;
+use crate::store::levels::{LevelSpec, MultiLevel};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
@@ -302,19 +301,27 @@ impl StatsBook {
 /// turning a panic into an error outcome.
 pub(crate) fn rank_body<T>(
     ep: Box<dyn Endpoint>,
-    protocol: ProtocolKind,
-    checkpoint_every: u64,
-    mtbf_s: Option<f64>,
+    cfg: &Config,
     placement: Placement,
     f: &RankFn<T>,
 ) -> Result<T> {
     let rank = ep.rank();
-    let engine = Engine::new(
+    let storage: &[LevelSpec] = &cfg.storage;
+    let mut engine = Engine::new(
         ep,
-        protocol.build(checkpoint_every, mtbf_s),
-        Box::new(PartnerStore::new(rank, &placement)),
+        cfg.protocol
+            .build(cfg.checkpoint_every, cfg.mtbf.map(|d| d.as_secs_f64())),
+        Box::new(MultiLevel::new(
+            rank,
+            &placement,
+            storage,
+            cfg.restart.as_deref(),
+        )),
         placement,
     );
+    if cfg.restart.is_some() {
+        engine.start_in_recovery();
+    }
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rank(engine, f))).unwrap_or_else(
         |p| {
             let msg = p

@@ -371,14 +371,7 @@ impl<T: Send + 'static> SimWorld<T> {
             slot: slot.clone(),
             start_epoch: epoch,
         };
-        let outcome = rank_body(
-            Box::new(ep),
-            self.cfg.protocol,
-            self.cfg.checkpoint_every,
-            self.cfg.mtbf.map(|d| d.as_secs_f64()),
-            self.placement.clone(),
-            &*self.f,
-        );
+        let outcome = rank_body(Box::new(ep), &self.cfg, self.placement.clone(), &*self.f);
         let mut s = self.sched();
         s.entities[entity].st = St::Exited;
         s.entities[entity].inbox.clear();

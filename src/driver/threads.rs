@@ -272,8 +272,7 @@ pub(crate) fn run<T: Send + 'static>(
             let world = world.clone();
             let f = f.clone();
             let sup = sup_tx.clone();
-            let (protocol, every) = (cfg.protocol, cfg.checkpoint_every);
-            let mtbf = cfg.mtbf.map(|d| d.as_secs_f64());
+            let cfg = cfg.clone();
             let incarnation = slot.incarnation;
             std::thread::Builder::new()
                 .name(format!("rank-{rank}"))
@@ -286,7 +285,7 @@ pub(crate) fn run<T: Send + 'static>(
                         inbox,
                         start_epoch: epoch,
                     };
-                    let outcome = rank_body(Box::new(ep), protocol, every, mtbf, placement, &*f);
+                    let outcome = rank_body(Box::new(ep), &cfg, placement, &*f);
                     let _ = sup.send(SupMsg::Exited {
                         rank,
                         incarnation,

@@ -215,9 +215,15 @@ impl Engine {
         self.epoch
     }
 
-    /// Whether this incarnation is a replacement for a dead rank.
+    /// Whether this incarnation starts in recovery: a replacement for a
+    /// dead rank, or every rank of a job restarted from a checkpoint.
     pub fn is_replacement(&self) -> bool {
         self.replacement
+    }
+
+    /// Start in recovery (whole-job restart from stored checkpoints).
+    pub fn start_in_recovery(&mut self) {
+        self.replacement = true;
     }
 
     /// Placement of the job.
@@ -467,7 +473,7 @@ impl Engine {
                 Action::Transmit { dest, msg } => self.transmit(dest, Body::Control(msg))?,
                 Action::Capture { generation } => self.capture_due = Some(generation),
                 Action::Commit { generation } => {
-                    self.store.commit(generation);
+                    self.store.commit(generation)?;
                     self.committed_now = Some(generation);
                 }
                 Action::ReleaseSafePoint => self.released = true,
@@ -697,7 +703,7 @@ impl Engine {
                 self.store.put(
                     Piece::new(generation, self.rank, Bytes::from(data)),
                     &mut out,
-                );
+                )?;
                 self.apply_store_out(out)?;
                 continue;
             }

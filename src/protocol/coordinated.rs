@@ -245,7 +245,18 @@ impl Coordinated {
     /// Leader: choose the generation to restore and tell each rank where
     /// its piece is.
     fn decide(rec: &Recovery, every: u64, cx: &mut ProtocolCx<'_>) -> Vec<(Rank, Control)> {
-        let whole = rec.newest_commit.filter(|&g| {
+        // Every generation held somewhere and not newer than the newest
+        // commit record was committed (generations commit in order and only
+        // the uncommitted newest can be newer); try them newest first.
+        let mut candidates: Vec<u64> = rec
+            .holders
+            .keys()
+            .map(|&(g, _)| g)
+            .filter(|&g| rec.newest_commit.is_some_and(|c| g <= c))
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.dedup();
+        let whole = candidates.into_iter().find(|&g| {
             (0..cx.size).all(|r| rec.holders.get(&(g, r)).is_some_and(|h| !h.is_empty()))
         });
         (0..cx.size)

@@ -454,6 +454,29 @@ pub fn read_piece(dir: &Path, generation: u64, rank: Rank) -> Result<Piece> {
     parse_piece(Bytes::from(buf), generation, rank, &path)
 }
 
+/// Write the commit record of `generation` for a job of `ranks` ranks from
+/// the headers of the piece files already on disk (the writer of each piece
+/// checksummed it). Used by the rank that commits, which does not hold the
+/// other ranks' pieces.
+pub fn commit_from_headers(dir: &Path, generation: u64, ranks: usize) -> Result<()> {
+    let mut pieces = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let path = piece_path(dir, generation, rank);
+        let (h, _) =
+            read_piece_header(&path).map_err(|e| io_error("reading the header of", &path, &e))?;
+        let len = usize::try_from(h.len).map_err(|_| {
+            corrupt(
+                rank,
+                generation,
+                &path,
+                "piece length does not fit in memory",
+            )
+        })?;
+        pieces.push((rank, len, h.crc));
+    }
+    write_commit(dir, generation, ranks, &pieces)
+}
+
 /// Reads only the header of a piece file and checks that the file's size
 /// matches it (cheap: used before committing, when the data was just
 /// checksummed by its writer).

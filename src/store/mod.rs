@@ -6,15 +6,17 @@
 //! detected. A generation is usable only once its commit record is written
 //! (after every piece of it is stored).
 //!
-//! Levels: [`partner`] (a copy on a rank in another failure domain) is the
-//! one wired into runs today. [`codec`] (XOR and Reed–Solomon parity with a
-//! CRC32C per shard) and [`disk`] (atomic piece files, commit records, restart
-//! selection, `inspect`) are the building blocks of the `xor`, `rs:M` and
-//! `disk:DIR` levels; they are tested on their own and not yet selectable
-//! with `--storage`.
+//! Levels: [`partner`] (a copy on a rank in another failure domain, always
+//! on) and [`disk`] (atomic piece files and commit records in a directory,
+//! every N-th generation; restart selection with fallback; `inspect`),
+//! combined by [`levels::MultiLevel`] (`--storage partner --storage
+//! disk:DIR@N`, `--restart DIR`). [`codec`] (XOR and Reed–Solomon parity with
+//! a CRC32C per shard) is the building block of the `xor` and `rs:M` levels,
+//! which are not selectable yet.
 
 pub mod codec;
 pub mod disk;
+pub mod levels;
 pub mod partner;
 
 use bytes::Bytes;
@@ -114,7 +116,7 @@ pub trait CheckpointStore: Send {
     /// Level name, for summaries.
     fn name(&self) -> &'static str;
     /// Store this rank's `piece` (locally and wherever the level puts copies).
-    fn put(&mut self, piece: Piece, out: &mut StoreOut);
+    fn put(&mut self, piece: Piece, out: &mut StoreOut) -> Result<()>;
     /// Handle a message from another rank's store.
     fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()>;
     /// Bring this rank's own piece of `generation` back from `holder`.
@@ -123,7 +125,7 @@ pub trait CheckpointStore: Send {
     /// copies (rebuild redundancy after a recovery).
     fn replicate(&mut self, generation: u64, out: &mut StoreOut) -> Result<()>;
     /// Write the commit record of `generation` and drop older generations.
-    fn commit(&mut self, generation: u64);
+    fn commit(&mut self, generation: u64) -> Result<()>;
     /// The newest generation whose commit record this rank holds.
     fn committed(&self) -> Option<u64>;
     /// Every `(generation, owner)` piece held here.

@@ -24,6 +24,12 @@ pub struct PartnerStore {
 }
 
 impl PartnerStore {
+    /// Keep this rank's own piece as if it had just been stored here (a
+    /// piece read back from another level).
+    pub fn adopt(&mut self, piece: Piece) {
+        self.pieces.insert((piece.generation, piece.owner), piece);
+    }
+
     /// A store for `rank` in `placement`.
     pub fn new(rank: Rank, placement: &Placement) -> Self {
         PartnerStore {
@@ -62,11 +68,10 @@ impl CheckpointStore for PartnerStore {
         "partner"
     }
 
-    fn put(&mut self, piece: Piece, out: &mut StoreOut) {
+    fn put(&mut self, piece: Piece, out: &mut StoreOut) -> Result<()> {
         let generation = piece.generation;
         self.pieces.insert((generation, self.rank), piece);
-        // The piece was just inserted, so send_copy cannot miss it.
-        let _ = self.send_copy(generation, out);
+        self.send_copy(generation, out)
     }
 
     fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()> {
@@ -120,10 +125,11 @@ impl CheckpointStore for PartnerStore {
         self.send_copy(generation, out)
     }
 
-    fn commit(&mut self, generation: u64) {
+    fn commit(&mut self, generation: u64) -> Result<()> {
         self.committed = Some(generation);
         self.pieces.retain(|&(g, _), _| g >= generation);
         self.awaiting_ack.retain(|&g| g >= generation);
+        Ok(())
     }
 
     fn committed(&self) -> Option<u64> {
@@ -164,7 +170,8 @@ mod tests {
         let mut a = PartnerStore::new(0, &pl);
         let mut b = PartnerStore::new(2, &pl);
         let mut out = StoreOut::default();
-        a.put(Piece::new(1, 0, Bytes::from_static(b"state")), &mut out);
+        a.put(Piece::new(1, 0, Bytes::from_static(b"state")), &mut out)
+            .expect("stored");
         assert!(out.events.is_empty());
         let (dest, msg) = out.sends.pop().expect("a copy goes to the partner");
         assert_eq!(dest, 2);
