@@ -398,3 +398,30 @@ fn daly_interval_is_used_and_reported() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_codec_reports_all_three_figures() {
+    let dir = std::env::temp_dir().join(format!("lazarus-codec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("codec.json");
+    let o = lazarus(&[
+        "bench-codec",
+        "--bytes",
+        "65536",
+        "--group",
+        "4",
+        "--json",
+        path.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
+    for k in ["memcpy_gb_s", "xor_gb_s", "rs_gb_s"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
+    assert_eq!(
+        lazarus(&["bench-codec", "--group", "0"]).status.code(),
+        Some(2)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -754,8 +754,27 @@ mod tests {
                 (3, expect(1, true)),
             ]
         );
-        // Lose rank 3's only copy too: nothing complete, restart from scratch.
+        // Lose rank 3's copy of generation 2, but an older committed
+        // generation survives whole (on disk, say): fall back to it.
         rec.holders.remove(&(2, 3));
+        for r in 0..4 {
+            rec.holders.entry((1, r)).or_default().push(r);
+        }
+        let d = Coordinated::decide(&rec, 3, &mut cx);
+        assert!(
+            d.iter().all(|(_, m)| matches!(
+                m,
+                Control::Decision {
+                    generation: Some(1),
+                    ..
+                }
+            )),
+            "{d:?}"
+        );
+        // Nothing complete at all: restart from scratch.
+        for r in 0..4 {
+            rec.holders.remove(&(1, r));
+        }
         let d = Coordinated::decide(&rec, 3, &mut cx);
         assert!(d.iter().all(|(_, m)| matches!(
             m,
