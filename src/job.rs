@@ -33,6 +33,9 @@ pub struct JobStats {
     pub ranks_killed: u64,
     /// Rank restarts from a checkpoint (survivors and replacements).
     pub ranks_rolled_back: u64,
+    /// Of those, restarts from the very beginning because no complete
+    /// committed generation survived (or none existed yet).
+    pub ranks_restarted_from_scratch: u64,
     /// Time from a failure until every rank resumed, summed over recoveries.
     pub recovery_s: f64,
     /// Checkpoint generations committed.

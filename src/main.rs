@@ -533,6 +533,12 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             if sim.hung { ", HUNG" } else { "" }
         );
     }
+    if st.ranks_restarted_from_scratch > 0 {
+        eprintln!(
+            "warning: {} rank restart(s) began from the beginning: no complete committed checkpoint survived (or none existed yet)",
+            st.ranks_restarted_from_scratch
+        );
+    }
     if !st.unfired_kills.is_empty() {
         eprintln!(
             "warning: these kills never fired (their moment never came): {}",

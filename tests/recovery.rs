@@ -323,3 +323,34 @@ fn random_kills_never_change_the_answer() {
         assert_eq!(st.failures, 3, "seed {seed}: {:?}", st.unfired_kills);
     }
 }
+
+#[test]
+fn restarts_from_the_beginning_are_counted() {
+    for backend in Backend::ALL {
+        let params = AppParams {
+            class: Some('S'),
+            ..AppParams::default()
+        };
+        let base = Config {
+            backend,
+            ..Config::new(4)
+        }
+        .protocol(ProtocolKind::Coordinated)
+        .checkpoint_every(4);
+        // Before the first checkpoint (iteration 4): nothing to restore.
+        let (_, early) = run(
+            AppKind::Cg,
+            &params,
+            &base.clone().kill("1@i1".parse().expect("spec")),
+        );
+        assert_eq!(early.ranks_restarted_from_scratch, 4, "{backend}");
+        // After it: restored from a checkpoint.
+        let (_, late) = run(
+            AppKind::Cg,
+            &params,
+            &base.kill("1@i9".parse().expect("spec")),
+        );
+        assert_eq!(late.ranks_restarted_from_scratch, 0, "{backend}");
+        assert_eq!(late.ranks_rolled_back, 4, "{backend}");
+    }
+}

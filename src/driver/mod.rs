@@ -116,6 +116,9 @@ pub enum Stat {
         epoch: u64,
         /// Whether the rank re-executes from a checkpoint (rolled back).
         rolled_back: bool,
+        /// Whether no usable checkpoint existed, so the rank restarts its
+        /// rank function from the beginning.
+        from_scratch: bool,
     },
     /// Current bytes held in message logs by this rank.
     LogBytes(usize),

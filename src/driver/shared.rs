@@ -270,9 +270,16 @@ impl StatsBook {
                     st.last_generation = Some(generation);
                 }
             }
-            Stat::Resumed { epoch, rolled_back } => {
+            Stat::Resumed {
+                epoch,
+                rolled_back,
+                from_scratch,
+            } => {
                 if rolled_back {
                     st.ranks_rolled_back += 1;
+                }
+                if from_scratch {
+                    st.ranks_restarted_from_scratch += 1;
                 }
                 let n = self.resumed.entry(epoch).or_insert(0);
                 *n += 1;

@@ -785,6 +785,7 @@ impl Engine {
                 self.ep.record(Stat::Resumed {
                     epoch: self.epoch,
                     rolled_back: true,
+                    from_scratch: generation.is_none(),
                 });
                 return Ok(());
             }
