@@ -99,6 +99,31 @@ impl WindowRegistry {
         lock(&self.map).insert((id, rank), w);
     }
 
+    /// `Endpoint::window_expose` for the live incarnation `owner` of `rank`.
+    pub fn expose_live(
+        &self,
+        (rank, owner): (Rank, &Arc<Slot>),
+        id: WinId,
+        epoch: u64,
+        bytes: usize,
+        init: Option<&[u8]>,
+    ) -> Result<()> {
+        owner.alive()?;
+        self.expose(id, rank, owner, epoch, bytes, init);
+        Ok(())
+    }
+
+    /// `Endpoint::with_local_window` for the live incarnation `owner`.
+    pub fn with_local_live(
+        &self,
+        (rank, owner): (Rank, &Arc<Slot>),
+        id: WinId,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<()> {
+        owner.alive()?;
+        self.with_local(id, rank, f)
+    }
+
     pub fn withdraw(&self, id: WinId, rank: Rank, owner: &Arc<Slot>) {
         let mut ws = lock(&self.map);
         if ws

@@ -585,11 +585,9 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         bytes: usize,
         init: Option<&[u8]>,
     ) -> Result<()> {
-        self.slot.alive()?;
         self.world
             .windows
-            .expose(id, self.rank, &self.slot, epoch, bytes, init);
-        Ok(())
+            .expose_live((self.rank, &self.slot), id, epoch, bytes, init)
     }
 
     fn window_withdraw(&mut self, id: WinId) {
@@ -618,8 +616,9 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
     }
 
     fn with_local_window(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        self.slot.alive()?;
-        self.world.windows.with_local(id, self.rank, f)
+        self.world
+            .windows
+            .with_local_live((self.rank, &self.slot), id, f)
     }
 
     fn record(&mut self, stat: Stat) {
