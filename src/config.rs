@@ -91,6 +91,9 @@ pub struct Config {
     /// Restart the whole job from the newest committed generation in this
     /// checkpoint directory (written by a `disk:DIR` level).
     pub restart: Option<std::path::PathBuf>,
+    /// The generation a restart resumes from (set by [`crate::run`] from the
+    /// restart directory before any rank starts).
+    pub restart_generation: Option<u64>,
     /// Mean time between failures: when set, the checkpoint interval is
     /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
     pub mtbf: Option<std::time::Duration>,
@@ -116,6 +119,7 @@ impl Default for Config {
             mtbf: None,
             storage: vec![LevelSpec::Partner],
             restart: None,
+            restart_generation: None,
             seed: 1,
             iterations: None,
             progress_bar: false,

@@ -89,8 +89,13 @@ where
     T: Send + 'static,
     F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
 {
-    let placement = match cfg.validate() {
-        Ok(p) => p,
+    let prepared = cfg.validate().and_then(|p| {
+        let mut cfg = cfg.clone();
+        cfg.restart_generation = prepare_storage(&cfg)?;
+        Ok((p, cfg))
+    });
+    let (placement, cfg) = match prepared {
+        Ok(x) => x,
         Err(e) => {
             return JobReport {
                 outcome: Err(e),
@@ -99,6 +104,7 @@ where
             };
         }
     };
+    let cfg = &cfg;
     let f: Arc<RankFn<T>> = Arc::new(f);
     match cfg.backend {
         Backend::Threads => {
@@ -118,6 +124,60 @@ where
             }
         }
     }
+}
+
+/// Check the checkpoint directories before any rank starts. A fresh run must
+/// not find an earlier run's checkpoints in its disk level (it would restore
+/// them at a recovery). A restart uses the newest intact committed
+/// generation, and when the same directory is also written, the unusable
+/// generations newer than that one are removed first, so that this run's
+/// generations replace them cleanly.
+fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
+    use crate::store::disk;
+    use crate::store::levels::LevelSpec;
+    let restart = match &cfg.restart {
+        Some(dir) => {
+            let plan = disk::restart_plan(dir, cfg.ranks)?;
+            let g = plan.generation.ok_or_else(|| {
+                Error::config(
+                    "--restart",
+                    format!(
+                        "{} holds no committed generation usable by {} ranks",
+                        dir.display(),
+                        cfg.ranks
+                    ),
+                )
+            })?;
+            Some((dir.clone(), g))
+        }
+        None => None,
+    };
+    for level in &cfg.storage {
+        let LevelSpec::Disk { dir, .. } = level else {
+            continue;
+        };
+        let existing = if dir.exists() {
+            disk::committed_generations(dir)?
+        } else {
+            Vec::new()
+        };
+        match &restart {
+            Some((rdir, g)) if rdir == dir => disk::remove_newer_than(dir, *g)?,
+            _ if !existing.is_empty() => {
+                return Err(Error::config(
+                    "--storage",
+                    format!(
+                        "{} already holds checkpoints of an earlier run (generations {:?}); \
+                         resume from them with --restart {0}, or choose an empty directory",
+                        dir.display(),
+                        existing
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(restart.map(|(_, g)| g))
 }
 
 /// The harness of one rank incarnation.

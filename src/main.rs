@@ -431,6 +431,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
             levels
         },
         restart: job.restart.clone(),
+        restart_generation: None,
         seed: job.seed,
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),
@@ -461,7 +462,7 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, lazarus::Error> {
         .ok()
         .map(|v| v * scale)
         .filter(|v| v.is_finite() && *v > 0.0)
-        .map(std::time::Duration::from_secs_f64)
+        .and_then(|v| std::time::Duration::try_from_secs_f64(v).ok())
         .ok_or_else(|| {
             lazarus::Error::config(
                 "--mtbf",
@@ -509,6 +510,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         }
     }
     let run = run_app(app, &params, &cfg);
+    if let Err(e @ lazarus::Error::Config { .. }) = &run.outcome {
+        return Err(usage(e.clone()));
+    }
     let summary = RunSummary::new(app, &params, &cfg, &run);
     let st = &summary.stats;
     println!(

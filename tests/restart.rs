@@ -160,3 +160,58 @@ fn restart_falls_back_past_a_corrupted_piece_and_refuses_an_empty_dir() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&empty);
 }
+
+#[test]
+fn a_fresh_run_refuses_a_directory_with_an_earlier_runs_checkpoints() {
+    let dir = temp_dir("stale");
+    let storage = format!("disk:{}", dir.display());
+    let first = lazarus()
+        .args(JOB)
+        .args(["--storage", &storage])
+        .output()
+        .expect("runs");
+    assert!(first.status.success());
+    // A different job into the same directory would otherwise restore the
+    // first job's state at its first recovery.
+    let o = lazarus()
+        .args([
+            "run",
+            "stencil",
+            "--ranks",
+            "4",
+            "--protocol",
+            "coordinated",
+            "--kill",
+            "1@50%",
+        ])
+        .args(["--storage", &storage])
+        .output()
+        .expect("runs");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("earlier run"));
+    // Resuming it and writing on into the same directory works, and leaves
+    // a directory a later restart can use.
+    let o = lazarus()
+        .args(JOB)
+        .args([
+            "--storage",
+            &storage,
+            "--restart",
+            dir.to_str().expect("utf-8"),
+        ])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(last_line(&o.stdout), last_line(&first.stdout));
+    let report = lazarus::store::disk::inspect(&dir).expect("inspect");
+    assert!(report.restart_from.is_some());
+    assert!(
+        report
+            .generations
+            .iter()
+            .filter(|g| g.committed)
+            .all(|g| g.usable),
+        "{report:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

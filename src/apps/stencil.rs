@@ -13,6 +13,9 @@ use super::{AppParams, Verification, safe_point};
 use crate::apps::cg::block;
 use crate::{Ctx, Error, Result};
 
+/// Largest grid side accepted.
+pub const MAX_N: usize = 1 << 15;
+
 /// Parameters of a stencil run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
@@ -39,8 +42,13 @@ impl Params {
         };
         let n = p.size.unwrap_or(n);
         let iterations = p.iterations.unwrap_or(it);
-        if n < 3 {
-            return Err(Error::config("--size", "the stencil grid needs n >= 3"));
+        if !(3..=MAX_N).contains(&n) {
+            return Err(Error::config(
+                "--size",
+                format!(
+                    "the stencil grid side must be in 3..={MAX_N} (two {MAX_N}^2 grids of f64 are 8 GiB)"
+                ),
+            ));
         }
         if iterations == 0 {
             return Err(Error::config("--iterations", "at least one sweep"));

@@ -347,7 +347,7 @@ pub(crate) fn rank_body<T>(
             rank,
             &placement,
             storage,
-            cfg.restart.as_deref(),
+            cfg.restart.as_deref().zip(cfg.restart_generation),
         )),
         placement,
     );

@@ -962,6 +962,27 @@ pub fn retain(dir: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
+/// Remove every generation newer than `generation` (committed or not): at a
+/// restart from `generation` they are unusable, and the restarted run will
+/// write generations with the same numbers.
+pub fn remove_newer_than(dir: &Path, generation: u64) -> Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("list", dir, &e)),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(g) = name.to_str().and_then(parse_generation_name) else {
+            continue;
+        };
+        if g > generation && entry.path().is_dir() {
+            remove_generation(dir, &entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn remove_generation(dir: &Path, path: &Path) -> Result<()> {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(DELETING_SUFFIX);

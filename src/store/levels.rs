@@ -87,6 +87,9 @@ impl fmt::Display for LevelSpec {
 #[derive(Debug)]
 struct DiskLevel {
     dir: PathBuf,
+    /// At a restart, the generation chosen before the ranks started: older
+    /// ones are an earlier run's leftovers and are never offered.
+    restart_from: Option<u64>,
     /// Write every N-th generation (`None`: read only, a restart source).
     every: Option<u64>,
 }
@@ -103,6 +106,9 @@ impl DiskLevel {
         disk::committed_generations(&self.dir)
             .unwrap_or_default()
             .into_iter()
+            // A restart source offers its chosen generation and whatever
+            // this run committed after it.
+            .filter(|&g| self.restart_from.is_none_or(|r| g >= r))
             .filter(|&g| disk::read_piece(&self.dir, g, rank).is_ok())
             .collect()
     }
@@ -125,7 +131,7 @@ impl MultiLevel {
         rank: Rank,
         placement: &Placement,
         specs: &[LevelSpec],
-        restart: Option<&Path>,
+        restart: Option<(&Path, u64)>,
     ) -> Self {
         let disk = specs
             .iter()
@@ -133,13 +139,15 @@ impl MultiLevel {
                 LevelSpec::Disk { dir, every } => Some(DiskLevel {
                     dir: dir.clone(),
                     every: Some(*every),
+                    restart_from: restart.filter(|(r, _)| *r == dir.as_path()).map(|(_, g)| g),
                 }),
                 LevelSpec::Partner => None,
             })
             .or_else(|| {
-                restart.map(|dir| DiskLevel {
+                restart.map(|(dir, g)| DiskLevel {
                     dir: dir.to_path_buf(),
                     every: None,
+                    restart_from: Some(g),
                 })
             });
         MultiLevel {
@@ -198,10 +206,11 @@ impl CheckpointStore for MultiLevel {
 
     fn commit(&mut self, generation: u64) -> Result<()> {
         self.partner.commit(generation)?;
+        // The record is always (re)written: a restarted run that reuses its
+        // directory replaces any record of the same number.
         if self.rank == 0
             && let Some(d) = &self.disk
             && d.applies(generation)
-            && !disk::commit_path(&d.dir, generation).is_file()
         {
             disk::commit_from_headers(&d.dir, generation, self.ranks)?;
             disk::retain(&d.dir, 2)?;

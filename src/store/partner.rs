@@ -146,6 +146,11 @@ impl CheckpointStore for PartnerStore {
 
     fn retain_only(&mut self, keep: Option<u64>) {
         self.pieces.retain(|&(g, _), _| Some(g) == keep);
+        // Restarting from the beginning forgets every commit record: only
+        // generations committed from now on may be restored.
+        if keep.is_none() {
+            self.committed = None;
+        }
         self.abort_transfers();
     }
 
