@@ -342,12 +342,24 @@ fn sim_scale_study_reports_rows() {
         "--kill",
         "node:3@50%",
     ]);
-    // `none` cannot survive the kill: the study still reports both rows.
+    // `none` cannot survive the kill: the study still reports both rows,
+    // and only the coordinated one verified.
     let out = stdout(&o);
-    assert!(
-        out.contains("coordinated") && out.contains("none"),
-        "{out}{}",
-        stderr(&o)
+    let row = |p: &str| -> Vec<String> {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(p))
+            .unwrap_or_else(|| panic!("no `{p}` row in {out}{}", stderr(&o)))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    // Columns: protocol, ranks, nodes, ok, ...
+    assert_eq!(row("coordinated")[1..4], ["256", "16", "yes"], "{out}");
+    assert_eq!(row("none")[3], "NO", "{out}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a failed row makes the study exit 1"
     );
 }
 

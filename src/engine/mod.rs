@@ -129,9 +129,10 @@ pub struct Engine {
     capture_due: Option<u64>,
     committed_now: Option<u64>,
     resume: Option<Option<u64>>,
-    runtime_msgs: Vec<(Rank, RuntimeMsg)>,
     /// `Done` messages received (finalize, rank 0).
     done_count: usize,
+    /// `Exit` received (finalize, other ranks).
+    exit_received: bool,
     recovering: bool,
     /// `Some(n)` while taking part in the n-th checkpoint this rank entered.
     in_checkpoint: Option<u64>,
@@ -184,7 +185,7 @@ impl Engine {
             capture_due: None,
             committed_now: None,
             resume: None,
-            runtime_msgs: Vec::new(),
+            exit_received: false,
             done_count: 0,
             recovering: false,
             in_checkpoint: None,
@@ -391,10 +392,10 @@ impl Engine {
                 self.apply_store_out(out)
             }
             Body::Runtime(m) => {
-                if m == RuntimeMsg::Done {
-                    self.done_count += 1;
+                match m {
+                    RuntimeMsg::Done => self.done_count += 1,
+                    RuntimeMsg::Exit => self.exit_received = true,
                 }
-                self.runtime_msgs.push((f.src, m));
                 Ok(())
             }
         }
@@ -740,7 +741,7 @@ impl Engine {
         self.unexpected.clear();
         self.posted.clear();
         self.completed.clear();
-        self.runtime_msgs.clear();
+        self.exit_received = false;
         self.done_count = 0;
         self.capture_due = None;
         self.committed_now = None;
@@ -847,11 +848,7 @@ impl Engine {
                     }
                     return Ok(());
                 }
-            } else if self
-                .runtime_msgs
-                .iter()
-                .any(|(_, m)| *m == RuntimeMsg::Exit)
-            {
+            } else if self.exit_received {
                 return Ok(());
             }
             self.progress(None)?;
