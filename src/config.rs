@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::driver::processes::net::Listen;
 use crate::driver::sim::NetworkModel;
 use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
@@ -18,17 +19,20 @@ pub enum Backend {
     Threads,
     /// The deterministic simulator (virtual time, seeded schedule).
     Sim,
+    /// One OS process per rank, started and watched by a launcher.
+    Processes,
 }
 
 impl Backend {
     /// Every backend that exists, for the shared test suite.
-    pub const ALL: [Backend; 2] = [Backend::Threads, Backend::Sim];
+    pub const ALL: [Backend; 3] = [Backend::Processes, Backend::Threads, Backend::Sim];
 
     /// Name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Threads => "threads",
             Backend::Sim => "sim",
+            Backend::Processes => "processes",
         }
     }
 }
@@ -48,7 +52,7 @@ impl FromStr for Backend {
             .ok_or_else(|| {
                 Error::config(
                     "--backend",
-                    format!("unknown backend `{s}` (available: threads, sim)"),
+                    format!("unknown backend `{s}` (available: threads, processes, sim)"),
                 )
             })
     }
@@ -71,6 +75,10 @@ impl FromStr for Backend {
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
 /// | `network` | (sim only) | 0.5/2 us latency, 20/10 GB/s |
+/// | `listen` | `--listen unix\|tcp[:IP]` (processes only) | unix |
+/// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only) | 200 ms |
+/// | `max_frame` | (processes only) | 1 GiB |
+/// | `worker_args` | (processes only) | this program's own arguments |
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where ranks run.
@@ -105,6 +113,19 @@ pub struct Config {
     pub progress_bar: bool,
     /// The simulated network (backend `sim` only).
     pub network: NetworkModel,
+    /// Socket kind of the processes backend.
+    pub listen: Listen,
+    /// Processes backend: a rank whose heartbeats stop for this long is
+    /// declared dead (and killed).
+    pub heartbeat_timeout: std::time::Duration,
+    /// Processes backend: largest frame a connection accepts; a bigger one
+    /// closes the connection.
+    pub max_frame: usize,
+    /// Processes backend: the arguments rank processes are started with
+    /// (the program is this executable). `None`: this process's own
+    /// arguments, which is right for a program whose `main` builds the same
+    /// job again; a test harness names the test to run instead.
+    pub worker_args: Option<Vec<String>>,
 }
 
 impl Default for Config {
@@ -124,6 +145,10 @@ impl Default for Config {
             iterations: None,
             progress_bar: false,
             network: NetworkModel::default(),
+            listen: Listen::Unix,
+            heartbeat_timeout: std::time::Duration::from_millis(200),
+            max_frame: 1 << 30,
+            worker_args: None,
         }
     }
 }

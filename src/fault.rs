@@ -202,6 +202,13 @@ impl FaultPlan {
     /// Called at each fault point of `rank`; returns the victims of a kill
     /// that fires now (possibly including others than `rank`, for a node).
     pub fn check(&mut self, rank: Rank, at: &FaultPoint) -> Option<Vec<Rank>> {
+        self.check_indexed(rank, at).map(|(_, victims)| victims)
+    }
+
+    /// As [`FaultPlan::check`], also naming which kill specification fired
+    /// (its index in the job's list), for drivers whose ranks each hold a
+    /// copy of the plan and must agree on which kills already fired.
+    pub fn check_indexed(&mut self, rank: Rank, at: &FaultPoint) -> Option<(usize, Vec<Rank>)> {
         for i in 0..self.kills.len() {
             let k = &self.kills[i];
             if k.fired {
@@ -236,11 +243,25 @@ impl FaultPlan {
             };
             if delay == 0 {
                 self.kills[i].fired = true;
-                return Some(self.kills[i].spec.victims(&self.placement));
+                return Some((i, self.kills[i].spec.victims(&self.placement)));
             }
             self.kills[i].countdown = Some(delay - 1);
         }
         None
+    }
+
+    /// Record that kill specification `index` fired elsewhere.
+    pub fn mark_fired(&mut self, index: usize) {
+        if let Some(k) = self.kills.get_mut(index) {
+            k.fired = true;
+        }
+    }
+
+    /// Indices of the kill specifications that fired.
+    pub fn fired(&self) -> Vec<usize> {
+        (0..self.kills.len())
+            .filter(|&i| self.kills[i].fired)
+            .collect()
     }
 
     /// Kills that never fired (their moment was never reached).

@@ -11,9 +11,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::api::Ctx;
 use crate::config::{Backend, Config};
+use crate::driver::processes::{self, launcher};
 use crate::driver::sim::{self, SimReport};
 use crate::driver::threads;
 use crate::engine::Engine;
@@ -59,6 +61,25 @@ pub struct JobStats {
     pub daly_cost_s: Option<f64>,
     /// Kill specifications whose moment never came.
     pub unfired_kills: Vec<String>,
+    /// Failures as the processes backend's launcher detected them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failure_detections: Vec<FailureDetection>,
+}
+
+/// One failure event seen by the launcher of the processes backend.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FailureDetection {
+    /// The world epoch the failure opened.
+    pub epoch: u64,
+    /// Ranks that died.
+    pub ranks: Vec<crate::Rank>,
+    /// How it was noticed (lost connection, exit status, missed heartbeats,
+    /// or a fault-injection kill).
+    pub cause: String,
+    /// When the launcher noticed it (Unix time, seconds).
+    pub detected_unix_s: f64,
+    /// When every survivor had been sent the notice (Unix time, seconds).
+    pub notified_unix_s: f64,
 }
 
 /// What a job produced.
@@ -70,6 +91,20 @@ pub struct JobReport<T> {
     pub stats: JobStats,
     /// What the simulator reports (backend `sim` only).
     pub sim: Option<SimReport>,
+    /// `Some(r)` in a program started by `lazarus launch`: this process is
+    /// rank `r`, and `outcome` holds that rank's value only.
+    pub rank: Option<crate::Rank>,
+}
+
+impl<T> JobReport<T> {
+    fn failed(e: Error) -> Self {
+        JobReport {
+            outcome: Err(e),
+            stats: JobStats::default(),
+            sim: None,
+            rank: None,
+        }
+    }
 }
 
 /// Run `f` as the rank function of every rank under `cfg`.
@@ -84,11 +119,31 @@ pub struct JobReport<T> {
 /// });
 /// assert_eq!(report.outcome.unwrap(), vec![6, 6, 6, 6]);
 /// ```
+///
+/// Rank values cross process boundaries on the processes backend, hence the
+/// `Serialize + DeserializeOwned` bound.
+///
+/// In a process started by a launcher (`lazarus launch`, or the processes
+/// backend of a `run` call), this call runs one rank instead of a job (see
+/// [`crate::driver::processes`]).
 pub fn run<T, F>(cfg: &Config, f: F) -> JobReport<T>
 where
-    T: Send + 'static,
+    T: Serialize + DeserializeOwned + Send + 'static,
     F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
 {
+    let role = match processes::role_of_this_call() {
+        Ok(r) => r,
+        Err(e) => return JobReport::failed(e),
+    };
+    let cfg = &match role {
+        processes::Role::Job => cfg.clone(),
+        processes::Role::Rank(env) => return run_launched_rank(&env, cfg, f),
+        processes::Role::Earlier if cfg.backend == Backend::Processes => Config {
+            backend: Backend::Threads,
+            ..cfg.clone()
+        },
+        processes::Role::Earlier => cfg.clone(),
+    };
     let prepared = cfg.validate().and_then(|p| {
         let mut cfg = cfg.clone();
         cfg.restart_generation = prepare_storage(&cfg)?;
@@ -96,13 +151,7 @@ where
     });
     let (placement, cfg) = match prepared {
         Ok(x) => x,
-        Err(e) => {
-            return JobReport {
-                outcome: Err(e),
-                stats: JobStats::default(),
-                sim: None,
-            };
-        }
+        Err(e) => return JobReport::failed(e),
     };
     let cfg = &cfg;
     let f: Arc<RankFn<T>> = Arc::new(f);
@@ -113,6 +162,7 @@ where
                 outcome,
                 stats,
                 sim: None,
+                rank: None,
             }
         }
         Backend::Sim => {
@@ -121,8 +171,103 @@ where
                 outcome,
                 stats,
                 sim: Some(report),
+                rank: None,
             }
         }
+        Backend::Processes => {
+            let (outcome, stats) = launcher::launch(&launch_spec(cfg));
+            let outcome = outcome.and_then(|all| {
+                all.iter()
+                    .map(|b| postcard::from_bytes::<T>(b).map_err(Error::from))
+                    .collect()
+            });
+            JobReport {
+                outcome,
+                stats,
+                sim: None,
+                rank: None,
+            }
+        }
+    }
+}
+
+/// Calls of `run` with the processes backend so far, per worker command
+/// (a test binary runs several; its rank processes must find the same one).
+static PROCESS_CALLS: std::sync::Mutex<Vec<(Vec<String>, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// How the processes backend starts this program's rank processes for
+/// `cfg`: the same program with the same arguments, whose first `run` call
+/// is the rank (with the protocol of this call, so that `lazarus bench`
+/// can alternate protocols); or the program with `cfg.worker_args`, whose
+/// k-th `run` call with those arguments is the rank (a test harness).
+fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
+    let program = std::env::current_exe().unwrap_or_else(|_| "lazarus".into());
+    let args: Vec<String> = match &cfg.worker_args {
+        Some(a) => a.clone(),
+        None => std::env::args().skip(1).collect(),
+    };
+    let call = if cfg.worker_args.is_none() {
+        0
+    } else {
+        let mut calls = PROCESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
+        match calls.iter_mut().find(|(a, _)| *a == args) {
+            Some((_, n)) => {
+                *n += 1;
+                *n - 1
+            }
+            None => {
+                calls.push((args.clone(), 1));
+                0
+            }
+        }
+    };
+    launcher::LaunchSpec {
+        program,
+        args: args.into_iter().map(Into::into).collect(),
+        ranks: cfg.ranks,
+        nodes: cfg.nodes,
+        kills: cfg.kills.clone(),
+        listen: cfg.listen,
+        heartbeat_timeout: cfg.heartbeat_timeout,
+        max_frame: cfg.max_frame,
+        restart_generation: cfg.restart_generation,
+        self_launch: true,
+        call,
+        protocol: cfg.protocol.name().into(),
+        protocol_override: Some(cfg.protocol),
+    }
+}
+
+/// This process is rank `env.rank` of a launched job: run that rank.
+fn run_launched_rank<T, F>(env: &processes::LaunchEnv, cfg: &Config, f: F) -> JobReport<T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+    F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
+{
+    // The launcher decides the job's shape and failures.
+    let cfg = Config {
+        backend: Backend::Processes,
+        protocol: env.protocol.unwrap_or(cfg.protocol),
+        ranks: env.size,
+        nodes: env.nodes,
+        kills: env.kills.clone(),
+        restart_generation: env.restart_generation,
+        ..cfg.clone()
+    };
+    let outcome = cfg
+        .placement()
+        .and_then(|pl| processes::worker::run_worker(env, &cfg, pl, &f));
+    if env.self_launch {
+        // The launcher has the outcome; the program's own code after `run`
+        // belongs to the launcher's process, not to this rank.
+        std::process::exit(0);
+    }
+    JobReport {
+        outcome: outcome.map(|v| vec![v]),
+        stats: JobStats::default(),
+        sim: None,
+        rank: Some(env.rank),
     }
 }
 

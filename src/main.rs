@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use lazarus::apps::{AppKind, AppParams, iterations, run_app};
 use lazarus::tools::bench::bench;
 use lazarus::tools::summary::RunSummary;
+use lazarus::driver::processes::launched;
 use lazarus::{Backend, Config, KillSpec, ProtocolKind};
 
 const RUN_EXAMPLES: &str = "Examples:
@@ -285,9 +286,16 @@ struct JobArgs {
     /// Failure domains (nodes) ranks are placed on, in blocks.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
-    /// Backend: threads, sim.
+    /// Backend: threads, processes, sim.
     #[arg(long, default_value = "threads")]
     backend: String,
+    /// Processes backend: sockets between ranks: unix, tcp (loopback) or tcp:IP.
+    #[arg(long, default_value = "unix")]
+    listen: String,
+    /// Processes backend: declare a rank dead after this many milliseconds
+    /// without a heartbeat.
+    #[arg(long, default_value_t = 200)]
+    heartbeat_timeout: u64,
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N].
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
@@ -436,9 +444,24 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),
         network: Default::default(),
+        listen: job.listen.parse().map_err(usage)?,
+        heartbeat_timeout: heartbeat(job.heartbeat_timeout)?,
+        max_frame: Config::default().max_frame,
+        worker_args: None,
     };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
+}
+
+/// `--heartbeat-timeout MS`, at least 10 ms.
+fn heartbeat(ms: u64) -> anyhow::Result<std::time::Duration> {
+    if ms < 10 {
+        return Err(usage(lazarus::Error::config(
+            "--heartbeat-timeout",
+            format!("{ms} ms is too short to tell a slow rank from a dead one (at least 10)"),
+        )));
+    }
+    Ok(std::time::Duration::from_millis(ms))
 }
 
 /// `90s`, `15m`, `2h`, `1d`, `250ms`, or plain seconds.
@@ -479,6 +502,12 @@ fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<(
 fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     let protocol: ProtocolKind = args.protocol.parse().map_err(usage)?;
     let (app, params, cfg) = build(&args.job, protocol)?;
+    if launched() {
+        // A rank process of `--backend processes`: run the rank and leave
+        // the printing to the launcher.
+        run_app(app, &params, &cfg);
+        return Ok(true);
+    }
     println!(
         "lazarus run {app}: {} ranks on {} node(s), backend {}, protocol {}, checkpoint every {} of {} safe points, kills [{}]",
         cfg.ranks,
@@ -655,6 +684,8 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         ranks: args.ranks,
         nodes: args.nodes,
         backend: "sim".into(),
+        listen: "unix".into(),
+        heartbeat_timeout: 200,
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),

@@ -18,12 +18,12 @@ pub mod stencil;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Config, Ctx, Error, JobStats, Result};
 
 /// What rank 0 of an app reports at the end.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verification {
     /// The verification value, printed after `VERIFIED` (full precision: it is
     /// compared as a string across runs).
@@ -33,7 +33,32 @@ pub struct Verification {
     /// Why not, when it did not (or details when it did).
     pub detail: String,
     /// App-specific measurements (pingpong latencies, for instance).
+    #[serde(with = "json_value")]
     pub metrics: serde_json::Value,
+}
+
+/// A JSON value as itself in JSON, and as JSON text in binary formats
+/// (postcard cannot carry a self-describing value), so a verification can
+/// cross from a rank process to the launcher.
+mod json_value {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(v: &serde_json::Value, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            v.serialize(s)
+        } else {
+            v.to_string().serialize(s)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<serde_json::Value, D::Error> {
+        if d.is_human_readable() {
+            serde_json::Value::deserialize(d)
+        } else {
+            let text = String::deserialize(d)?;
+            serde_json::from_str(&text).map_err(D::Error::custom)
+        }
+    }
 }
 
 /// The shipped applications.

@@ -361,6 +361,7 @@ pub fn run_pattern(pattern: Pattern, p: &PatternParams, cfg: &Config) -> JobRepo
             outcome: Err(e),
             stats: crate::JobStats::default(),
             sim: None,
+            rank: None,
         };
     }
     let p = *p;

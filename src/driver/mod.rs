@@ -7,10 +7,12 @@
 //! trait (DESIGN principle 2), which is what lets the same engine run on
 //! threads, processes, MPI and the deterministic simulator.
 //!
-//! Backends: [`threads`] (all ranks in one process) and [`sim`] (a
-//! deterministic discrete-event simulator). `processes` and `mpi` plug in here.
+//! Backends: [`threads`] (all ranks in one process), [`processes`] (one OS
+//! process per rank, a launcher as failure detector) and [`sim`] (a
+//! deterministic discrete-event simulator). `mpi` plugs in here.
 
-mod shared;
+pub mod processes;
+pub(crate) mod shared;
 pub mod sim;
 pub mod threads;
 
@@ -38,7 +40,7 @@ pub enum LockType {
 
 /// A one-sided operation on a target's window memory. Offsets and lengths are
 /// in bytes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RmaOp {
     /// Replace bytes at `offset` with `data`.
     Put {
@@ -87,7 +89,7 @@ pub enum RmaOp {
 }
 
 /// The reply to an [`RmaOp`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RmaReply {
     /// Done, nothing to return.
     Done,
@@ -98,7 +100,7 @@ pub enum RmaReply {
 }
 
 /// Statistics a rank reports to the driver, which aggregates them per job.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Stat {
     /// A checkpoint generation of `bytes` (this rank's piece) was committed.
     Checkpoint {

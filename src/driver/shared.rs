@@ -399,7 +399,7 @@ impl<T> Finals<T> {
         rank: Rank,
         outcome: Result<T>,
         superseded: bool,
-        cfg: &Config,
+        protocol: &str,
     ) -> ExitAction {
         let killed = matches!(outcome, Err(Error::Killed));
         if killed && superseded {
@@ -422,8 +422,8 @@ impl<T> Finals<T> {
             *slot = Some(outcome.map_err(|e| match e {
                 Error::Killed => Error::ProcessFailed {
                     ranks: vec![rank],
-                    protocol: cfg.protocol.name().into(),
-                    why: "killed by fault injection".into(),
+                    protocol: protocol.into(),
+                    why: "the rank died".into(),
                 },
                 e => e,
             }));

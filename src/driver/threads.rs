@@ -332,7 +332,7 @@ pub(crate) fn run<T: Send + 'static>(
                 let current = lock(&world.slots)[rank].incarnation;
                 let superseded = world.replaces && incarnation < current;
                 if let ExitAction::Abort { rank, reason } =
-                    finals.on_exit(rank, outcome, superseded, cfg)
+                    finals.on_exit(rank, outcome, superseded, cfg.protocol.name())
                 {
                     let inboxes = world.inboxes.read().unwrap_or_else(|e| e.into_inner());
                     for tx in inboxes.iter() {

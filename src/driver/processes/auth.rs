@@ -1,0 +1,256 @@
+//! Peer authentication with the per-job secret.
+//!
+//! Every connection starts with a mutual challenge–response: each side sends
+//! `Hello` with a fresh 16-byte nonce, then proves it knows the job's secret
+//! with HMAC-SHA256 over the *other* side's nonce, its own identity and its
+//! role (connecting or accepting), so a proof can be neither replayed on
+//! another connection nor reflected back at its author. The secret itself
+//! never travels: it reaches the ranks through a 0600 file in the job's
+//! private directory. A peer that fails is dropped and the failure logged
+//! by the caller.
+
+use std::path::Path;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use rand::RngExt;
+use sha2::Sha256;
+
+use super::net::Stream;
+use super::wire::{WireError, WireMsg, read_msg, write_msg};
+use crate::Rank;
+
+/// Length of the job secret, bytes.
+pub const SECRET_LEN: usize = 32;
+
+/// Handshake messages are tiny: refuse anything bigger before the peer is
+/// authenticated.
+const HANDSHAKE_MAX: usize = 256;
+
+/// How long an unauthenticated peer may take to complete the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The job's shared secret.
+#[derive(Clone)]
+pub struct Secret([u8; SECRET_LEN]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    /// A fresh random secret.
+    pub fn generate() -> Self {
+        let mut s = [0u8; SECRET_LEN];
+        rand::rng().fill(&mut s[..]);
+        Secret(s)
+    }
+
+    /// Write it to `path`, readable by the owner only.
+    pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        f.write_all(&self.0)?;
+        f.sync_all()
+    }
+
+    /// Read it from `path`.
+    pub fn read_from(path: &Path) -> std::io::Result<Self> {
+        let bytes = std::fs::read(path)?;
+        let arr: [u8; SECRET_LEN] = bytes.as_slice().try_into().map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "secret file {} holds {} bytes, expected {SECRET_LEN}",
+                    path.display(),
+                    bytes.len()
+                ),
+            )
+        })?;
+        Ok(Secret(arr))
+    }
+
+    fn mac(&self, role: Role, peer_nonce: &[u8; 16], me: &Identity) -> Hmac<Sha256> {
+        // The key has a fixed valid length: HMAC accepts any key size.
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        m.update(b"lazarus-handshake-v1");
+        m.update(&[role as u8]);
+        m.update(peer_nonce);
+        m.update(&me.job.to_le_bytes());
+        m.update(&me.rank.map_or(u64::MAX, |r| r as u64).to_le_bytes());
+        m.update(&me.incarnation.to_le_bytes());
+        m
+    }
+}
+
+/// Who is at one end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// Job id.
+    pub job: u64,
+    /// Rank (`None`: the launcher).
+    pub rank: Option<Rank>,
+    /// Incarnation of the rank.
+    pub incarnation: u64,
+}
+
+/// Which end of the connection is proving.
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+pub enum Role {
+    /// The side that connected.
+    Connector = 1,
+    /// The side that accepted.
+    Acceptor = 2,
+}
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The transport failed or the peer sent something malformed.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The peer did not follow the protocol.
+    #[error("unexpected handshake message: {0}")]
+    Unexpected(String),
+    /// The peer belongs to another job.
+    #[error("peer belongs to job {got:#x}, not {want:#x}")]
+    WrongJob {
+        /// The peer's job id.
+        got: u64,
+        /// Ours.
+        want: u64,
+    },
+    /// The peer's proof of the secret is wrong.
+    #[error("peer {0:?} failed authentication (wrong proof of the job secret)")]
+    BadProof(Identity),
+}
+
+/// Run the handshake on a fresh connection as `role`; returns the peer's
+/// authenticated identity.
+pub fn handshake(
+    stream: &mut Stream,
+    secret: &Secret,
+    me: Identity,
+    role: Role,
+) -> Result<Identity, HandshakeError> {
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(WireError::Io)?;
+    let mut nonce = [0u8; 16];
+    rand::rng().fill(&mut nonce[..]);
+    write_msg(
+        stream,
+        &WireMsg::Hello {
+            job: me.job,
+            rank: me.rank,
+            incarnation: me.incarnation,
+            nonce,
+        },
+        HANDSHAKE_MAX,
+    )?;
+    let (peer, peer_nonce) = match read_msg(stream, HANDSHAKE_MAX)? {
+        WireMsg::Hello {
+            job,
+            rank,
+            incarnation,
+            nonce,
+        } => (
+            Identity {
+                job,
+                rank,
+                incarnation,
+            },
+            nonce,
+        ),
+        other => return Err(HandshakeError::Unexpected(format!("{other:?}"))),
+    };
+    if peer.job != me.job {
+        return Err(HandshakeError::WrongJob {
+            got: peer.job,
+            want: me.job,
+        });
+    }
+    let proof = secret.mac(role, &peer_nonce, &me).finalize().into_bytes();
+    let mut mac = [0u8; 32];
+    mac.copy_from_slice(&proof);
+    write_msg(stream, &WireMsg::Proof { mac }, HANDSHAKE_MAX)?;
+    let peer_role = match role {
+        Role::Connector => Role::Acceptor,
+        Role::Acceptor => Role::Connector,
+    };
+    match read_msg(stream, HANDSHAKE_MAX)? {
+        WireMsg::Proof { mac } => secret
+            .mac(peer_role, &nonce, &peer)
+            .verify_slice(&mac)
+            .map_err(|_| HandshakeError::BadProof(peer))?,
+        other => return Err(HandshakeError::Unexpected(format!("{other:?}"))),
+    }
+    stream.set_read_timeout(None).map_err(WireError::Io)?;
+    Ok(peer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn pair() -> (Stream, Stream) {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        (Stream::Unix(a), Stream::Unix(b))
+    }
+
+    fn id(rank: Option<Rank>) -> Identity {
+        Identity {
+            job: 42,
+            rank,
+            incarnation: 0,
+        }
+    }
+
+    #[test]
+    fn same_secret_authenticates_both_ways() {
+        let s = Secret::generate();
+        let (mut a, mut b) = pair();
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || handshake(&mut b, &s2, id(None), Role::Acceptor));
+        let peer = handshake(&mut a, &s, id(Some(3)), Role::Connector).expect("connector ok");
+        assert_eq!(peer, id(None));
+        assert_eq!(t.join().expect("thread").expect("acceptor ok"), id(Some(3)));
+    }
+
+    #[test]
+    fn wrong_secret_is_refused_on_both_sides() {
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            handshake(&mut b, &Secret::generate(), id(None), Role::Acceptor)
+        });
+        let mine = handshake(&mut a, &Secret::generate(), id(Some(1)), Role::Connector);
+        assert!(matches!(mine, Err(HandshakeError::BadProof(_))), "{mine:?}");
+        let theirs = t.join().expect("thread");
+        assert!(
+            matches!(theirs, Err(HandshakeError::BadProof(_))),
+            "{theirs:?}"
+        );
+    }
+
+    #[test]
+    fn garbage_instead_of_hello_is_refused() {
+        use std::io::Write;
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            handshake(&mut b, &Secret::generate(), id(None), Role::Acceptor)
+        });
+        a.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("write");
+        let r = t.join().expect("thread");
+        assert!(matches!(r, Err(HandshakeError::Wire(_))), "{r:?}");
+    }
+}

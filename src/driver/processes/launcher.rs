@@ -1,0 +1,689 @@
+//! The launcher: starts one process per rank and is the job's failure
+//! detector and supervisor.
+//!
+//! A rank's death is noticed three ways, whichever comes first: its control
+//! connection closes (the kernel closes it when the process dies, so this is
+//! immediate), its exit status is collected, or its heartbeats stop for
+//! longer than the timeout (a hung or stopped process, which is then killed
+//! with `SIGKILL`). The launcher then raises the world epoch, tells every
+//! survivor, and, when the protocol replaces failed ranks, starts a
+//! replacement with the dead rank's number and a new incarnation; once it is
+//! up, everyone learns its address. Kills of the fault plan are requested by
+//! the rank that reaches the kill's moment and carried out here with
+//! `SIGKILL`, all victims of a node kill back to back before anyone is told.
+//!
+//! Rank processes die with the launcher (`PR_SET_PDEATHSIG`, and a lost
+//! control connection), so killing the launcher leaves no process behind.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
+use rand::RngExt;
+
+use super::auth::{Identity, Role, Secret, handshake};
+use super::net::{Listen, Listener, Stream};
+use super::var;
+use super::wire::{WireMsg, read_msg, write_msg};
+use crate::driver::shared::{ExitAction, Finals, StatsBook};
+use crate::fault::KillSpec;
+use crate::job::{FailureDetection, JobStats};
+use crate::{Error, Rank, Result};
+
+/// How to start a job's rank processes.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// The program every rank runs.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Failure domains (block placement).
+    pub nodes: usize,
+    /// Kills to inject (the ranks evaluate them; the launcher fires them).
+    pub kills: Vec<KillSpec>,
+    /// Socket kind.
+    pub listen: Listen,
+    /// A rank silent for this long is declared dead.
+    pub heartbeat_timeout: Duration,
+    /// Largest frame accepted on any connection.
+    pub max_frame: usize,
+    /// Generation a whole-job restart resumes from.
+    pub restart_generation: Option<u64>,
+    /// Started by `run --backend processes`: ranks report and exit.
+    pub self_launch: bool,
+    /// Which call of `lazarus::run` in the program is the rank.
+    pub call: usize,
+    /// Protocol name for error messages until the ranks report theirs.
+    pub protocol: String,
+    /// Impose this protocol on the ranks (the launching `run` call's), or
+    /// leave it to the program (`lazarus launch`).
+    pub protocol_override: Option<crate::protocol::ProtocolKind>,
+}
+
+/// Events from the launcher's socket threads.
+enum Event {
+    /// A rank's control connection is authenticated; `stream` writes to it.
+    Connected {
+        rank: Rank,
+        incarnation: u64,
+        stream: Stream,
+    },
+    /// A message from a rank.
+    Msg {
+        rank: Rank,
+        incarnation: u64,
+        msg: WireMsg,
+    },
+    /// A rank's control connection ended.
+    Lost {
+        rank: Rank,
+        incarnation: u64,
+        why: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Starting,
+    Ready,
+    Finished,
+    Dead,
+}
+
+struct RankProc {
+    incarnation: u64,
+    child: Option<Child>,
+    ctl: Option<Stream>,
+    addr: Option<String>,
+    status: Status,
+    start_epoch: u64,
+    last_seen: Instant,
+    started: Instant,
+}
+
+/// A failure event as the survivors hear it.
+struct FailureEvent {
+    epoch: u64,
+    dead: Vec<(Rank, u64)>,
+    respawn: bool,
+}
+
+struct Launcher<'a> {
+    spec: &'a LaunchSpec,
+    job: u64,
+    dir: PathBuf,
+    secret_file: PathBuf,
+    listener_addr: String,
+    t0: SystemTime,
+    start: Instant,
+    rx: crossbeam_channel::Receiver<Event>,
+    procs: Vec<RankProc>,
+    epoch: u64,
+    events: Vec<FailureEvent>,
+    replaces: Option<bool>,
+    protocol: String,
+    fired: BTreeSet<usize>,
+    stats: StatsBook,
+    finals: Finals<Vec<u8>>,
+    peers_sent: bool,
+    detections: Vec<FailureDetection>,
+}
+
+/// Start the job's rank processes and supervise them until every rank has
+/// a final outcome; returns each rank's encoded result and the statistics.
+pub fn launch(spec: &LaunchSpec) -> (Result<Vec<Vec<u8>>>, JobStats) {
+    let mut l = match Launcher::new(spec) {
+        Ok(l) => l,
+        Err(e) => return (Err(e), JobStats::default()),
+    };
+    let outcome = match l.start_all() {
+        Ok(()) => l.supervise(),
+        Err(e) => Err(e),
+    };
+    l.cleanup();
+    let mut stats = l.stats.stats.clone();
+    stats.wall_s = l.start.elapsed().as_secs_f64();
+    stats.unfired_kills = spec
+        .kills
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !l.fired.contains(i))
+        .map(|(_, k)| k.to_string())
+        .collect();
+    stats.failure_detections = std::mem::take(&mut l.detections);
+    (outcome, stats)
+}
+
+fn unix_s(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn driver_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Driver(format!("launcher: {what}: {e}"))
+}
+
+impl<'a> Launcher<'a> {
+    fn new(spec: &'a LaunchSpec) -> Result<Self> {
+        let job: u64 = rand::rng().random();
+        let dir = std::env::temp_dir().join(format!("lazarus-{job:016x}"));
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| driver_err(&format!("cannot create {}", dir.display()), e))?;
+        }
+        let secret = Secret::generate();
+        let secret_file = dir.join("secret");
+        secret
+            .write_to(&secret_file)
+            .map_err(|e| driver_err("cannot write the job secret", e))?;
+        let listener = Listener::bind(spec.listen, &dir, "launcher.sock")
+            .map_err(|e| driver_err("cannot listen", e))?;
+        let listener_addr = listener
+            .addr()
+            .map_err(|e| driver_err("no listening address", e))?
+            .to_string();
+        let (tx, rx) = unbounded();
+        spawn_acceptor(listener, secret, job, spec.max_frame, tx)?;
+        Ok(Launcher {
+            spec,
+            job,
+            dir,
+            secret_file,
+            listener_addr,
+            t0: SystemTime::now(),
+            start: Instant::now(),
+            rx,
+            procs: Vec::new(),
+            epoch: 0,
+            events: Vec::new(),
+            replaces: None,
+            protocol: spec.protocol.clone(),
+            fired: BTreeSet::new(),
+            stats: StatsBook::default(),
+            finals: Finals::new(spec.ranks),
+            peers_sent: false,
+            detections: Vec::new(),
+        })
+    }
+
+    fn start_all(&mut self) -> Result<()> {
+        for rank in 0..self.spec.ranks {
+            let child = self.spawn(rank, 0, 0)?;
+            let now = Instant::now();
+            self.procs.push(RankProc {
+                incarnation: 0,
+                child: Some(child),
+                ctl: None,
+                addr: None,
+                status: Status::Starting,
+                start_epoch: 0,
+                last_seen: now,
+                started: now,
+            });
+        }
+        Ok(())
+    }
+
+    /// Start incarnation `incarnation` of `rank`, in world epoch `epoch`.
+    fn spawn(&self, rank: Rank, incarnation: u64, epoch: u64) -> Result<Child> {
+        let s = self.spec;
+        let t0 = self
+            .t0
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let join = |v: Vec<String>, sep: &str| v.join(sep);
+        let mut cmd = Command::new(&s.program);
+        cmd.args(&s.args)
+            .stdin(Stdio::null())
+            .env(var::JOB, format!("{:016x}", self.job))
+            .env(var::RANK, rank.to_string())
+            .env(var::SIZE, s.ranks.to_string())
+            .env(var::NODES, s.nodes.to_string())
+            .env(var::INCARNATION, incarnation.to_string())
+            .env(var::EPOCH, epoch.to_string())
+            .env(var::LAUNCHER, &self.listener_addr)
+            .env(var::LAUNCHER_PID, std::process::id().to_string())
+            .env(var::SECRET_FILE, &self.secret_file)
+            .env(var::DIR, &self.dir)
+            .env(var::LISTEN, s.listen.to_string())
+            .env(var::T0_NS, t0.to_string())
+            .env(
+                var::FIRED,
+                join(self.fired.iter().map(|i| i.to_string()).collect(), ","),
+            )
+            .env(
+                var::KILLS,
+                join(s.kills.iter().map(|k| k.to_string()).collect(), ";"),
+            )
+            .env(var::MAX_FRAME, s.max_frame.to_string())
+            .env(
+                var::HEARTBEAT_MS,
+                s.heartbeat_timeout.as_millis().to_string(),
+            )
+            .env(var::CALL, s.call.to_string());
+        if let Some(g) = s.restart_generation {
+            cmd.env(var::RESTART_GENERATION, g.to_string());
+        }
+        if s.self_launch {
+            cmd.env(var::SELF_LAUNCH, "1");
+        }
+        if let Some(p) = s.protocol_override {
+            cmd.env(var::PROTOCOL, p.name());
+        }
+        cmd.spawn().map_err(|e| {
+            driver_err(
+                &format!("cannot start rank {rank} ({})", s.program.display()),
+                e,
+            )
+        })
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn send_to(&mut self, rank: Rank, msg: &WireMsg) {
+        let max = self.spec.max_frame;
+        if let Some(ctl) = self.procs.get_mut(rank).and_then(|p| p.ctl.as_mut()) {
+            // A failed write means the rank is dying: its loss is noticed
+            // by the reader of its connection.
+            let _ = write_msg(ctl, msg, max);
+        }
+    }
+
+    fn broadcast(&mut self, msg: &WireMsg, except: &[Rank]) {
+        for r in 0..self.procs.len() {
+            if self.procs[r].status == Status::Ready && !except.contains(&r) {
+                self.send_to(r, msg);
+            }
+        }
+    }
+
+    fn peer_table(&self) -> Vec<Option<(u64, String)>> {
+        self.procs
+            .iter()
+            .map(|p| match p.status {
+                Status::Ready | Status::Finished => {
+                    p.addr.clone().map(|a| (p.incarnation, a))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Supervise until every rank has its final outcome.
+    fn supervise(&mut self) -> Result<Vec<Vec<u8>>> {
+        let tick = Duration::from_millis(5);
+        while !self.finals.done() {
+            match self.rx.recv_timeout(tick) {
+                Ok(ev) => self.on_event(ev),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(driver_err("listener", "stopped"));
+                }
+            }
+            self.check_children();
+        }
+        self.results()
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Connected {
+                rank,
+                incarnation,
+                stream,
+            } => {
+                if let Some(p) = self.procs.get_mut(rank)
+                    && p.incarnation == incarnation
+                    && p.status == Status::Starting
+                {
+                    p.ctl = Some(stream);
+                    p.last_seen = Instant::now();
+                } else {
+                    stream.shutdown();
+                }
+            }
+            Event::Msg {
+                rank,
+                incarnation,
+                msg,
+            } => {
+                let current = self
+                    .procs
+                    .get(rank)
+                    .is_some_and(|p| p.incarnation == incarnation);
+                if !current {
+                    return;
+                }
+                self.procs[rank].last_seen = Instant::now();
+                self.on_msg(rank, msg);
+            }
+            Event::Lost {
+                rank,
+                incarnation,
+                why,
+            } => {
+                let live = self.procs.get(rank).is_some_and(|p| {
+                    p.incarnation == incarnation
+                        && matches!(p.status, Status::Starting | Status::Ready)
+                });
+                if live {
+                    self.failure(&[rank], &format!("control connection lost ({why})"));
+                }
+            }
+        }
+    }
+
+    fn on_msg(&mut self, rank: Rank, msg: WireMsg) {
+        match msg {
+            WireMsg::Ready {
+                addr,
+                replaces,
+                protocol,
+                ..
+            } => {
+                self.replaces = Some(replaces);
+                self.protocol = protocol;
+                let p = &mut self.procs[rank];
+                p.addr = Some(addr.clone());
+                p.status = Status::Ready;
+                let (incarnation, start_epoch) = (p.incarnation, p.start_epoch);
+                if self.peers_sent {
+                    // A replacement: it gets the table and the failures it
+                    // started too early to hear of; the others its address.
+                    let table = self.peer_table();
+                    self.send_to(rank, &WireMsg::Peers { addrs: table });
+                    let backlog: Vec<WireMsg> = self
+                        .events
+                        .iter()
+                        .filter(|e| e.epoch > start_epoch)
+                        .map(|e| WireMsg::FailureNotice {
+                            epoch: e.epoch,
+                            dead: e.dead.clone(),
+                            respawn: e.respawn,
+                        })
+                        .collect();
+                    for m in backlog {
+                        self.send_to(rank, &m);
+                    }
+                    self.broadcast(
+                        &WireMsg::PeerUp {
+                            rank,
+                            incarnation,
+                            addr,
+                        },
+                        &[rank],
+                    );
+                } else if self.procs.len() == self.spec.ranks
+                    && self.procs.iter().all(|p| p.status == Status::Ready)
+                {
+                    self.peers_sent = true;
+                    let table = self.peer_table();
+                    self.broadcast(&WireMsg::Peers { addrs: table }, &[]);
+                }
+            }
+            WireMsg::Heartbeat => {}
+            WireMsg::Stat(stat) => {
+                let now = self.now();
+                self.stats
+                    .record(rank, self.spec.ranks, stat, now, self.epoch);
+            }
+            WireMsg::Progress(_) => {}
+            WireMsg::KillRequest { index, victims } => {
+                let granted = self.fired.insert(index);
+                self.send_to(rank, &WireMsg::KillAnswer { granted });
+                if granted {
+                    let spec = self.spec.kills.get(index).map(|k| k.to_string());
+                    self.failure(
+                        &victims,
+                        &format!(
+                            "killed by fault injection ({})",
+                            spec.unwrap_or_else(|| format!("kill #{index}"))
+                        ),
+                    );
+                }
+            }
+            WireMsg::Exited(outcome) => {
+                self.procs[rank].status = Status::Finished;
+                let outcome = outcome.map_err(|e| e.into_error(rank));
+                if let ExitAction::Abort { rank, reason } =
+                    self.finals.on_exit(rank, outcome, false, &self.protocol)
+                {
+                    self.broadcast(&WireMsg::Abort { rank, reason }, &[]);
+                }
+            }
+            other => {
+                eprintln!("lazarus launcher: unexpected message from rank {rank}: {other:?}");
+            }
+        }
+    }
+
+    /// Collect exit statuses; enforce heartbeats.
+    fn check_children(&mut self) {
+        let timeout = self.spec.heartbeat_timeout;
+        for r in 0..self.procs.len() {
+            let p = &mut self.procs[r];
+            let exited = match p.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(status))) => {
+                    p.child = None;
+                    Some(status)
+                }
+                _ => None,
+            };
+            match p.status {
+                Status::Starting | Status::Ready => {
+                    // With a control connection, its end (after every message
+                    // the rank sent, such as its outcome) tells the story.
+                    if let Some(status) = exited.filter(|_| p.ctl.is_none()) {
+                        self.failure(&[r], &format!("process exited ({status})"));
+                    } else if p.ctl.is_some() && p.last_seen.elapsed() > timeout {
+                        let ms = p.last_seen.elapsed().as_millis();
+                        self.failure(&[r], &format!("no heartbeat for {ms} ms"));
+                    } else if p.ctl.is_none() && p.started.elapsed() > Duration::from_secs(60) {
+                        self.failure(&[r], "did not connect within 60 s");
+                    }
+                }
+                Status::Finished | Status::Dead => {}
+            }
+        }
+    }
+
+    /// `victims` died (or are killed now): one failure event.
+    fn failure(&mut self, victims: &[Rank], why: &str) {
+        // Kill them all first, back to back, before anyone is told.
+        for &v in victims {
+            if let Some(c) = self.procs.get_mut(v).and_then(|p| p.child.as_mut()) {
+                let _ = c.kill();
+            }
+        }
+        let detected = SystemTime::now();
+        let mut dead = Vec::new();
+        for &v in victims {
+            let Some(p) = self.procs.get_mut(v) else {
+                continue;
+            };
+            if !matches!(p.status, Status::Starting | Status::Ready) {
+                continue;
+            }
+            if let Some(mut c) = p.child.take() {
+                let _ = c.wait();
+            }
+            if let Some(ctl) = p.ctl.take() {
+                ctl.shutdown();
+            }
+            p.status = Status::Dead;
+            dead.push((v, p.incarnation));
+        }
+        if dead.is_empty() {
+            return;
+        }
+        self.epoch += 1;
+        let now = self.now();
+        self.stats.on_kill(dead.len(), now);
+        let respawn = self.replaces.unwrap_or(false);
+        let ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
+        let notice = WireMsg::FailureNotice {
+            epoch: self.epoch,
+            dead: dead.clone(),
+            respawn,
+        };
+        self.broadcast(&notice, &ranks);
+        self.detections.push(FailureDetection {
+            epoch: self.epoch,
+            ranks: ranks.clone(),
+            cause: why.to_string(),
+            notified_unix_s: unix_s(SystemTime::now()),
+            detected_unix_s: unix_s(detected),
+        });
+        self.events.push(FailureEvent {
+            epoch: self.epoch,
+            dead: dead.clone(),
+            respawn,
+        });
+        for (r, inc) in dead {
+            if respawn {
+                let incarnation = inc + 1;
+                match self.spawn(r, incarnation, self.epoch) {
+                    Ok(child) => {
+                        let now = Instant::now();
+                        self.procs[r] = RankProc {
+                            incarnation,
+                            child: Some(child),
+                            ctl: None,
+                            addr: None,
+                            status: Status::Starting,
+                            start_epoch: self.epoch,
+                            last_seen: now,
+                            started: now,
+                        };
+                    }
+                    Err(e) => {
+                        let _ = self.finals.on_exit(r, Err(e), false, &self.protocol);
+                    }
+                }
+            } else {
+                let _ = self.finals.on_exit(r, Err(Error::Killed), false, &self.protocol);
+            }
+        }
+    }
+
+    /// Let finished ranks exit, kill what is left, remove the job directory.
+    fn cleanup(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for p in &mut self.procs {
+            if let Some(c) = p.child.as_mut() {
+                loop {
+                    match c.try_wait() {
+                        Ok(Some(_)) | Err(_) => break,
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        Ok(None) => {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(ctl) = p.ctl.take() {
+                ctl.shutdown();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// The job's results, in rank order.
+    fn results(&mut self) -> Result<Vec<Vec<u8>>> {
+        std::mem::replace(&mut self.finals, Finals::new(0)).finish()
+    }
+}
+
+/// Accept control connections: authenticate each, then forward its
+/// messages as events.
+fn spawn_acceptor(
+    listener: Listener,
+    secret: Secret,
+    job: u64,
+    max: usize,
+    tx: Sender<Event>,
+) -> Result<()> {
+    let me = Identity {
+        job,
+        rank: None,
+        incarnation: 0,
+    };
+    std::thread::Builder::new()
+        .name("launcher-accept".into())
+        .spawn(move || {
+            while let Ok(mut s) = listener.accept() {
+                let secret = secret.clone();
+                let tx = tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name("launcher-conn".into())
+                    .spawn(move || {
+                        let peer = match handshake(&mut s, &secret, me, Role::Acceptor) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                eprintln!("lazarus launcher: refused a connection: {e}");
+                                return;
+                            }
+                        };
+                        let Some(rank) = peer.rank else {
+                            eprintln!("lazarus launcher: refused a connection from {peer:?}");
+                            return;
+                        };
+                        let incarnation = peer.incarnation;
+                        let Ok(wr) = s.try_clone() else { return };
+                        if tx
+                            .send(Event::Connected {
+                                rank,
+                                incarnation,
+                                stream: wr,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                        loop {
+                            match read_msg(&mut s, max) {
+                                Ok(msg) => {
+                                    if tx
+                                        .send(Event::Msg {
+                                            rank,
+                                            incarnation,
+                                            msg,
+                                        })
+                                        .is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                                Err(e) => {
+                                    let _ = tx.send(Event::Lost {
+                                        rank,
+                                        incarnation,
+                                        why: e.to_string(),
+                                    });
+                                    return;
+                                }
+                            }
+                        }
+                    });
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| driver_err("cannot start a thread", e))
+}
+

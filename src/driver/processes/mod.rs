@@ -1,0 +1,197 @@
+//! The `processes` backend: one OS process per rank, started and watched by
+//! a launcher.
+//!
+//! - [`launcher`]: starts the rank processes (`lazarus run --backend
+//!   processes`, or `lazarus launch -n N -- PROGRAM` for a user's own
+//!   program), detects deaths by exit status, lost control connection and
+//!   missed heartbeats, tells the survivors, starts replacements with the
+//!   dead rank's number, and fires the fault plan's kills with `SIGKILL`.
+//! - [`worker`]: a rank process's endpoint, its connections and the threads
+//!   serving them (frame delivery, RMA progress, heartbeats).
+//! - [`wire`]: the length-prefixed, versioned frame format.
+//! - [`auth`]: mutual HMAC challenge–response with the per-job secret.
+//! - [`net`]: Unix domain sockets on one host, TCP between hosts.
+//!
+//! A rank process is the same program as the launcher's caller, run again
+//! with `LAZARUS_*` variables in its environment (the way `mpirun` starts
+//! MPI programs). Its call to [`crate::run`] notices them and becomes that
+//! rank instead of starting a job ([`launched`] tells a program whether it
+//! was started so). The rank's result travels back to the launcher
+//! (postcard), so `run` returns every rank's value as on the other
+//! backends.
+//!
+//! Under Slurm (`SLURM_JOB_ID` set), `lazarus launch` takes the task count
+//! and node count from `SLURM_NTASKS` and `SLURM_NNODES` when `-n` and
+//! `--nodes` are not given. Starting ranks on several hosts through `srun`
+//! is not implemented yet: every rank runs on the launcher's host.
+
+pub mod auth;
+pub mod launcher;
+pub mod net;
+pub mod wire;
+pub(crate) mod worker;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crate::fault::KillSpec;
+use crate::{Error, Rank, Result};
+use net::{Addr, Listen};
+
+/// Prefix of every environment variable the launcher sets.
+pub const ENV_PREFIX: &str = "LAZARUS_";
+
+/// Environment variable names (the launcher's handover to a rank process).
+pub(crate) mod var {
+    pub const JOB: &str = "LAZARUS_JOB";
+    pub const RANK: &str = "LAZARUS_RANK";
+    pub const SIZE: &str = "LAZARUS_SIZE";
+    pub const NODES: &str = "LAZARUS_NODES";
+    pub const INCARNATION: &str = "LAZARUS_INCARNATION";
+    pub const EPOCH: &str = "LAZARUS_EPOCH";
+    pub const LAUNCHER: &str = "LAZARUS_LAUNCHER";
+    pub const LAUNCHER_PID: &str = "LAZARUS_LAUNCHER_PID";
+    pub const SECRET_FILE: &str = "LAZARUS_SECRET_FILE";
+    pub const DIR: &str = "LAZARUS_DIR";
+    pub const LISTEN: &str = "LAZARUS_LISTEN";
+    pub const T0_NS: &str = "LAZARUS_T0_NS";
+    pub const FIRED: &str = "LAZARUS_FIRED";
+    pub const KILLS: &str = "LAZARUS_KILLS";
+    pub const RESTART_GENERATION: &str = "LAZARUS_RESTART_GENERATION";
+    pub const MAX_FRAME: &str = "LAZARUS_MAX_FRAME";
+    pub const HEARTBEAT_MS: &str = "LAZARUS_HEARTBEAT_MS";
+    pub const SELF_LAUNCH: &str = "LAZARUS_SELF_LAUNCH";
+    pub const CALL: &str = "LAZARUS_CALL";
+    pub const PROTOCOL: &str = "LAZARUS_PROTOCOL";
+}
+
+/// What a rank process learns from its launcher.
+#[derive(Debug, Clone)]
+pub(crate) struct LaunchEnv {
+    pub job: u64,
+    pub rank: Rank,
+    pub size: usize,
+    pub nodes: usize,
+    pub incarnation: u64,
+    pub epoch: u64,
+    pub launcher: Addr,
+    pub launcher_pid: Option<u32>,
+    pub secret_file: PathBuf,
+    pub dir: PathBuf,
+    pub listen: Listen,
+    pub t0: SystemTime,
+    pub fired: Vec<usize>,
+    pub kills: Vec<KillSpec>,
+    pub restart_generation: Option<u64>,
+    pub max_frame: usize,
+    pub heartbeat: Duration,
+    /// Started by `run --backend processes` (exit after reporting), not by
+    /// `lazarus launch` (return to the program).
+    pub self_launch: bool,
+    /// Which call of [`crate::run`] in this process is the rank.
+    pub call: usize,
+    /// The protocol the launcher imposes, if any.
+    pub protocol: Option<crate::protocol::ProtocolKind>,
+}
+
+fn get(name: &str) -> Result<String> {
+    std::env::var(name).map_err(|_| Error::Driver(format!("launched without {name}")))
+}
+
+fn num<T: std::str::FromStr>(name: &str) -> Result<T> {
+    let v = get(name)?;
+    v.parse()
+        .map_err(|_| Error::Driver(format!("{name}=`{v}` is not a number")))
+}
+
+fn list<T: std::str::FromStr>(name: &str) -> Result<Vec<T>> {
+    let v = std::env::var(name).unwrap_or_default();
+    v.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse()
+                .map_err(|_| Error::Driver(format!("{name}: bad element `{s}`")))
+        })
+        .collect()
+}
+
+impl LaunchEnv {
+    /// The launch environment, if this process was started by a launcher.
+    fn from_env() -> Option<Result<LaunchEnv>> {
+        std::env::var_os(var::JOB)?;
+        Some(Self::parse())
+    }
+
+    fn parse() -> Result<LaunchEnv> {
+        let kills = std::env::var(var::KILLS).unwrap_or_default();
+        let kills = kills
+            .split(';')
+            .filter(|s| !s.is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<KillSpec>>>()?;
+        Ok(LaunchEnv {
+            job: u64::from_str_radix(&get(var::JOB)?, 16)
+                .map_err(|_| Error::Driver(format!("{} is not hexadecimal", var::JOB)))?,
+            rank: num(var::RANK)?,
+            size: num(var::SIZE)?,
+            nodes: num(var::NODES)?,
+            incarnation: num(var::INCARNATION)?,
+            epoch: num(var::EPOCH)?,
+            launcher: get(var::LAUNCHER)?.parse()?,
+            launcher_pid: num(var::LAUNCHER_PID).ok(),
+            secret_file: PathBuf::from(get(var::SECRET_FILE)?),
+            dir: PathBuf::from(get(var::DIR)?),
+            listen: get(var::LISTEN)?.parse()?,
+            t0: SystemTime::UNIX_EPOCH + Duration::from_nanos(num(var::T0_NS)?),
+            fired: list(var::FIRED)?,
+            kills,
+            restart_generation: num(var::RESTART_GENERATION).ok(),
+            max_frame: num(var::MAX_FRAME)?,
+            heartbeat: Duration::from_millis(num(var::HEARTBEAT_MS)?),
+            self_launch: std::env::var_os(var::SELF_LAUNCH).is_some(),
+            call: num(var::CALL).unwrap_or(0),
+            protocol: match std::env::var(var::PROTOCOL) {
+                Ok(p) => Some(p.parse()?),
+                Err(_) => None,
+            },
+        })
+    }
+}
+
+/// Whether this process is a rank started by a Lazarus launcher (its call
+/// to [`crate::run`] will run one rank, not a whole job).
+pub fn launched() -> bool {
+    std::env::var_os(var::JOB).is_some()
+}
+
+/// Calls of [`crate::run`] made so far by this process.
+static CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// How this process's current call of [`crate::run`] must behave.
+pub(crate) enum Role {
+    /// Not launched: run the job as configured.
+    Job,
+    /// Launched, and this call is the rank.
+    Rank(Box<LaunchEnv>),
+    /// Launched, but this is an earlier call of the same program (a test
+    /// running several jobs): run it in-process on threads, which gives the
+    /// same results, to reach the call that is the rank.
+    Earlier,
+}
+
+/// Decide the role of a call of [`crate::run`].
+pub(crate) fn role_of_this_call() -> Result<Role> {
+    let Some(env) = LaunchEnv::from_env() else {
+        return Ok(Role::Job);
+    };
+    let env = env?;
+    let k = CALLS.fetch_add(1, Ordering::SeqCst);
+    match k.cmp(&env.call) {
+        std::cmp::Ordering::Less => Ok(Role::Earlier),
+        std::cmp::Ordering::Equal => Ok(Role::Rank(Box::new(env))),
+        std::cmp::Ordering::Greater => Err(Error::Driver(
+            "a program started by `lazarus launch` runs one job: call lazarus::run once".into(),
+        )),
+    }
+}

@@ -1,0 +1,554 @@
+//! The wire format of the processes backend: length-prefixed, versioned
+//! frames, the same on Unix domain sockets and TCP.
+//!
+//! ```text
+//! | len: u32 LE | version: u8 | header_len: u32 LE | header (postcard) | payload (raw) |
+//!               <------------------------- len bytes --------------------------------->
+//! ```
+//!
+//! The header is a postcard-encoded [`WireMsg`]. An application payload does
+//! not go through postcard: the sender writes it straight from its shared
+//! buffer after the header, and the receiver hands out a slice of the frame
+//! it read, so a payload is copied only by the kernel (DESIGN principle 4).
+//!
+//! A frame longer than the configured maximum, a wrong version, a header that
+//! does not decode or a connection that ends inside a frame is a
+//! [`WireError`]: the reader closes that connection. Nothing is allocated
+//! beyond what has actually arrived (a frame announcing 1 GiB and sending
+//! 10 bytes costs at most one read chunk), and nothing panics.
+
+use std::io::{self, Read, Write};
+
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::Rank;
+use crate::driver::{RmaOp, RmaReply, Stat, WinId};
+use crate::engine::frame::{Body, Frame};
+
+/// Version of the wire format; a peer speaking another one is refused.
+pub const WIRE_VERSION: u8 = 1;
+
+/// Bytes before the header: `len` and `version` and `header_len`.
+const PREFIX: usize = 4 + 1 + 4;
+
+/// Largest read buffer grown at once while a frame arrives.
+const CHUNK: usize = 1 << 20;
+
+/// Why a connection was closed.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The peer closed the connection between frames (not an error of the
+    /// peer: the reader just stops).
+    #[error("connection closed")]
+    Closed,
+    /// The connection ended inside a frame.
+    #[error("truncated frame: connection ended after {got} of {expected} bytes")]
+    Truncated {
+        /// Bytes of the frame received.
+        got: usize,
+        /// Bytes announced.
+        expected: usize,
+    },
+    /// The frame announces more bytes than allowed.
+    #[error("oversized frame: {len} bytes announced, at most {max} allowed")]
+    Oversized {
+        /// Announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The frame is of another wire version.
+    #[error("wire version {got} is not supported (this is version {WIRE_VERSION})")]
+    Version {
+        /// Version received.
+        got: u8,
+    },
+    /// The frame's structure is wrong.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    /// The socket failed.
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A one-sided operation in flight (the origin waits for the reply with the
+/// same `id`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RmaRequest {
+    /// Origin-chosen request id.
+    pub id: u64,
+    /// The origin's window epoch.
+    pub epoch: u64,
+    /// The window.
+    pub window: WinId,
+    /// The operation (its data travels in the header: RMA operands are small).
+    pub op: RmaOp,
+}
+
+/// Everything that travels on a connection of the processes backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WireMsg {
+    /// First message on every connection: who is speaking, and a nonce the
+    /// other side must answer with a proof of the job secret.
+    Hello {
+        /// Job identifier (both sides must agree).
+        job: u64,
+        /// The speaker's rank, `None` for the launcher.
+        rank: Option<Rank>,
+        /// The speaker's incarnation.
+        incarnation: u64,
+        /// Fresh random challenge.
+        nonce: [u8; 16],
+    },
+    /// HMAC-SHA256 over the peer's nonce (see `auth`).
+    Proof {
+        /// The MAC.
+        mac: [u8; 32],
+    },
+    /// A frame of the engine; an application payload follows the header.
+    Frame(Frame),
+    /// An RMA operation for the receiver's window memory.
+    Rma(RmaRequest),
+    /// The reply to request `id`.
+    RmaDone {
+        /// Request id.
+        id: u64,
+        /// The reply, or the error text.
+        reply: Result<RmaReply, String>,
+    },
+    /// Worker → launcher: this rank is up and listens at `addr`.
+    Ready {
+        /// Listening address (see `net::Addr`).
+        addr: String,
+        /// OS process id.
+        pid: u32,
+        /// Whether the rank's protocol wants failed ranks replaced.
+        replaces: bool,
+        /// The rank's protocol (for error messages).
+        protocol: String,
+    },
+    /// Worker → launcher: still alive.
+    Heartbeat,
+    /// Worker → launcher: a statistic.
+    Stat(Stat),
+    /// Worker → launcher: progress of rank 0.
+    Progress(f64),
+    /// Worker → launcher: fault injection wants `victims` killed now (kill
+    /// specification number `index`).
+    KillRequest {
+        /// Index of the kill specification.
+        index: usize,
+        /// Ranks to kill at the same instant.
+        victims: Vec<Rank>,
+    },
+    /// Worker → launcher: the rank function's final outcome (postcard of the
+    /// value, or the error).
+    Exited(Result<Vec<u8>, RemoteError>),
+    /// Launcher → worker: every rank's incarnation and listening address
+    /// (`None` while a rank is being replaced or is gone).
+    Peers {
+        /// `(incarnation, address)` per rank.
+        addrs: Vec<Option<(u64, String)>>,
+    },
+    /// Launcher → worker: `rank` (incarnation `incarnation`) listens at `addr`.
+    PeerUp {
+        /// The rank.
+        rank: Rank,
+        /// Its new incarnation.
+        incarnation: u64,
+        /// Its address.
+        addr: String,
+    },
+    /// Launcher → worker: a failure event.
+    FailureNotice {
+        /// New world epoch.
+        epoch: u64,
+        /// Ranks that died, with the incarnation that died.
+        dead: Vec<(Rank, u64)>,
+        /// Whether replacements are being started.
+        respawn: bool,
+    },
+    /// Launcher → worker: the job is aborted.
+    Abort {
+        /// The rank at fault.
+        rank: Rank,
+        /// Its error.
+        reason: String,
+    },
+    /// Launcher → worker: answer to a `KillRequest`.
+    KillAnswer {
+        /// True: the kill fires (the victims are being killed).
+        granted: bool,
+    },
+}
+
+/// A rank's error, as it crosses to the launcher.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RemoteError {
+    /// Killed by fault injection.
+    Killed,
+    /// `Error::ProcessFailed`.
+    ProcessFailed {
+        /// Dead ranks.
+        ranks: Vec<Rank>,
+        /// Protocol.
+        protocol: String,
+        /// Why.
+        why: String,
+    },
+    /// `Error::Aborted`.
+    Aborted {
+        /// Rank at fault.
+        rank: Rank,
+        /// Its error.
+        reason: String,
+    },
+    /// `Error::Config`.
+    Config {
+        /// Option.
+        option: String,
+        /// Detail.
+        detail: String,
+    },
+    /// `Error::App`.
+    App(String),
+    /// Any other error, as text.
+    Other(String),
+}
+
+impl From<&crate::Error> for RemoteError {
+    fn from(e: &crate::Error) -> Self {
+        use crate::Error as E;
+        match e {
+            E::Killed => RemoteError::Killed,
+            E::ProcessFailed {
+                ranks,
+                protocol,
+                why,
+            } => RemoteError::ProcessFailed {
+                ranks: ranks.clone(),
+                protocol: protocol.clone(),
+                why: why.clone(),
+            },
+            E::Aborted { rank, reason } => RemoteError::Aborted {
+                rank: *rank,
+                reason: reason.clone(),
+            },
+            E::Config { option, detail } => RemoteError::Config {
+                option: option.clone(),
+                detail: detail.clone(),
+            },
+            E::App(m) => RemoteError::App(m.clone()),
+            other => RemoteError::Other(other.to_string()),
+        }
+    }
+}
+
+impl RemoteError {
+    /// Back to the runtime's error type (`rank` names the sender of `Other`).
+    pub fn into_error(self, rank: Rank) -> crate::Error {
+        use crate::Error as E;
+        match self {
+            RemoteError::Killed => E::Killed,
+            RemoteError::ProcessFailed {
+                ranks,
+                protocol,
+                why,
+            } => E::ProcessFailed {
+                ranks,
+                protocol,
+                why,
+            },
+            RemoteError::Aborted { rank, reason } => E::Aborted { rank, reason },
+            RemoteError::Config { option, detail } => E::Config { option, detail },
+            RemoteError::App(m) => E::App(m),
+            RemoteError::Other(m) => E::Driver(format!("rank {rank}: {m}")),
+        }
+    }
+}
+
+/// Payloads up to this size are copied next to the header so the frame
+/// leaves in one system call; larger ones are written from their buffer.
+const INLINE_PAYLOAD: usize = 16 * 1024;
+
+/// Encode `msg` and write it to `w`. An application payload is written from
+/// its shared buffer without a copy (above [`INLINE_PAYLOAD`]).
+pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), WireError> {
+    // Take the payload out of an application frame: it travels raw.
+    let (header_msg, payload);
+    let header_src = match msg {
+        WireMsg::Frame(Frame {
+            src,
+            epoch,
+            body: Body::App(app),
+        }) => {
+            let mut stripped = app.clone();
+            payload = std::mem::take(&mut stripped.payload);
+            header_msg = WireMsg::Frame(Frame {
+                src: *src,
+                epoch: *epoch,
+                body: Body::App(stripped),
+            });
+            &header_msg
+        }
+        other => {
+            payload = Bytes::new();
+            other
+        }
+    };
+    let header = postcard::to_allocvec(header_src)
+        .map_err(|e| WireError::Malformed(format!("cannot encode: {e}")))?;
+    let len = 1 + 4 + header.len() + payload.len();
+    if len > max {
+        return Err(WireError::Oversized { len, max });
+    }
+    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
+    let hlen = u32::try_from(header.len()).map_err(|_| WireError::Oversized { len, max })?;
+    let inline = payload.len() <= INLINE_PAYLOAD;
+    let mut buf = Vec::with_capacity(PREFIX + header.len() + if inline { payload.len() } else { 0 });
+    buf.extend_from_slice(&len32.to_le_bytes());
+    buf.push(WIRE_VERSION);
+    buf.extend_from_slice(&hlen.to_le_bytes());
+    buf.extend_from_slice(&header);
+    if inline {
+        buf.extend_from_slice(&payload);
+        w.write_all(&buf)?;
+    } else {
+        w.write_all(&buf)?;
+        w.write_all(&payload)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Read one frame from `r` (at most `max` bytes after the length prefix).
+pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
+    let mut len_bytes = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut len_bytes[got..]) {
+            Ok(0) if got == 0 => return Err(WireError::Closed),
+            Ok(0) => return Err(WireError::Truncated { got, expected: 4 }),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    if len > max {
+        return Err(WireError::Oversized { len, max });
+    }
+    if len < 5 {
+        return Err(WireError::Malformed(format!(
+            "frame of {len} bytes is shorter than its own prefix"
+        )));
+    }
+    // Grow the buffer only as data arrives.
+    let mut buf = BytesMut::with_capacity(len.min(CHUNK));
+    while buf.len() < len {
+        let want = (len - buf.len()).min(CHUNK);
+        let start = buf.len();
+        buf.resize(start + want, 0);
+        let mut filled = 0;
+        while filled < want {
+            match r.read(&mut buf[start + filled..start + want]) {
+                Ok(0) => {
+                    return Err(WireError::Truncated {
+                        got: start + filled,
+                        expected: len,
+                    });
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    decode(buf.freeze())
+}
+
+/// Decode a frame body (everything after the length prefix).
+pub fn decode(frame: Bytes) -> Result<WireMsg, WireError> {
+    let version = *frame
+        .first()
+        .ok_or_else(|| WireError::Malformed("empty frame".into()))?;
+    if version != WIRE_VERSION {
+        return Err(WireError::Version { got: version });
+    }
+    let hlen_bytes: [u8; 4] = frame
+        .get(1..5)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| WireError::Malformed("no header length".into()))?;
+    let hlen = u32::from_le_bytes(hlen_bytes) as usize;
+    let header_end = 5usize
+        .checked_add(hlen)
+        .filter(|&e| e <= frame.len())
+        .ok_or_else(|| {
+            WireError::Malformed(format!(
+                "header of {hlen} bytes does not fit a {}-byte frame",
+                frame.len()
+            ))
+        })?;
+    let (mut msg, rest) = postcard::take_from_bytes::<WireMsg>(&frame[5..header_end])
+        .map_err(|e| WireError::Malformed(format!("header: {e}")))?;
+    if !rest.is_empty() {
+        return Err(WireError::Malformed(format!(
+            "{} stray bytes after the header",
+            rest.len()
+        )));
+    }
+    let payload = frame.slice(header_end..);
+    match &mut msg {
+        WireMsg::Frame(Frame {
+            body: Body::App(app),
+            ..
+        }) => app.payload = payload,
+        _ if !payload.is_empty() => {
+            return Err(WireError::Malformed(format!(
+                "{} payload bytes after a message that takes none",
+                payload.len()
+            )));
+        }
+        _ => {}
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::frame::{AppMessage, Envelope, RuntimeMsg};
+    use proptest::prelude::*;
+
+    const MAX: usize = 1 << 20;
+
+    fn app(payload: Vec<u8>) -> WireMsg {
+        WireMsg::Frame(Frame {
+            src: 3,
+            epoch: 2,
+            body: Body::App(AppMessage {
+                envelope: Envelope {
+                    src: 3,
+                    dest: 1,
+                    context: 9,
+                    tag: -4,
+                },
+                ssn: 77,
+                payload: Bytes::from(payload),
+            }),
+        })
+    }
+
+    fn encode(msg: &WireMsg) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_msg(&mut out, msg, MAX).expect("encodes");
+        out
+    }
+
+    #[test]
+    fn round_trips_small_and_large_payloads() {
+        for n in [0, 8, INLINE_PAYLOAD, INLINE_PAYLOAD + 1, 300_000] {
+            let msg = app((0..n).map(|i| (i * 7) as u8).collect());
+            let bytes = encode(&msg);
+            let back = read_msg(&mut bytes.as_slice(), MAX).expect("decodes");
+            assert_eq!(back, msg, "{n}-byte payload");
+        }
+        let msg = WireMsg::Frame(Frame {
+            src: 0,
+            epoch: 0,
+            body: Body::Runtime(RuntimeMsg::Done),
+        });
+        assert_eq!(read_msg(&mut encode(&msg).as_slice(), MAX).expect("ok"), msg);
+    }
+
+    #[test]
+    fn refuses_oversized_frames_without_allocating_them() {
+        let mut bytes = (u32::MAX).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[WIRE_VERSION, 0, 0, 0, 0]);
+        match read_msg(&mut bytes.as_slice(), MAX) {
+            Err(WireError::Oversized { len, max }) => {
+                assert_eq!((len, max), (u32::MAX as usize, MAX))
+            }
+            other => panic!("expected Oversized, got {other:?}"),
+        }
+        // Sending a frame over the limit is refused too.
+        let mut out = Vec::new();
+        assert!(matches!(
+            write_msg(&mut out, &app(vec![0; MAX]), MAX),
+            Err(WireError::Oversized { .. })
+        ));
+        assert!(out.is_empty(), "nothing written for a refused frame");
+    }
+
+    #[test]
+    fn truncation_and_version_are_errors() {
+        let bytes = encode(&app(vec![1; 100]));
+        for cut in [1, 3, 4, 8, 20, bytes.len() - 1] {
+            match read_msg(&mut &bytes[..cut], MAX) {
+                Err(WireError::Truncated { .. }) => {}
+                other => panic!("cut at {cut}: expected Truncated, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            read_msg(&mut &bytes[..0], MAX),
+            Err(WireError::Closed)
+        ));
+        let mut wrong = bytes.clone();
+        wrong[4] = WIRE_VERSION + 1;
+        assert!(matches!(
+            read_msg(&mut wrong.as_slice(), MAX),
+            Err(WireError::Version { .. })
+        ));
+    }
+
+    #[test]
+    fn stray_payload_after_a_control_message_is_malformed() {
+        let msg = WireMsg::Heartbeat;
+        let mut bytes = encode(&msg);
+        bytes.push(0xAA);
+        let len = u32::from_le_bytes(bytes[..4].try_into().expect("4")) + 1;
+        bytes[..4].copy_from_slice(&len.to_le_bytes());
+        assert!(matches!(
+            read_msg(&mut bytes.as_slice(), MAX),
+            Err(WireError::Malformed(_))
+        ));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Arbitrary bytes never panic the decoder and never yield more
+        /// than the limit.
+        #[test]
+        fn decoder_never_panics_on_arbitrary_input(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut r = data.as_slice();
+            // Read frames until the first error.
+            for _ in 0..8 {
+                if read_msg(&mut r, 4096).is_err() {
+                    break;
+                }
+            }
+        }
+
+        /// Valid frames with arbitrary mutations (bit flips, truncation)
+        /// are decoded or refused, never a panic; unmutated ones round-trip.
+        #[test]
+        fn mutated_frames_are_decoded_or_refused(
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            cut in any::<usize>(),
+        ) {
+            let msg = app(payload);
+            let good = encode(&msg);
+            prop_assert_eq!(read_msg(&mut good.as_slice(), MAX).ok(), Some(msg));
+            let mut bad = good.clone();
+            for (at, x) in flips {
+                let i = at % bad.len();
+                bad[i] ^= x;
+            }
+            bad.truncate(cut % (bad.len() + 1));
+            let _ = read_msg(&mut bad.as_slice(), MAX);
+        }
+    }
+}

@@ -1,0 +1,785 @@
+//! One rank as an OS process: its endpoint, its connections, and the threads
+//! that serve them.
+//!
+//! Each rank listens on one socket. Frames to a peer go over a connection
+//! this rank opened (lazily, at the first send), so the frames of one
+//! channel keep their order; frames from peers arrive on connections the
+//! peers opened, each read by its own thread into the rank's inbox. That
+//! reading thread is also the rank's RMA progress engine: a one-sided
+//! request is applied to the window memory there, while the rank's own code
+//! runs elsewhere, and the reply goes back on the same connection.
+//!
+//! The control connection to the launcher carries heartbeats, statistics,
+//! kill requests and the final outcome up, and the peer table, failure
+//! notices and aborts down. If the launcher goes away the rank exits: no
+//! orphans (also enforced by `PR_SET_PDEATHSIG`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use crossbeam_channel::{Receiver, Sender, select, unbounded};
+use serde::Serialize;
+
+use super::auth::{Identity, Role, Secret, handshake};
+use super::LaunchEnv;
+use super::net::{Addr, Listener, Stream};
+use super::wire::{RemoteError, RmaRequest, WireError, WireMsg, read_msg, write_msg};
+use crate::config::Config;
+use crate::driver::shared::{Slot, WindowRegistry, lock, rank_body};
+use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
+use crate::engine::frame::{Frame, Incoming};
+use crate::fault::{FaultPlan, FaultPoint};
+use crate::job::RankFn;
+use crate::topology::Placement;
+use crate::{Error, Rank, Result};
+
+/// What the control reader hands to the endpoint.
+enum Ctl {
+    Peers(Vec<Option<(u64, String)>>),
+    PeerUp {
+        rank: Rank,
+        incarnation: u64,
+        addr: String,
+    },
+    Notice {
+        epoch: u64,
+        dead: Vec<(Rank, u64)>,
+        respawn: bool,
+    },
+    Abort {
+        rank: Rank,
+        reason: String,
+    },
+    KillAnswer(bool),
+}
+
+/// Replies to this rank's RMA requests, from the readers of its outgoing
+/// connections.
+enum Reply {
+    Done {
+        id: u64,
+        reply: std::result::Result<RmaReply, String>,
+    },
+    /// The connection to `rank` (incarnation) closed.
+    Closed { rank: Rank, incarnation: u64 },
+}
+
+enum PeerState {
+    /// Listening at `addr`; `out` is this rank's connection to it, once made.
+    Up {
+        addr: Addr,
+        incarnation: u64,
+        out: Option<Stream>,
+    },
+    /// Dead and being replaced: frames wait here until the replacement is
+    /// up (it will want the frames of the new epoch).
+    Respawning { after: u64, queue: Vec<Frame> },
+    /// Dead for good (no replacement): frames to it are lost.
+    Gone { after: u64 },
+}
+
+impl PeerState {
+    /// The newest incarnation this state knows of (a notice about an older
+    /// one is stale).
+    fn incarnation(&self) -> u64 {
+        match self {
+            PeerState::Up { incarnation, .. } => *incarnation,
+            PeerState::Respawning { after, .. } | PeerState::Gone { after } => *after + 1,
+        }
+    }
+}
+
+/// What the reading threads share with the endpoint.
+struct Shared {
+    me: Identity,
+    secret: Secret,
+    max_frame: usize,
+    windows: WindowRegistry,
+    slot: Arc<Slot>,
+}
+
+/// Write `msg` on the (shared) control connection.
+fn send_ctl(ctl: &Mutex<Stream>, msg: &WireMsg, max: usize) -> std::result::Result<(), WireError> {
+    write_msg(&mut *lock(ctl), msg, max)
+}
+
+/// The endpoint of a rank process.
+struct ProcessEndpoint {
+    sh: Arc<Shared>,
+    size: usize,
+    start_epoch: u64,
+    t0: SystemTime,
+    inbox: Receiver<Incoming>,
+    self_tx: Sender<Incoming>,
+    ctl_rx: Receiver<Ctl>,
+    ctl: Arc<Mutex<Stream>>,
+    peers: Vec<PeerState>,
+    replies: Receiver<Reply>,
+    replies_tx: Sender<Reply>,
+    /// Notices and aborts decoded from control messages, not yet returned.
+    ready: VecDeque<Incoming>,
+    /// Control messages that arrived while waiting for something else.
+    stashed: VecDeque<Ctl>,
+    plan: FaultPlan,
+    next_id: u64,
+    last_progress: f64,
+}
+
+impl ProcessEndpoint {
+    fn apply(&mut self, c: Ctl) {
+        match c {
+            Ctl::Peers(addrs) => self.set_peers(addrs),
+            Ctl::PeerUp {
+                rank,
+                incarnation,
+                addr,
+            } => {
+                let Some(p) = self.peers.get(rank) else {
+                    return;
+                };
+                if incarnation < p.incarnation() {
+                    return;
+                }
+                let addr = match addr.parse() {
+                    Ok(a) => a,
+                    Err(e) => {
+                        eprintln!("lazarus: rank {}: {e}", self.sh.me.rank.unwrap_or(0));
+                        return;
+                    }
+                };
+                let old = std::mem::replace(
+                    &mut self.peers[rank],
+                    PeerState::Up {
+                        addr,
+                        incarnation,
+                        out: None,
+                    },
+                );
+                if let PeerState::Respawning { queue, .. } = old {
+                    for f in queue {
+                        // A failure here is the replacement dying again;
+                        // the launcher will say so.
+                        let _ = self.send(rank, f);
+                    }
+                }
+            }
+            Ctl::Notice {
+                epoch,
+                dead,
+                respawn,
+            } => {
+                let mut ranks = Vec::new();
+                for (r, inc) in dead {
+                    ranks.push(r);
+                    let Some(p) = self.peers.get_mut(r) else {
+                        continue;
+                    };
+                    if inc < p.incarnation() && !matches!(p, PeerState::Up { .. }) {
+                        continue;
+                    }
+                    if let PeerState::Up {
+                        incarnation,
+                        out: Some(s),
+                        ..
+                    } = p
+                        && *incarnation == inc
+                    {
+                        s.shutdown();
+                    }
+                    if let PeerState::Up { incarnation, .. } = p
+                        && *incarnation > inc
+                    {
+                        continue; // already replaced
+                    }
+                    *p = if respawn {
+                        PeerState::Respawning {
+                            after: inc,
+                            queue: Vec::new(),
+                        }
+                    } else {
+                        PeerState::Gone { after: inc }
+                    };
+                }
+                self.ready
+                    .push_back(Incoming::FailureNotice { epoch, dead: ranks });
+            }
+            Ctl::Abort { rank, reason } => self.ready.push_back(Incoming::Abort { rank, reason }),
+            Ctl::KillAnswer(_) => {} // stale
+        }
+    }
+
+    fn set_peers(&mut self, addrs: Vec<Option<(u64, String)>>) {
+        self.peers = addrs
+            .into_iter()
+            .map(|a| match a.and_then(|(inc, s)| s.parse().ok().map(|a| (inc, a))) {
+                Some((incarnation, addr)) => PeerState::Up {
+                    addr,
+                    incarnation,
+                    out: None,
+                },
+                None => PeerState::Respawning {
+                    after: 0,
+                    queue: Vec::new(),
+                },
+            })
+            .collect();
+    }
+
+    /// Apply every control message already here.
+    fn drain_control(&mut self) {
+        while let Some(c) = self.stashed.pop_front() {
+            self.apply(c);
+        }
+        while let Ok(c) = self.ctl_rx.try_recv() {
+            self.apply(c);
+        }
+    }
+
+    /// This rank's connection to `dest`, opened if needed.
+    fn out(&mut self, dest: Rank) -> Option<&mut Stream> {
+        let sh = self.sh.clone();
+        let replies = self.replies_tx.clone();
+        let PeerState::Up {
+            addr,
+            incarnation,
+            out,
+        } = self.peers.get_mut(dest)?
+        else {
+            return None;
+        };
+        if out.is_none() {
+            match connect(&sh, addr, dest, *incarnation, replies) {
+                Ok(s) => *out = Some(s),
+                Err(e) => {
+                    // The peer died and the notice is on its way.
+                    if std::env::var_os("LAZARUS_DEBUG").is_some() {
+                        eprintln!(
+                            "lazarus: rank {:?}: cannot reach rank {dest}: {e}",
+                            sh.me.rank
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
+        out.as_mut()
+    }
+
+    fn drop_out(&mut self, dest: Rank) {
+        if let Some(PeerState::Up { out, .. }) = self.peers.get_mut(dest)
+            && let Some(s) = out.take()
+        {
+            s.shutdown();
+        }
+    }
+}
+
+/// Open, authenticate and serve (for RMA replies) a connection to `dest`.
+fn connect(
+    sh: &Arc<Shared>,
+    addr: &Addr,
+    dest: Rank,
+    incarnation: u64,
+    replies: Sender<Reply>,
+) -> std::result::Result<Stream, String> {
+    let mut s = Stream::connect(addr).map_err(|e| e.to_string())?;
+    let peer = handshake(&mut s, &sh.secret, sh.me, Role::Connector).map_err(|e| e.to_string())?;
+    if peer.rank != Some(dest) || peer.incarnation != incarnation {
+        return Err(format!(
+            "expected rank {dest} incarnation {incarnation}, reached {peer:?}"
+        ));
+    }
+    let mut rd = s.try_clone().map_err(|e| e.to_string())?;
+    let max = sh.max_frame;
+    std::thread::Builder::new()
+        .name(format!("rma-replies-{dest}"))
+        .spawn(move || {
+            loop {
+                match read_msg(&mut rd, max) {
+                    Ok(WireMsg::RmaDone { id, reply }) => {
+                        let _ = replies.send(Reply::Done { id, reply });
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        let _ = replies.send(Reply::Closed {
+                            rank: dest,
+                            incarnation,
+                        });
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+impl Endpoint for ProcessEndpoint {
+    fn rank(&self) -> Rank {
+        self.sh.me.rank.unwrap_or(0)
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn start_epoch(&self) -> u64 {
+        self.start_epoch
+    }
+
+    fn send(&mut self, dest: Rank, frame: Frame) -> Result<()> {
+        if dest >= self.size {
+            return Err(Error::RankOutOfRange {
+                rank: dest,
+                size: self.size,
+            });
+        }
+        if dest == self.rank() {
+            let _ = self.self_tx.send(Incoming::Frame(frame));
+            return Ok(());
+        }
+        self.drain_control();
+        if let Some(PeerState::Respawning { queue, .. }) = self.peers.get_mut(dest) {
+            queue.push(frame);
+            return Ok(());
+        }
+        let max = self.sh.max_frame;
+        let res = match self.out(dest) {
+            Some(s) => write_msg(s, &WireMsg::Frame(frame), max),
+            None => return Ok(()), // lost, as on a real network
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(WireError::Oversized { len, max }) => Err(Error::Driver(format!(
+                "a frame of {len} bytes to rank {dest} exceeds the transport's limit of {max} bytes"
+            ))),
+            Err(_) => {
+                // The peer died: the frame is lost, the notice will come.
+                self.drop_out(dest);
+                Ok(())
+            }
+        }
+    }
+
+    fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
+        self.drain_control();
+        if let Some(i) = self.ready.pop_front() {
+            return Ok(Some(i));
+        }
+        if let Ok(i) = self.inbox.try_recv() {
+            return Ok(Some(i));
+        }
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let wait = match deadline {
+                Some(d) => d.saturating_duration_since(std::time::Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            select! {
+                recv(self.inbox) -> m => return match m {
+                    Ok(i) => Ok(Some(i)),
+                    Err(_) => Err(Error::Driver("inbox closed".into())),
+                },
+                recv(self.ctl_rx) -> c => {
+                    if let Ok(c) = c {
+                        self.apply(c);
+                    }
+                    if let Some(i) = self.ready.pop_front() {
+                        return Ok(Some(i));
+                    }
+                }
+                default(wait) => {
+                    if deadline.is_some() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    fn now(&self) -> Duration {
+        SystemTime::now()
+            .duration_since(self.t0)
+            .unwrap_or(Duration::ZERO)
+    }
+
+    fn compute(&mut self, d: Duration) -> Result<()> {
+        std::thread::sleep(d);
+        Ok(())
+    }
+
+    fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
+        let rank = self.rank();
+        let Some((index, victims)) = self.plan.check_indexed(rank, at) else {
+            return Ok(());
+        };
+        let req = WireMsg::KillRequest { index, victims };
+        if send_ctl(&self.ctl, &req, self.sh.max_frame).is_err() {
+            return Err(Error::Driver("lost the launcher".into()));
+        }
+        // Wait for the launcher's answer; keep other control messages.
+        loop {
+            match self.ctl_rx.recv() {
+                Ok(Ctl::KillAnswer(true)) => loop {
+                    // The launcher is killing us (SIGKILL) with the other
+                    // victims at the same instant.
+                    std::thread::sleep(Duration::from_secs(1));
+                },
+                Ok(Ctl::KillAnswer(false)) => return Ok(()),
+                Ok(other) => self.stashed.push_back(other),
+                Err(_) => return Err(Error::Driver("lost the launcher".into())),
+            }
+        }
+    }
+
+    fn window_expose(
+        &mut self,
+        id: WinId,
+        epoch: u64,
+        bytes: usize,
+        init: Option<&[u8]>,
+    ) -> Result<()> {
+        let rank = self.rank();
+        self.sh
+            .windows
+            .expose_live((rank, &self.sh.slot), id, epoch, bytes, init)
+    }
+
+    fn window_withdraw(&mut self, id: WinId) {
+        let rank = self.rank();
+        self.sh.windows.withdraw(id, rank, &self.sh.slot);
+    }
+
+    fn rma(&mut self, epoch: u64, target: Rank, id: WinId, op: RmaOp) -> Result<RmaReply> {
+        if target == self.rank() {
+            return self.sh.windows.rma(epoch, target, id, op);
+        }
+        self.drain_control();
+        let gone = || {
+            Error::Driver(format!(
+                "rank {target} exposes no window {id} in epoch {epoch}"
+            ))
+        };
+        let incarnation = match self.peers.get(target) {
+            Some(PeerState::Up { incarnation, .. }) => *incarnation,
+            _ => return Err(gone()),
+        };
+        self.next_id += 1;
+        let req_id = self.next_id;
+        let max = self.sh.max_frame;
+        let msg = WireMsg::Rma(RmaRequest {
+            id: req_id,
+            epoch,
+            window: id,
+            op,
+        });
+        let sent = match self.out(target) {
+            Some(s) => write_msg(s, &msg, max),
+            None => return Err(gone()),
+        };
+        if sent.is_err() {
+            self.drop_out(target);
+            return Err(gone());
+        }
+        loop {
+            match self.replies.recv() {
+                Ok(Reply::Done { id, reply }) if id == req_id => {
+                    return reply.map_err(Error::Driver);
+                }
+                Ok(Reply::Done { .. }) => {} // a reply to an abandoned request
+                Ok(Reply::Closed {
+                    rank,
+                    incarnation: inc,
+                }) if rank == target && inc == incarnation => {
+                    self.drop_out(target);
+                    return Err(gone());
+                }
+                Ok(Reply::Closed { .. }) => {}
+                Err(_) => return Err(gone()),
+            }
+        }
+    }
+
+    fn with_local_window(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let rank = self.rank();
+        self.sh.windows.with_local_live((rank, &self.sh.slot), id, f)
+    }
+
+    fn record(&mut self, stat: Stat) {
+        let _ = send_ctl(&self.ctl, &WireMsg::Stat(stat), self.sh.max_frame);
+    }
+
+    fn report_progress(&mut self, fraction: f64) {
+        if self.rank() == 0 && (fraction - self.last_progress).abs() >= 0.001 {
+            self.last_progress = fraction;
+            let _ = send_ctl(&self.ctl, &WireMsg::Progress(fraction), self.sh.max_frame);
+        }
+    }
+}
+
+/// Serve one accepted connection: authenticate, then deliver frames and
+/// apply RMA requests until it closes.
+fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Incoming>) {
+    let me = sh.me.rank.unwrap_or(0);
+    let peer = match handshake(&mut s, &sh.secret, sh.me, Role::Acceptor) {
+        Ok(p) if p.rank.is_some() => p,
+        Ok(p) => {
+            eprintln!("lazarus: rank {me}: refused a connection from {p:?}: not a rank");
+            return;
+        }
+        Err(e) => {
+            eprintln!("lazarus: rank {me}: refused a connection: {e}");
+            return;
+        }
+    };
+    let from = peer.rank.unwrap_or(usize::MAX);
+    let mut wr = match s.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    loop {
+        match read_msg(&mut s, sh.max_frame) {
+            Ok(WireMsg::Frame(f)) if f.src == from => {
+                if inbox.send(Incoming::Frame(f)).is_err() {
+                    return;
+                }
+            }
+            Ok(WireMsg::Rma(req)) => {
+                let reply = sh
+                    .windows
+                    .rma(req.epoch, me, req.window, req.op)
+                    .map_err(|e| e.to_string());
+                let done = WireMsg::RmaDone { id: req.id, reply };
+                if write_msg(&mut wr, &done, sh.max_frame).is_err() {
+                    return;
+                }
+            }
+            Ok(other) => {
+                eprintln!(
+                    "lazarus: rank {me}: closing the connection from rank {from}: unexpected {other:?}"
+                );
+                return;
+            }
+            Err(WireError::Closed) => return,
+            Err(e) => {
+                eprintln!("lazarus: rank {me}: closing the connection from rank {from}: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Run `f` as the rank this process was launched as. Returns the rank's
+/// outcome after reporting it to the launcher.
+pub(crate) fn run_worker<T: Serialize>(
+    env: &LaunchEnv,
+    cfg: &Config,
+    placement: Placement,
+    f: &RankFn<T>,
+) -> Result<T> {
+    die_with_launcher(env)?;
+    let rank = env.rank;
+    let secret = Secret::read_from(&env.secret_file).map_err(|e| {
+        Error::Driver(format!(
+            "rank {rank}: cannot read the job secret {}: {e}",
+            env.secret_file.display()
+        ))
+    })?;
+    let me = Identity {
+        job: env.job,
+        rank: Some(rank),
+        incarnation: env.incarnation,
+    };
+    let io = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Driver(format!("rank {rank}: {what}: {e}"))
+    };
+    let listener = Listener::bind(
+        env.listen,
+        &env.dir,
+        &format!("r{rank}.{}.sock", env.incarnation),
+    )
+    .map_err(|e| io("cannot listen", &e))?;
+    let addr = listener.addr().map_err(|e| io("no address", &e))?;
+    let mut ctl = Stream::connect(&env.launcher).map_err(|e| io("cannot reach the launcher", &e))?;
+    let launcher = handshake(&mut ctl, &secret, me, Role::Connector)
+        .map_err(|e| io("launcher handshake", &e))?;
+    if launcher.rank.is_some() {
+        return Err(io("launcher handshake", &"the peer is not the launcher"));
+    }
+    let sh = Arc::new(Shared {
+        me,
+        secret,
+        max_frame: env.max_frame,
+        windows: WindowRegistry::default(),
+        slot: Slot::new(env.incarnation),
+    });
+    let finished = Arc::new(AtomicBool::new(false));
+    let ctl_rd = ctl.try_clone().map_err(|e| io("control socket", &e))?;
+    let ctl = Arc::new(Mutex::new(ctl));
+    send_ctl(
+        &ctl,
+        &WireMsg::Ready {
+            addr: addr.to_string(),
+            pid: std::process::id(),
+            replaces: cfg.protocol.replaces_failed_ranks(),
+            protocol: cfg.protocol.name().into(),
+        },
+        env.max_frame,
+    )
+    .map_err(|e| io("control socket", &e))?;
+
+    let (ctl_tx, ctl_rx) = unbounded();
+    spawn_control_reader(ctl_rd, ctl_tx, finished.clone(), env.max_frame)?;
+    spawn_heartbeat(ctl.clone(), env.heartbeat / 4, finished.clone(), env.max_frame)?;
+    let (inbox_tx, inbox) = unbounded();
+    {
+        let sh = sh.clone();
+        let inbox_tx = inbox_tx.clone();
+        std::thread::Builder::new()
+            .name("accept".into())
+            .spawn(move || {
+                while let Ok(s) = listener.accept() {
+                    let sh = sh.clone();
+                    let tx = inbox_tx.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("peer-reader".into())
+                        .spawn(move || serve_connection(s, sh, tx));
+                }
+            })
+            .map_err(|e| io("cannot start a thread", &e))?;
+    }
+
+    // Wait for the peer table; keep whatever else arrives first.
+    let mut stashed = VecDeque::new();
+    let peers = loop {
+        match ctl_rx.recv() {
+            Ok(Ctl::Peers(p)) => break p,
+            Ok(other) => stashed.push_back(other),
+            Err(_) => return Err(io("launcher", &"closed before the job started")),
+        }
+    };
+    let mut plan = FaultPlan::new(&cfg.kills, placement.clone(), cfg.seed ^ rank as u64);
+    for &i in &env.fired {
+        plan.mark_fired(i);
+    }
+    let (replies_tx, replies) = unbounded();
+    let mut ep = ProcessEndpoint {
+        sh,
+        size: env.size,
+        start_epoch: env.epoch,
+        t0: env.t0,
+        inbox,
+        self_tx: inbox_tx,
+        ctl_rx,
+        ctl: ctl.clone(),
+        peers: Vec::new(),
+        replies,
+        replies_tx,
+        ready: VecDeque::new(),
+        stashed,
+        plan,
+        next_id: 0,
+        last_progress: -1.0,
+    };
+    ep.set_peers(peers);
+    let outcome = rank_body(Box::new(ep), cfg, placement, f);
+    let wire = match &outcome {
+        Ok(v) => postcard::to_allocvec(v)
+            .map_err(|e| RemoteError::Other(format!("cannot encode the rank's result: {e}"))),
+        Err(e) => Err(RemoteError::from(e)),
+    };
+    finished.store(true, Ordering::SeqCst);
+    send_ctl(&ctl, &WireMsg::Exited(wire), env.max_frame)
+        .map_err(|e| io("cannot report the outcome", &e))?;
+    outcome
+}
+
+/// Make sure this process dies with its launcher (`PR_SET_PDEATHSIG`), and
+/// that the launcher is still there now.
+fn die_with_launcher(env: &LaunchEnv) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| Error::Driver(format!("PR_SET_PDEATHSIG: {e}")))?;
+    }
+    if let Some(ppid) = env.launcher_pid
+        && nix::unistd::getppid().as_raw() as u32 != ppid
+    {
+        // The launcher died before the death signal was armed.
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn spawn_control_reader(
+    mut rd: Stream,
+    tx: Sender<Ctl>,
+    finished: Arc<AtomicBool>,
+    max: usize,
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            loop {
+                let c = match read_msg(&mut rd, max) {
+                    Ok(WireMsg::Peers { addrs }) => Ctl::Peers(addrs),
+                    Ok(WireMsg::PeerUp {
+                        rank,
+                        incarnation,
+                        addr,
+                    }) => Ctl::PeerUp {
+                        rank,
+                        incarnation,
+                        addr,
+                    },
+                    Ok(WireMsg::FailureNotice {
+                        epoch,
+                        dead,
+                        respawn,
+                    }) => Ctl::Notice {
+                        epoch,
+                        dead,
+                        respawn,
+                    },
+                    Ok(WireMsg::Abort { rank, reason }) => Ctl::Abort { rank, reason },
+                    Ok(WireMsg::KillAnswer { granted }) => Ctl::KillAnswer(granted),
+                    Ok(_) => continue,
+                    Err(_) => {
+                        if finished.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        // The launcher is gone: so is the job.
+                        eprintln!("lazarus: the launcher went away; this rank exits");
+                        std::process::exit(70);
+                    }
+                };
+                if tx.send(c).is_err() {
+                    return;
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| Error::Driver(format!("cannot start a thread: {e}")))
+}
+
+fn spawn_heartbeat(
+    ctl: Arc<Mutex<Stream>>,
+    every: Duration,
+    finished: Arc<AtomicBool>,
+    max: usize,
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            while !finished.load(Ordering::SeqCst) {
+                if send_ctl(&ctl, &WireMsg::Heartbeat, max).is_err() {
+                    return;
+                }
+                std::thread::sleep(every);
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| Error::Driver(format!("cannot start a thread: {e}")))
+}
