@@ -6,13 +6,17 @@
 //! again (rollback) or end the thread of a rank that the fault plan killed.
 //! Application code only needs to propagate them.
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
 use crate::Rank;
 
 /// Result type of every Lazarus operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong, and where.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Error {
     /// A peer died and the protocol cannot recover (protocol `none`, or no
@@ -54,13 +58,13 @@ pub enum Error {
         /// Bytes received.
         got: usize,
         /// Which operation.
-        what: &'static str,
+        what: Cow<'static, str>,
     },
     /// A structured value failed to encode or decode.
     #[error("serialisation failed for {what}: {detail}")]
     Codec {
         /// What was being encoded or decoded.
-        what: &'static str,
+        what: Cow<'static, str>,
         /// The codec's message.
         detail: String,
     },
@@ -136,7 +140,7 @@ impl Error {
 impl From<postcard::Error> for Error {
     fn from(e: postcard::Error) -> Self {
         Error::Codec {
-            what: "postcard value",
+            what: "postcard value".into(),
             detail: e.to_string(),
         }
     }

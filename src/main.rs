@@ -9,9 +9,9 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 use lazarus::apps::{AppKind, AppParams, iterations, run_app};
+use lazarus::driver::processes::launched;
 use lazarus::tools::bench::bench;
 use lazarus::tools::summary::RunSummary;
-use lazarus::driver::processes::launched;
 use lazarus::{Backend, Config, KillSpec, ProtocolKind};
 
 const RUN_EXAMPLES: &str = "Examples:

@@ -13,11 +13,12 @@
 //! epochs, atomics, epoch counters, errors) and job-level error handling.
 
 use std::collections::BTreeSet;
-use std::sync::mpsc;
-use std::time::Duration;
+
+mod common;
+use common::within;
 
 use lazarus::{
-    Backend, Communicator, Config, Error, JobReport, LockType, ReduceOp, Source, TagMatch, Window,
+    Backend, Communicator, Error, JobReport, LockType, ReduceOp, Source, TagMatch, Window,
 };
 use serde::{Deserialize, Serialize};
 
@@ -28,25 +29,6 @@ fn values<T>(backend: Backend, what: &str, report: JobReport<T>) -> Vec<T> {
     match report.outcome {
         Ok(v) => v,
         Err(e) => panic!("[{backend}] {what}: the job failed: {e}"),
-    }
-}
-
-/// Run `f` on another thread and fail (instead of hanging the suite) if it
-/// does not finish within `secs` seconds.
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name(format!("timeout-{what}"))
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .expect("spawn the watched thread");
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no result within {secs} s (hang)"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            panic!("{what}: the watched thread panicked (see its message above)")
-        }
     }
 }
 
@@ -64,10 +46,7 @@ fn p2p_same_source_and_tag_arrive_in_send_order() {
     const K: u64 = 25;
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let me = r64(&world);
@@ -128,10 +107,7 @@ fn p2p_same_source_and_tag_arrive_in_send_order() {
 fn p2p_receive_out_of_order_by_tag() {
     for backend in Backend::ALL {
         let n = 4;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -170,10 +146,7 @@ fn p2p_receive_out_of_order_by_tag() {
 fn p2p_wildcards_report_real_source_and_tag() {
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -202,7 +175,7 @@ fn p2p_wildcards_report_real_source_and_tag() {
 /// `probe` and `iprobe` report size, source and tag without consuming.
 #[test]
 fn p2p_probe_and_iprobe_do_not_consume() {
-    #[derive(Debug, PartialEq)]
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct Seen {
         before: bool,
         probe: (usize, i32, usize),
@@ -213,10 +186,7 @@ fn p2p_probe_and_iprobe_do_not_consume() {
         after: bool,
     }
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let mut seen = None;
@@ -272,10 +242,7 @@ fn p2p_probe_and_iprobe_do_not_consume() {
 #[test]
 fn p2p_posted_immediate_receives_match_in_posting_order() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let mut got = Vec::new();
@@ -320,10 +287,7 @@ fn p2p_posted_immediate_receives_match_in_posting_order() {
 fn p2p_wait_all_returns_in_request_order() {
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -354,10 +318,7 @@ fn p2p_wait_all_returns_in_request_order() {
 #[test]
 fn p2p_receive_request_test_none_then_some() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let mut out = None;
@@ -402,10 +363,7 @@ fn p2p_receive_request_test_none_then_some() {
 #[test]
 fn p2p_dropped_receive_request_does_not_lose_message() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let mut got = Vec::new();
@@ -490,10 +448,7 @@ fn record_of(r: usize) -> Record {
 fn p2p_send_value_round_trips_serde_struct() {
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -520,10 +475,7 @@ fn p2p_send_value_round_trips_serde_struct() {
 fn p2p_send_variants_deliver_same_data() {
     for backend in Backend::ALL {
         let n = 4;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -558,10 +510,7 @@ fn p2p_send_variants_deliver_same_data() {
 #[test]
 fn p2p_receive_into_checks_buffer_size() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let mut out = None;
@@ -605,10 +554,7 @@ fn p2p_receive_into_checks_buffer_size() {
 fn p2p_rank_out_of_range() {
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -651,10 +597,7 @@ fn p2p_rank_out_of_range() {
 fn p2p_send_to_self() {
     for backend in Backend::ALL {
         for n in [1, 4] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let me = world.rank();
@@ -700,10 +643,7 @@ fn coll_barrier_separates_rounds() {
     const ROUNDS: u64 = 8;
     for backend in Backend::ALL {
         for n in [1, 5, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let win: Window<u64> = world.allocate_window(1)?;
@@ -735,10 +675,7 @@ fn coll_barrier_separates_rounds() {
 fn coll_broadcast_into_from_nonzero_root() {
     for backend in Backend::ALL {
         for (n, root) in [(1, 0), (5, 3), (7, 6)] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, move |ctx| {
                 let world = ctx.world();
                 let mut buf = if world.rank() == root {
@@ -790,10 +727,7 @@ fn coll_reduce_at_nonzero_root() {
     const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
     for backend in Backend::ALL {
         for (n, root) in [(5, 3), (7, 5), (1, 0)] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, move |ctx| {
                 let world = ctx.world();
                 let r = world.rank();
@@ -851,10 +785,7 @@ fn f64_data(r: usize) -> Vec<f64> {
 fn coll_all_reduce_f64_bit_identical_across_ranks_and_runs() {
     for backend in Backend::ALL {
         for n in [5, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let job = || {
                 let report = lazarus::run(&cfg, |ctx| {
                     let world = ctx.world();
@@ -897,10 +828,7 @@ fn coll_all_reduce_f64_bit_identical_across_ranks_and_runs() {
 #[test]
 fn coll_all_reduce_into_length_mismatch() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let mut out = [0u64; 2];
@@ -925,10 +853,7 @@ fn coll_all_reduce_into_length_mismatch() {
 fn coll_gather_and_all_gather_in_rank_order() {
     for backend in Backend::ALL {
         for (n, root) in [(5, 2), (7, 6), (1, 0)] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, move |ctx| {
                 let world = ctx.world();
                 let r = world.rank() as i32;
@@ -964,10 +889,7 @@ fn var_data(r: usize) -> Vec<u64> {
 fn coll_varcount_gathers() {
     for backend in Backend::ALL {
         for (n, root) in [(5, 1), (7, 4), (1, 0)] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, move |ctx| {
                 let world = ctx.world();
                 let mine = var_data(world.rank());
@@ -1004,10 +926,7 @@ fn coll_scatter_from_nonzero_root() {
     const COUNT: usize = 3;
     for backend in Backend::ALL {
         for (n, root) in [(5, 2), (7, 0), (1, 0)] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, move |ctx| {
                 let world = ctx.world();
                 let data: Vec<i64> = (0..(COUNT * world.size()) as i64)
@@ -1033,10 +952,7 @@ fn coll_scatter_from_nonzero_root() {
 fn coll_all_to_all() {
     for backend in Backend::ALL {
         for n in [1, 4, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let i = world.rank() as i64;
@@ -1071,10 +987,7 @@ fn coll_all_to_all() {
 fn coll_back_to_back_with_varying_roots() {
     for backend in Backend::ALL {
         for n in [1, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let n = world.size();
@@ -1115,10 +1028,7 @@ fn coll_back_to_back_with_varying_roots() {
 fn comm_split_even_odd_with_reversed_key() {
     for backend in Backend::ALL {
         let n = 7;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let w = world.rank();
@@ -1173,10 +1083,7 @@ fn comm_split_even_odd_with_reversed_key() {
 fn comm_split_with_none_color() {
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let w = world.rank();
@@ -1207,10 +1114,7 @@ fn comm_split_with_none_color() {
 #[test]
 fn comm_duplicate_has_independent_context() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let dup = world.duplicate()?;
@@ -1268,10 +1172,7 @@ fn comm_duplicate_has_independent_context() {
 fn rma_put_then_fence_visible_locally() {
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -1301,10 +1202,7 @@ fn rma_put_then_fence_visible_locally() {
 fn rma_get_reads_target_memory() {
     for backend in Backend::ALL {
         let n = 4;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -1344,10 +1242,7 @@ fn rma_get_reads_target_memory() {
 fn rma_accumulate_sum_into_rank0() {
     for backend in Backend::ALL {
         for n in [1, 5, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let r = world.rank() as i64;
@@ -1380,10 +1275,7 @@ fn rma_accumulate_sum_into_rank0() {
 #[test]
 fn rma_get_accumulate_returns_old_contents() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let win: Window<u64> = world.allocate_window(2)?;
@@ -1424,10 +1316,7 @@ fn rma_fetch_and_op_tickets_are_unique() {
     const K: usize = 200;
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let win: Window<u64> = world.allocate_window(1)?;
@@ -1465,10 +1354,7 @@ fn rma_fetch_and_op_tickets_are_unique() {
 fn rma_compare_and_swap_has_one_winner() {
     for backend in Backend::ALL {
         for n in [1, 5, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let me = world.rank() as i64;
@@ -1507,10 +1393,7 @@ fn rma_exclusive_lock_is_mutually_exclusive() {
     const K: u64 = 40;
     for backend in Backend::ALL {
         let n = 5;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let win: Window<u64> = world.allocate_window(2)?;
@@ -1538,10 +1421,7 @@ fn rma_exclusive_lock_is_mutually_exclusive() {
 fn rma_epoch_to_counts_sync_actions() {
     for backend in Backend::ALL {
         let n = 4;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -1603,10 +1483,7 @@ fn rma_epoch_to_counts_sync_actions() {
 #[test]
 fn rma_outside_epoch_is_rma_error() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -1647,10 +1524,7 @@ fn rma_outside_epoch_is_rma_error() {
 #[test]
 fn rma_out_of_bounds_is_rma_error() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(4)
-        };
+        let cfg = common::config(backend, 4);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -1689,10 +1563,7 @@ fn rma_out_of_bounds_is_rma_error() {
 fn rma_free_and_allocate_again() {
     for backend in Backend::ALL {
         let n = 4;
-        let cfg = Config {
-            backend,
-            ..Config::new(n)
-        };
+        let cfg = common::config(backend, n);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let n = world.size();
@@ -1750,10 +1621,7 @@ fn rma_window_on_subcommunicator() {
     for backend in Backend::ALL {
         let n = 5;
         let out = within(40, "window on sub-communicator", move || {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let w = world.rank();
@@ -1809,10 +1677,7 @@ fn job_app_error_on_one_rank_ends_job() {
     for backend in Backend::ALL {
         for blocked_in_collective in [false, true] {
             let outcome = within(30, "application error", move || {
-                let cfg = Config {
-                    backend,
-                    ..Config::new(4)
-                };
+                let cfg = common::config(backend, 4);
                 let report = lazarus::run(&cfg, move |ctx| {
                     let world = ctx.world();
                     if world.rank() == 2 {
@@ -1847,10 +1712,7 @@ fn job_app_error_on_one_rank_ends_job() {
 fn job_panic_on_one_rank_ends_job() {
     for backend in Backend::ALL {
         let outcome = within(30, "panic", move || {
-            let cfg = Config {
-                backend,
-                ..Config::new(4)
-            };
+            let cfg = common::config(backend, 4);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 if world.rank() == 1 {
@@ -1875,10 +1737,7 @@ fn job_panic_on_one_rank_ends_job() {
 fn job_outcome_is_in_rank_order() {
     for backend in Backend::ALL {
         for n in [1, 7] {
-            let cfg = Config {
-                backend,
-                ..Config::new(n)
-            };
+            let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| Ok((ctx.rank(), ctx.size())));
             let out = values(backend, "rank order", report);
             assert_eq!(
@@ -1894,10 +1753,7 @@ fn job_outcome_is_in_rank_order() {
 #[test]
 fn handles_debug_format() {
     for backend in Backend::ALL {
-        let cfg = Config {
-            backend,
-            ..Config::new(2)
-        };
+        let cfg = common::config(backend, 2);
         let report = lazarus::run(&cfg, |ctx| {
             let world = ctx.world();
             let win: Window<u8> = world.allocate_window(3)?;

@@ -5,6 +5,8 @@
 //! print the bit-identical string, and the statistics must say what happened
 //! (failures, ranks rolled back, no kill left unfired).
 
+mod common;
+
 use lazarus::apps::{AppKind, AppParams, Verification, run_app};
 use lazarus::{Backend, Config, Error, JobStats, ProtocolKind, ReduceOp};
 
@@ -67,10 +69,7 @@ fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, JobStat
 
 fn check_app(app: AppKind, params: AppParams, ranks: usize, seeds: u64) {
     for backend in Backend::ALL {
-        let base = Config {
-            backend,
-            ..Config::new(ranks)
-        };
+        let base = common::config(backend, ranks);
         let (reference, _) = run(app, &params, &base);
         assert!(
             reference.verified,
@@ -260,13 +259,10 @@ fn protocol_none_fails_cleanly_on_a_kill() {
 fn unexpected_messages_survive_rollback() {
     for backend in Backend::ALL {
         for victim in ["0@i3", "1@i3", "1@i4", "0@i5"] {
-            let cfg = Config {
-                backend,
-                ..Config::new(2)
-            }
-            .protocol(ProtocolKind::Coordinated)
-            .checkpoint_every(1)
-            .kill(victim.parse().expect("spec"));
+            let cfg = common::config(backend, 2)
+                .protocol(ProtocolKind::Coordinated)
+                .checkpoint_every(1)
+                .kill(victim.parse().expect("spec"));
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let mut st: (u64, u64) = ctx.restore_or_else(|| (0, 0))?;
@@ -331,12 +327,9 @@ fn restarts_from_the_beginning_are_counted() {
             class: Some('S'),
             ..AppParams::default()
         };
-        let base = Config {
-            backend,
-            ..Config::new(4)
-        }
-        .protocol(ProtocolKind::Coordinated)
-        .checkpoint_every(4);
+        let base = common::config(backend, 4)
+            .protocol(ProtocolKind::Coordinated)
+            .checkpoint_every(4);
         // Before the first checkpoint (iteration 4): nothing to restore.
         let (_, early) = run(
             AppKind::Cg,

@@ -32,7 +32,7 @@ fn copy_exact<T: Equivalence>(src: &[u8], dst: &mut [T], what: &'static str) -> 
         return Err(Error::SizeMismatch {
             expected: dst.len(),
             got: src.len(),
-            what,
+            what: what.into(),
         });
     }
     dst.copy_from_slice(src);
@@ -43,7 +43,7 @@ fn decode<T: Equivalence>(b: &[u8], what: &'static str) -> Result<Vec<T>> {
     to_vec(b).ok_or(Error::SizeMismatch {
         expected: std::mem::size_of::<T>(),
         got: b.len(),
-        what,
+        what: what.into(),
     })
 }
 
@@ -114,7 +114,7 @@ impl Communicator {
                         return Err(Error::SizeMismatch {
                             expected: acc.len() * std::mem::size_of::<T>(),
                             got: got.len() * std::mem::size_of::<T>(),
-                            what: "reduce contributions differ in length",
+                            what: "reduce contributions differ in length".into(),
                         });
                     }
                     for (a, x) in acc.iter_mut().zip(got) {
@@ -191,7 +191,7 @@ impl Communicator {
             return Err(Error::SizeMismatch {
                 expected: data.len(),
                 got: out.len(),
-                what: "all_reduce_into output length",
+                what: "all_reduce_into output length".into(),
             });
         }
         let r = self.reduce_vec(0, data, op)?;
@@ -268,7 +268,7 @@ impl Communicator {
         let bad = || Error::SizeMismatch {
             expected: 8,
             got: got.len(),
-            what: "all_gather header",
+            what: "all_gather header".into(),
         };
         let n = u64::from_le_bytes(
             got.get(..8)
@@ -301,7 +301,7 @@ impl Communicator {
                 return Err(Error::SizeMismatch {
                     expected: count * self.size(),
                     got: data.len(),
-                    what: "scatter send buffer (elements)",
+                    what: "scatter send buffer (elements)".into(),
                 });
             }
             for r in (0..self.size()).filter(|&r| r != root) {
@@ -325,7 +325,7 @@ impl Communicator {
             return Err(Error::SizeMismatch {
                 expected: size,
                 got: data.len(),
-                what: "all_to_all buffer is not divisible by the communicator size",
+                what: "all_to_all buffer is not divisible by the communicator size".into(),
             });
         }
         let chunk = data.len() / size;
@@ -346,7 +346,7 @@ impl Communicator {
                     return Err(Error::SizeMismatch {
                         expected: chunk,
                         got: got.len(),
-                        what: "all_to_all block",
+                        what: "all_to_all block".into(),
                     });
                 }
                 out.extend(got);

@@ -49,7 +49,7 @@ impl From<Tag> for TagMatch {
 }
 
 /// What a completed receive or a probe reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Status {
     /// Sender, as a rank of the communicator.
     pub source: Rank,
@@ -81,7 +81,7 @@ impl Message {
         to_vec(&self.payload).ok_or(Error::SizeMismatch {
             expected: std::mem::size_of::<T>(),
             got: self.payload.len(),
-            what: "message length is not a multiple of the element size",
+            what: "message length is not a multiple of the element size".into(),
         })
     }
 }
@@ -314,7 +314,7 @@ impl Communicator {
             return Err(Error::SizeMismatch {
                 expected: dst.len(),
                 got: m.payload.len(),
-                what: "receive_into buffer",
+                what: "receive_into buffer".into(),
             });
         }
         dst[..m.payload.len()].copy_from_slice(&m.payload);

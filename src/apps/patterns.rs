@@ -286,7 +286,7 @@ pub fn rank_main(ctx: &mut Ctx, pattern: Pattern, p: &PatternParams) -> Result<V
                         return Err(Error::SizeMismatch {
                             expected: p.halo_bytes,
                             got: m.payload.len(),
-                            what: "halo message of the stencil pattern",
+                            what: "halo message of the stencil pattern".into(),
                         });
                     }
                     let mut id = [0u8; 8];

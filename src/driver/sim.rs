@@ -377,7 +377,8 @@ impl<T: Send + 'static> SimWorld<T> {
         s.entities[entity].inbox.clear();
         let superseded = self.replaces && s.current[rank] != entity;
         if let ExitAction::Abort { rank, reason } =
-            s.finals.on_exit(rank, outcome, superseded, self.cfg.protocol.name())
+            s.finals
+                .on_exit(rank, outcome, superseded, self.cfg.protocol.name())
         {
             for e in 0..s.entities.len() {
                 if s.entities[e].st != St::Exited {

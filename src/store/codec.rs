@@ -189,7 +189,7 @@ fn check_params(code: Code, pieces: usize) -> Result<()> {
 /// once parameters are checked, so they are reported as decoding failures.
 fn rs_error(e: reed_solomon_simd::Error) -> Error {
     Error::Codec {
-        what: "Reed–Solomon shards",
+        what: "Reed–Solomon shards".into(),
         detail: e.to_string(),
     }
 }
@@ -357,7 +357,7 @@ impl Coder {
             // Padding is recomputed from the lengths rather than trusted, so that
             // corrupt metadata cannot make us read past a shard or mis-truncate.
             return Err(Error::Codec {
-                what: "erasure-coded group",
+                what: "erasure-coded group".into(),
                 detail: format!(
                     "shard length {} does not fit code {} and longest piece {max_len}",
                     enc.shard_len, enc.code
@@ -472,7 +472,7 @@ impl Coder {
                 let result = decoder.decode().map_err(rs_error)?;
                 for &j in &lost {
                     let shard = result.restored_original(j).ok_or_else(|| Error::Codec {
-                        what: "Reed–Solomon shards",
+                        what: "Reed–Solomon shards".into(),
                         detail: format!("decoder did not restore piece {j}"),
                     })?;
                     out[j] = finish(shard.to_vec(), enc.lengths[j], j, &label)?;

@@ -313,9 +313,7 @@ impl<'a> Launcher<'a> {
         self.procs
             .iter()
             .map(|p| match p.status {
-                Status::Ready | Status::Finished => {
-                    p.addr.clone().map(|a| (p.incarnation, a))
-                }
+                Status::Ready | Status::Finished => p.addr.clone().map(|a| (p.incarnation, a)),
                 _ => None,
             })
             .collect()
@@ -573,7 +571,9 @@ impl<'a> Launcher<'a> {
                     }
                 }
             } else {
-                let _ = self.finals.on_exit(r, Err(Error::Killed), false, &self.protocol);
+                let _ = self
+                    .finals
+                    .on_exit(r, Err(Error::Killed), false, &self.protocol);
             }
         }
     }
@@ -686,4 +686,3 @@ fn spawn_acceptor(
         .map(|_| ())
         .map_err(|e| driver_err("cannot start a thread", e))
 }
-

@@ -114,8 +114,8 @@ pub enum WireMsg {
     RmaDone {
         /// Request id.
         id: u64,
-        /// The reply, or the error text.
-        reply: Result<RmaReply, String>,
+        /// The reply, or the target's error.
+        reply: Result<RmaReply, crate::Error>,
     },
     /// Worker → launcher: this rank is up and listens at `addr`.
     Ready {
@@ -306,7 +306,8 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
     let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
     let hlen = u32::try_from(header.len()).map_err(|_| WireError::Oversized { len, max })?;
     let inline = payload.len() <= INLINE_PAYLOAD;
-    let mut buf = Vec::with_capacity(PREFIX + header.len() + if inline { payload.len() } else { 0 });
+    let mut buf =
+        Vec::with_capacity(PREFIX + header.len() + if inline { payload.len() } else { 0 });
     buf.extend_from_slice(&len32.to_le_bytes());
     buf.push(WIRE_VERSION);
     buf.extend_from_slice(&hlen.to_le_bytes());
@@ -459,7 +460,10 @@ mod tests {
             epoch: 0,
             body: Body::Runtime(RuntimeMsg::Done),
         });
-        assert_eq!(read_msg(&mut encode(&msg).as_slice(), MAX).expect("ok"), msg);
+        assert_eq!(
+            read_msg(&mut encode(&msg).as_slice(), MAX).expect("ok"),
+            msg
+        );
     }
 
     #[test]

@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime};
 use crossbeam_channel::{Receiver, Sender, select, unbounded};
 use serde::Serialize;
 
-use super::auth::{Identity, Role, Secret, handshake};
 use super::LaunchEnv;
+use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Listener, Stream};
 use super::wire::{RemoteError, RmaRequest, WireError, WireMsg, read_msg, write_msg};
 use crate::config::Config;
@@ -60,10 +60,13 @@ enum Ctl {
 enum Reply {
     Done {
         id: u64,
-        reply: std::result::Result<RmaReply, String>,
+        reply: Result<RmaReply>,
     },
     /// The connection to `rank` (incarnation) closed.
-    Closed { rank: Rank, incarnation: u64 },
+    Closed {
+        rank: Rank,
+        incarnation: u64,
+    },
 }
 
 enum PeerState {
@@ -213,17 +216,19 @@ impl ProcessEndpoint {
     fn set_peers(&mut self, addrs: Vec<Option<(u64, String)>>) {
         self.peers = addrs
             .into_iter()
-            .map(|a| match a.and_then(|(inc, s)| s.parse().ok().map(|a| (inc, a))) {
-                Some((incarnation, addr)) => PeerState::Up {
-                    addr,
-                    incarnation,
-                    out: None,
+            .map(
+                |a| match a.and_then(|(inc, s)| s.parse().ok().map(|a| (inc, a))) {
+                    Some((incarnation, addr)) => PeerState::Up {
+                        addr,
+                        incarnation,
+                        out: None,
+                    },
+                    None => PeerState::Respawning {
+                        after: 0,
+                        queue: Vec::new(),
+                    },
                 },
-                None => PeerState::Respawning {
-                    after: 0,
-                    queue: Vec::new(),
-                },
-            })
+            )
             .collect();
     }
 
@@ -486,7 +491,7 @@ impl Endpoint for ProcessEndpoint {
         loop {
             match self.replies.recv() {
                 Ok(Reply::Done { id, reply }) if id == req_id => {
-                    return reply.map_err(Error::Driver);
+                    return reply;
                 }
                 Ok(Reply::Done { .. }) => {} // a reply to an abandoned request
                 Ok(Reply::Closed {
@@ -504,7 +509,9 @@ impl Endpoint for ProcessEndpoint {
 
     fn with_local_window(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         let rank = self.rank();
-        self.sh.windows.with_local_live((rank, &self.sh.slot), id, f)
+        self.sh
+            .windows
+            .with_local_live((rank, &self.sh.slot), id, f)
     }
 
     fn record(&mut self, stat: Stat) {
@@ -547,10 +554,7 @@ fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Incoming>) {
                 }
             }
             Ok(WireMsg::Rma(req)) => {
-                let reply = sh
-                    .windows
-                    .rma(req.epoch, me, req.window, req.op)
-                    .map_err(|e| e.to_string());
+                let reply = sh.windows.rma(req.epoch, me, req.window, req.op);
                 let done = WireMsg::RmaDone { id: req.id, reply };
                 if write_msg(&mut wr, &done, sh.max_frame).is_err() {
                     return;
@@ -592,9 +596,8 @@ pub(crate) fn run_worker<T: Serialize>(
         rank: Some(rank),
         incarnation: env.incarnation,
     };
-    let io = |what: &str, e: &dyn std::fmt::Display| {
-        Error::Driver(format!("rank {rank}: {what}: {e}"))
-    };
+    let io =
+        |what: &str, e: &dyn std::fmt::Display| Error::Driver(format!("rank {rank}: {what}: {e}"));
     let listener = Listener::bind(
         env.listen,
         &env.dir,
@@ -602,7 +605,8 @@ pub(crate) fn run_worker<T: Serialize>(
     )
     .map_err(|e| io("cannot listen", &e))?;
     let addr = listener.addr().map_err(|e| io("no address", &e))?;
-    let mut ctl = Stream::connect(&env.launcher).map_err(|e| io("cannot reach the launcher", &e))?;
+    let mut ctl =
+        Stream::connect(&env.launcher).map_err(|e| io("cannot reach the launcher", &e))?;
     let launcher = handshake(&mut ctl, &secret, me, Role::Connector)
         .map_err(|e| io("launcher handshake", &e))?;
     if launcher.rank.is_some() {
@@ -632,7 +636,12 @@ pub(crate) fn run_worker<T: Serialize>(
 
     let (ctl_tx, ctl_rx) = unbounded();
     spawn_control_reader(ctl_rd, ctl_tx, finished.clone(), env.max_frame)?;
-    spawn_heartbeat(ctl.clone(), env.heartbeat / 4, finished.clone(), env.max_frame)?;
+    spawn_heartbeat(
+        ctl.clone(),
+        env.heartbeat / 4,
+        finished.clone(),
+        env.max_frame,
+    )?;
     let (inbox_tx, inbox) = unbounded();
     {
         let sh = sh.clone();

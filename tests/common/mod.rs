@@ -1,0 +1,66 @@
+//! Helpers shared by the integration tests.
+//!
+//! The processes backend starts each rank as a new process of the running
+//! program. In a test binary that program is the test harness, so its rank
+//! processes are told to run only the current test (`--exact NAME`), found
+//! by the name libtest gives the test's thread; [`within`] passes that name
+//! on to the thread it starts.
+
+#![allow(dead_code)]
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use lazarus::{Backend, Config};
+
+/// The name of the running test (libtest names the test's thread so).
+fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or_else(|| panic!("tests must run on libtest's named threads"))
+        .to_string()
+}
+
+/// Make `cfg` runnable by the running test on the processes backend.
+pub fn for_this_test(mut cfg: Config) -> Config {
+    if cfg.backend == Backend::Processes {
+        cfg.worker_args = Some(vec![
+            "--exact".into(),
+            test_name(),
+            "--test-threads=1".into(),
+            "--nocapture".into(),
+        ]);
+    }
+    cfg
+}
+
+/// A configuration of `ranks` ranks on `backend` for the running test.
+pub fn config(backend: Backend, ranks: usize) -> Config {
+    for_this_test(Config {
+        backend,
+        ..Config::new(ranks)
+    })
+}
+
+/// Run `f` on another thread (named like the test) and fail, instead of
+/// hanging the suite, if it does not finish within `secs` seconds.
+pub fn within<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(test_name())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .expect("spawn the watched thread");
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no result within {secs} s (hang)"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("{what}: the watched thread panicked (see its message above)")
+        }
+    }
+}
