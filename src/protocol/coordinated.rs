@@ -13,7 +13,8 @@
 //! state): the saved states form a consistent cut with no channel state. If
 //! the totals differ the root starts another round (`Recount`); otherwise it
 //! sends `Silent` down the tree and each rank captures its piece. The store
-//! keeps it locally and on the partner; `Stored` climbs the tree once a whole
+//! keeps it locally and in its in-memory level (partner copy or group parity,
+//! see `store::levels`); `Stored` climbs the tree once a whole
 //! subtree is stored, and the root sends the commit record (`Commit`) down.
 //! Only a committed generation is ever restored. Every phase costs O(P)
 //! messages and O(log P) latency, so this scales to the 10,000-rank studies.

@@ -6,13 +6,22 @@
 //! detected. A generation is usable only once its commit record is written
 //! (after every piece of it is stored).
 //!
-//! Levels: [`partner`] (a copy on a rank in another failure domain, always
-//! on) and [`disk`] (atomic piece files and commit records in a directory,
-//! every N-th generation; restart selection with fallback; `inspect`),
-//! combined by [`levels::MultiLevel`] (`--storage partner --storage
-//! disk:DIR@N`, `--restart DIR`). [`codec`] (XOR and Reed–Solomon parity with
-//! a CRC32C per shard) is the building block of the `xor` and `rs:M` levels,
-//! which are not selectable yet.
+//! Levels ([`levels`] has the schedule rules and the `--storage` syntax):
+//! [`partner`] (a copy on a rank in another failure domain; the default),
+//! [`erasure`] (`xor` and `rs:M`: parity over topology-aware groups, 003 §5,
+//! built on [`codec`]), and [`disk`] (atomic piece files and commit records
+//! in a directory; restart selection with fallback; `inspect`), combined by
+//! [`levels::MultiLevel`] into a multi-level schedule (`--storage xor
+//! --storage disk:DIR@5`, `--restart DIR`).
+//!
+//! At a recovery the store answers the protocol's leader: which pieces each
+//! rank holds ([`CheckpointStore::held`]) and which parity shards
+//! ([`CheckpointStore::parity_held`]), whether a piece held nowhere can be
+//! rebuilt ([`CheckpointStore::can_rebuild`]), whether redundancy was lost
+//! and must be re-created ([`CheckpointStore::redundancy_lost`]). Before the
+//! inventory, [`CheckpointStore::scrub`] drops every piece and shard that
+//! fails its checksum and reports it, so damaged data counts as lost and a
+//! corrupted level falls back to another level or an older generation.
 
 pub mod codec;
 pub mod disk;
