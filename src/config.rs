@@ -69,7 +69,7 @@ impl FromStr for Backend {
 /// | `kills` | `--kill` (repeatable) | none |
 /// | `checkpoint_every` | `--checkpoint-every` | 1 (every safe point) |
 /// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
-/// | `storage` | `--storage partner\|disk:DIR[@N]` (repeatable) | partner |
+/// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
@@ -94,7 +94,8 @@ pub struct Config {
     /// Checkpoint at every N-th safe point (0: never). With `mtbf`, the
     /// first interval only: later ones follow Daly's formula.
     pub checkpoint_every: u64,
-    /// Checkpoint storage levels (the partner level is always on).
+    /// Checkpoint storage levels (see `store::levels`: partner is on unless
+    /// `xor` or `rs:M` replaces it).
     pub storage: Vec<LevelSpec>,
     /// Restart the whole job from the newest committed generation in this
     /// checkpoint directory (written by a `disk:DIR` level).
@@ -215,6 +216,7 @@ impl Config {
         for k in &self.kills {
             k.validate(&pl, self.iterations.unwrap_or(u64::MAX))?;
         }
+        crate::store::levels::validate(&self.storage, &pl)?;
         Ok(pl)
     }
 }

@@ -314,7 +314,10 @@ struct JobArgs {
     /// Seed of the runtime's random choices (when kills land).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Checkpoint storage level (repeatable): partner (always on),
+    /// Checkpoint storage level (repeatable): partner (copy on another
+    /// node; the default, and kept when no in-memory level is named),
+    /// xor[@N], rs:M[@N] (parity over topology-aware groups, every N-th
+    /// generation; they replace partner unless it is named too),
     /// disk:DIR[@N] (every N-th generation to DIR, with commit records).
     #[arg(long = "storage", value_name = "LEVEL")]
     storage: Vec<String>,
@@ -429,7 +432,13 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         checkpoint_every: every,
         mtbf,
         storage: {
-            let mut levels = vec![lazarus::store::levels::LevelSpec::Partner];
+            // No flag: the default (partner). Otherwise exactly the named
+            // levels; `levels::partner_on` adds the partner copy when no
+            // in-memory level is named.
+            let mut levels = Vec::new();
+            if job.storage.is_empty() {
+                levels.push(lazarus::store::levels::LevelSpec::Partner);
+            }
             for s in &job.storage {
                 let l: lazarus::store::levels::LevelSpec = s.parse().map_err(usage)?;
                 if !levels.contains(&l) {

@@ -493,6 +493,11 @@ impl Engine {
                     self.store.fetch(generation, holder, &mut out);
                     self.apply_store_out(out)?;
                 }
+                Action::Rebuild { generation } => {
+                    let mut out = StoreOut::default();
+                    self.store.rebuild(generation, &mut out)?;
+                    self.apply_store_out(out)?;
+                }
                 Action::Replicate { generation } => {
                     let mut out = StoreOut::default();
                     self.store.replicate(generation, &mut out)?;
@@ -771,6 +776,12 @@ impl Engine {
         self.interrupt = None;
         self.reset_execution();
         self.store.abort_transfers();
+        // Damaged pieces and shards must count as lost in the inventory, so
+        // that recovery uses another level or an older generation (DESIGN
+        // principle 8); the user is told what was damaged and where.
+        for e in self.store.scrub() {
+            eprintln!("lazarus: rank {}: {e}", self.rank);
+        }
         self.recovering = true;
         let replacement = self.replacement && self.restored_generation.is_none();
         self.handle(Event::Recover {

@@ -13,26 +13,30 @@
 //! state): the saved states form a consistent cut with no channel state. If
 //! the totals differ the root starts another round (`Recount`); otherwise it
 //! sends `Silent` down the tree and each rank captures its piece. The store
-//! keeps it locally and on the partner; `Stored` climbs the tree once a whole
+//! keeps it locally and in its in-memory level (partner copy or group parity,
+//! see `store::levels`); `Stored` climbs the tree once a whole
 //! subtree is stored, and the root sends the commit record (`Commit`) down.
 //! Only a committed generation is ever restored. Every phase costs O(P)
 //! messages and O(log P) latency, so this scales to the 10,000-rank studies.
 //!
 //! **Recovery.** Any failure rolls every rank back. Survivors and replacements
-//! send an `Inventory` (newest commit record seen, pieces held) to the
-//! recovery leader (rank 0). The leader picks the newest committed generation
-//! of which every rank's piece survives somewhere and tells each rank who holds
-//! its piece and whether its partner copy survived. Each rank fetches its
-//! piece, re-creates its partner copy if needed (so a replacement is protected
-//! again), and reports `Ready`; the leader then sends `Go` and every rank
+//! send an `Inventory` (newest commit record seen, pieces and intact parity
+//! shards held) to the recovery leader (rank 0). The leader picks the newest
+//! committed generation of which every rank's piece survives somewhere or can
+//! be rebuilt by the store (from its group's parity, 003 §5) and tells each
+//! rank who holds its piece (or to rebuild it) and whether its redundancy
+//! survived. Each rank fetches or rebuilds its piece, re-creates its lost
+//! redundancy if needed (so a replacement is protected again), and reports
+//! `Ready`; the leader then sends `Go` and every rank
 //! restarts its rank function from that generation. A failure during any of
 //! this starts a new recovery in the new epoch (frames of the old epoch are
 //! dropped by the engine).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::Rank;
+use crate::store::Inventory;
 
 /// The root of the tree: coordinator of checkpoints, leader of recoveries.
 const LEADER: Rank = 0;
@@ -57,8 +61,8 @@ fn child_count(r: Rank, size: usize) -> usize {
 struct Recovery {
     reported: usize,
     newest_commit: Option<u64>,
-    /// `(generation, owner)` -> ranks holding that piece.
-    holders: HashMap<(u64, Rank), Vec<Rank>>,
+    /// What every rank holds.
+    inv: Inventory,
     decided: Option<Option<u64>>,
     replicate: bool,
     ready: usize,
@@ -248,32 +252,27 @@ impl Coordinated {
         // Every generation held somewhere and not newer than the newest
         // commit record was committed (generations commit in order and only
         // the uncommitted newest can be newer); try them newest first.
-        let mut candidates: Vec<u64> = rec
-            .holders
-            .keys()
-            .map(|&(g, _)| g)
-            .filter(|&g| rec.newest_commit.is_some_and(|c| g <= c))
-            .collect();
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
-        candidates.dedup();
-        let whole = candidates.into_iter().find(|&g| {
-            (0..cx.size).all(|r| rec.holders.get(&(g, r)).is_some_and(|h| !h.is_empty()))
+        let inv = &rec.inv;
+        let mut candidates = inv.generations();
+        candidates.retain(|&g| rec.newest_commit.is_some_and(|c| g <= c));
+        let whole = candidates.into_iter().rev().find(|&g| {
+            (0..cx.size).all(|r| !inv.holders(g, r).is_empty() || cx.store.can_rebuild(g, r, inv))
         });
         (0..cx.size)
             .map(|r| {
                 let msg = match whole {
                     Some(g) => {
-                        let hs = rec.holders.get(&(g, r)).map(Vec::as_slice).unwrap_or(&[]);
+                        let hs = inv.holders(g, r);
                         let holder = if hs.contains(&r) {
                             r
                         } else {
                             hs.iter().copied().min().unwrap_or(r)
                         };
-                        let partner_has = cx.placement.partner(r).is_none_or(|p| hs.contains(&p));
                         Control::Decision {
                             generation: Some(g),
                             holder,
-                            partner_has,
+                            rebuild: hs.is_empty(),
+                            redundancy_intact: !cx.store.redundancy_lost(g, r, inv),
                             every,
                         }
                     }
@@ -282,7 +281,8 @@ impl Coordinated {
                     None => Control::Decision {
                         generation: None,
                         holder: r,
-                        partner_has: true,
+                        rebuild: false,
+                        redundancy_intact: true,
                         every,
                     },
                 };
@@ -326,15 +326,17 @@ impl Coordinated {
             }
             Control::Commit { generation, every } => self.on_commit(generation, every, cx),
             Control::Marker { .. } => {}
-            Control::Inventory { committed, held } => {
+            Control::Inventory {
+                committed,
+                held,
+                parity,
+            } => {
                 let Some(rec) = self.recovery.as_mut() else {
                     return;
                 };
                 rec.reported += 1;
                 rec.newest_commit = rec.newest_commit.max(committed);
-                for piece in held {
-                    rec.holders.entry(piece).or_default().push(src);
-                }
+                rec.inv.add(src, &held, &parity);
                 if rec.reported == cx.size {
                     for (dest, d) in Self::decide(rec, self.every, cx) {
                         if dest == cx.rank {
@@ -348,7 +350,8 @@ impl Coordinated {
             Control::Decision {
                 generation,
                 holder,
-                partner_has,
+                rebuild,
+                redundancy_intact,
                 every,
             } => {
                 let Some(rec) = self.recovery.as_mut() else {
@@ -359,15 +362,19 @@ impl Coordinated {
                 self.every = every;
                 self.since_last = 0;
                 rec.decided = Some(generation);
-                rec.replicate = !partner_has;
+                rec.replicate = !redundancy_intact;
                 self.next_generation = generation.map_or(1, |g| g + 1);
                 cx.emit(Action::RetainOnly { keep: generation });
                 match generation {
                     Some(g) => {
                         cx.emit(Action::Commit { generation: g });
-                        cx.emit(Action::Fetch {
-                            generation: g,
-                            holder,
+                        cx.emit(if rebuild {
+                            Action::Rebuild { generation: g }
+                        } else {
+                            Action::Fetch {
+                                generation: g,
+                                holder,
+                            }
                         });
                     }
                     None => self.ready(cx),
@@ -452,6 +459,7 @@ impl Protocol for Coordinated {
                     msg: Control::Inventory {
                         committed: cx.store.committed(),
                         held: cx.store.held(),
+                        parity: cx.store.parity_held(),
                     },
                 });
             }
@@ -734,15 +742,14 @@ mod tests {
         ];
         for (src, c, held) in inv {
             rec.newest_commit = rec.newest_commit.max(c);
-            for piece in held {
-                rec.holders.entry(piece).or_default().push(src);
-            }
+            rec.inv.add(src, &held, &[]);
         }
         let d = Coordinated::decide(&rec, 3, &mut cx);
-        let expect = |holder, partner_has| Control::Decision {
+        let expect = |holder, redundancy_intact| Control::Decision {
             generation: Some(2),
             holder,
-            partner_has,
+            rebuild: false,
+            redundancy_intact,
             every: 3,
         };
         assert_eq!(
@@ -756,9 +763,9 @@ mod tests {
         );
         // Lose rank 3's copy of generation 2, but an older committed
         // generation survives whole (on disk, say): fall back to it.
-        rec.holders.remove(&(2, 3));
+        rec.inv.pieces.remove(&(2, 3));
         for r in 0..4 {
-            rec.holders.entry((1, r)).or_default().push(r);
+            rec.inv.add(r, &[(1, r)], &[]);
         }
         let d = Coordinated::decide(&rec, 3, &mut cx);
         assert!(
@@ -773,7 +780,7 @@ mod tests {
         );
         // Nothing complete at all: restart from scratch.
         for r in 0..4 {
-            rec.holders.remove(&(1, r));
+            rec.inv.pieces.remove(&(1, r));
         }
         let d = Coordinated::decide(&rec, 3, &mut cx);
         assert!(d.iter().all(|(_, m)| matches!(

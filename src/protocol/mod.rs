@@ -150,16 +150,21 @@ pub enum Control {
         committed: Option<u64>,
         /// Pieces held: `(generation, owner)`.
         held: Vec<(u64, Rank)>,
+        /// Intact parity shards held: `(generation, stripe)`.
+        parity: Vec<(u64, usize)>,
     },
-    /// Recovery: the generation everyone restores, which rank holds the
-    /// receiver's piece, and whether its partner copy survived.
+    /// Recovery: the generation everyone restores, where the receiver's
+    /// piece comes from, and whether its redundancy survived.
     Decision {
         /// Generation to restore (`None`: restart from the beginning).
         generation: Option<u64>,
-        /// A rank holding the receiver's piece.
+        /// A rank holding the receiver's piece (unless `rebuild`).
         holder: Rank,
-        /// Whether the receiver's partner still has its piece.
-        partner_has: bool,
+        /// No rank holds the piece: rebuild it from the group's parity.
+        rebuild: bool,
+        /// Whether every redundant copy or parity shard protecting the
+        /// receiver's piece survived (otherwise it is re-created).
+        redundancy_intact: bool,
         /// Safe points between checkpoints (the replacement must agree).
         every: u64,
     },
@@ -264,7 +269,13 @@ pub enum Action {
         /// Who holds it.
         holder: Rank,
     },
-    /// Send this rank's piece of `generation` to its partner again.
+    /// Rebuild this rank's piece of `generation` from its group's parity.
+    Rebuild {
+        /// Generation.
+        generation: u64,
+    },
+    /// Re-create the redundancy of this rank's piece of `generation` (the
+    /// partner copy, the group's parity).
     Replicate {
         /// Generation.
         generation: u64,

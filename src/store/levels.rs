@@ -1,6 +1,31 @@
-//! Multi-level checkpoint storage: the in-memory partner level plus,
-//! optionally, a directory on disk written every N-th generation (as SCR and
-//! FTI schedule their levels).
+//! Multi-level checkpoint storage: the schedule of levels a run keeps its
+//! checkpoints in, as SCR and FTI schedule theirs.
+//!
+//! Levels (`--storage`, repeatable):
+//!
+//! | spec | level | survives |
+//! | --- | --- | --- |
+//! | `partner` | a copy on a rank of another node ([`super::partner`]) | one node |
+//! | `xor`, `xor@N` | XOR parity over a group ([`super::erasure`]) | one member per group |
+//! | `rs:M`, `rs:M@N` | Reed–Solomon, `M` parity shards per stripe (003 §5) | `M` members per group |
+//! | `disk:DIR`, `disk:DIR@N` | piece files and commit records in `DIR` ([`super::disk`]) | the whole job |
+//!
+//! `@N` runs the level at every N-th generation only (default 1). Several
+//! flags combine into one schedule, e.g. `--storage xor --storage
+//! disk:DIR@5`: XOR every generation, disk every fifth.
+//!
+//! **Which in-memory level is on.** `partner` is the default: it is on when
+//! it is named, and also when no in-memory level (`partner`, `xor`, `rs:M`)
+//! is named at all, so `--storage disk:DIR` alone keeps the partner copy as
+//! before. Naming `xor` or `rs:M` replaces the partner copy (that is their
+//! point: parity costs `m/(k−m)` of a piece instead of a whole one); name
+//! `partner` as well to keep both. At most one of `xor` and `rs:M`.
+//!
+//! Each level keeps its own newest generation: a level that runs every N-th
+//! generation keeps the last one it wrote until a newer one of its own
+//! commits, so a recovery can fall back to it when the newer generations'
+//! pieces are lost. The recovery leader picks the newest committed
+//! generation of which every piece is held somewhere or can be rebuilt.
 //!
 //! The disk level writes this rank's piece durably (write, fsync, rename)
 //! before the piece counts as stored, so when the coordinated protocol's root
@@ -9,20 +34,35 @@
 //! is ever read back: at a recovery (when the in-memory copies of a piece are
 //! gone) and at a whole-job restart (`--restart DIR`).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use super::codec::Code;
+use super::erasure::{ErasureLevel, Groups};
 use super::partner::PartnerStore;
-use super::{CheckpointStore, Piece, StoreEvent, StoreMsg, StoreOut, disk};
+use super::{CheckpointStore, Inventory, Piece, StoreEvent, StoreMsg, StoreOut, disk};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
 /// One storage level of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LevelSpec {
-    /// A copy on a partner rank in another failure domain (always on).
+    /// A copy on a partner rank in another failure domain.
     Partner,
+    /// XOR parity over topology-aware groups (one loss per group).
+    Xor {
+        /// Encode every N-th generation.
+        every: u64,
+    },
+    /// Reed–Solomon parity over topology-aware groups (003 §5).
+    Rs {
+        /// Parity shards per stripe `M`: losses tolerated per group.
+        parity: usize,
+        /// Encode every N-th generation.
+        every: u64,
+    },
     /// Pieces and commit records in `dir`, every `every`-th generation.
     Disk {
         /// The checkpoint directory.
@@ -30,26 +70,44 @@ pub enum LevelSpec {
         /// Write every N-th generation.
         every: u64,
     },
+    /// Fault injection for tests, not a level: every parity shard that rank
+    /// `rank`'s `xor`/`rs:M` level stores is damaged (one byte flipped after
+    /// its CRC32C was computed), as silent memory corruption would. Only
+    /// available through the library API, never parsed from `--storage`.
+    CorruptParityAt {
+        /// The rank whose parity shards are damaged.
+        rank: Rank,
+    },
 }
+
+/// `rest` split at `@N` (N positive; 1 when absent).
+fn split_every<'a>(spec: &str, rest: &'a str) -> Result<(&'a str, u64)> {
+    match rest.rsplit_once('@') {
+        Some((head, n)) => Ok((
+            head,
+            n.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                Error::config(
+                    "--storage",
+                    format!("`{spec}`: @N must be a positive number"),
+                )
+            })?,
+        )),
+        None => Ok((rest, 1)),
+    }
+}
+
+const KNOWN: &str = "known: partner, xor[@N], rs:M[@N], disk:DIR[@N]";
 
 impl FromStr for LevelSpec {
     type Err = Error;
 
-    /// `partner`, `disk:DIR` or `disk:DIR@N`.
+    /// `partner`, `xor`, `xor@N`, `rs:M`, `rs:M@N`, `disk:DIR` or `disk:DIR@N`.
     fn from_str(s: &str) -> Result<Self> {
         if s == "partner" {
             return Ok(LevelSpec::Partner);
         }
         if let Some(rest) = s.strip_prefix("disk:") {
-            let (dir, every) = match rest.rsplit_once('@') {
-                Some((d, n)) => (
-                    d,
-                    n.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                        Error::config("--storage", format!("`{s}`: @N must be a positive number"))
-                    })?,
-                ),
-                None => (rest, 1),
-            };
+            let (dir, every) = split_every(s, rest)?;
             if dir.is_empty() {
                 return Err(Error::config(
                     "--storage",
@@ -61,16 +119,25 @@ impl FromStr for LevelSpec {
                 every,
             });
         }
-        let planned = s.starts_with("xor") || s.starts_with("rs:");
+        if let Some(rest) = s.strip_prefix("xor")
+            && (rest.is_empty() || rest.starts_with('@'))
+        {
+            let (_, every) = split_every(s, rest)?;
+            return Ok(LevelSpec::Xor { every });
+        }
+        if let Some(rest) = s.strip_prefix("rs:") {
+            let (m, every) = split_every(s, rest)?;
+            let parity = m.parse::<usize>().ok().filter(|&m| m > 0).ok_or_else(|| {
+                Error::config(
+                    "--storage",
+                    format!("`{s}`: rs:M needs a positive number of parity shards M"),
+                )
+            })?;
+            return Ok(LevelSpec::Rs { parity, every });
+        }
         Err(Error::config(
             "--storage",
-            if planned {
-                format!(
-                    "`{s}`: the XOR and Reed–Solomon levels are not selectable yet (known: partner, disk:DIR[@N])"
-                )
-            } else {
-                format!("unknown storage level `{s}` (known: partner, disk:DIR[@N])")
-            },
+            format!("unknown storage level `{s}` ({KNOWN})"),
         ))
     }
 }
@@ -79,9 +146,56 @@ impl fmt::Display for LevelSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LevelSpec::Partner => f.write_str("partner"),
+            LevelSpec::Xor { every } => write!(f, "xor@{every}"),
+            LevelSpec::Rs { parity, every } => write!(f, "rs:{parity}@{every}"),
             LevelSpec::Disk { dir, every } => write!(f, "disk:{}@{every}", dir.display()),
+            LevelSpec::CorruptParityAt { rank } => write!(f, "corrupt-parity-at:{rank}"),
         }
     }
+}
+
+impl LevelSpec {
+    /// The erasure code and interval of an `xor` or `rs:M` level.
+    fn erasure(&self) -> Option<(Code, u64)> {
+        match *self {
+            LevelSpec::Xor { every } => Some((Code::Xor, every)),
+            LevelSpec::Rs { parity, every } => Some((Code::ReedSolomon { parity }, every)),
+            _ => None,
+        }
+    }
+}
+
+/// Whether the partner level is on for this schedule (see the module
+/// documentation).
+pub fn partner_on(specs: &[LevelSpec]) -> bool {
+    specs.contains(&LevelSpec::Partner) || !specs.iter().any(|s| s.erasure().is_some())
+}
+
+/// Check a schedule against the placement before any rank starts: at most one
+/// erasure level, groups that the code can protect, fault-injection ranks in
+/// range.
+pub fn validate(specs: &[LevelSpec], placement: &Placement) -> Result<()> {
+    let erasure: Vec<(Code, u64)> = specs.iter().filter_map(LevelSpec::erasure).collect();
+    if erasure.len() > 1 {
+        return Err(Error::config(
+            "--storage",
+            "choose at most one of xor and rs:M",
+        ));
+    }
+    if let Some(&(code, _)) = erasure.first() {
+        Groups::new(placement, code)?;
+    }
+    for s in specs {
+        if let LevelSpec::CorruptParityAt { rank } = *s
+            && rank >= placement.ranks()
+        {
+            return Err(Error::RankOutOfRange {
+                rank,
+                size: placement.ranks(),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -114,19 +228,30 @@ impl DiskLevel {
     }
 }
 
-/// The partner level, plus a disk level when configured.
+/// The levels of one rank's schedule: a local store (with the partner copy
+/// when that level is on), an optional `xor`/`rs:M` level and an optional
+/// disk level.
 #[derive(Debug)]
 pub struct MultiLevel {
     rank: Rank,
     ranks: usize,
+    /// This rank's own pieces, and the partner copies when `partner_on`.
     partner: PartnerStore,
+    partner_on: bool,
+    erasure: Option<ErasureLevel>,
+    /// A schedule the placement cannot support (reported at the first put;
+    /// `Config::validate` reports it before the job starts).
+    invalid: Option<Error>,
     disk: Option<DiskLevel>,
+    /// Per generation: in-memory levels that have yet to report it stored.
+    unstored: BTreeMap<u64, usize>,
 }
 
 impl MultiLevel {
-    /// The store of `rank` for the levels `specs` (partner is always on);
-    /// `restart` is a checkpoint directory read at a whole-job restart (and
-    /// written to as well when it is also a `disk` level).
+    /// The store of `rank` for the levels `specs` (see the module
+    /// documentation for which are on); `restart` is a checkpoint directory
+    /// read at a whole-job restart (and written to as well when it is also a
+    /// `disk` level).
     pub fn new(
         rank: Rank,
         placement: &Placement,
@@ -141,7 +266,7 @@ impl MultiLevel {
                     every: Some(*every),
                     restart_from: restart.filter(|(r, _)| *r == dir.as_path()).map(|(_, g)| g),
                 }),
-                LevelSpec::Partner => None,
+                _ => None,
             })
             .or_else(|| {
                 restart.map(|(dir, g)| DiskLevel {
@@ -150,11 +275,28 @@ impl MultiLevel {
                     restart_from: Some(g),
                 })
             });
+        let partner_on = partner_on(specs);
+        let damage = specs.contains(&LevelSpec::CorruptParityAt { rank });
+        let (erasure, invalid) = match specs.iter().find_map(LevelSpec::erasure) {
+            Some((code, every)) => match ErasureLevel::new(rank, placement, code, every, damage) {
+                Ok(level) => (Some(level), None),
+                Err(e) => (None, Some(e)),
+            },
+            None => (None, None),
+        };
         MultiLevel {
             rank,
             ranks: placement.ranks(),
-            partner: PartnerStore::new(rank, placement),
+            partner: if partner_on {
+                PartnerStore::new(rank, placement)
+            } else {
+                PartnerStore::local(rank)
+            },
+            partner_on,
+            erasure,
+            invalid,
             disk,
+            unstored: BTreeMap::new(),
         }
     }
 
@@ -162,36 +304,133 @@ impl MultiLevel {
     pub fn disk_dir(&self) -> Option<&Path> {
         self.disk.as_ref().map(|d| d.dir.as_path())
     }
+
+    /// The `xor`/`rs:M` level, if configured.
+    pub fn erasure(&self) -> Option<&ErasureLevel> {
+        self.erasure.as_ref()
+    }
+
+    /// The erasure level if it encodes `generation`.
+    fn erasure_for(&mut self, generation: u64) -> Option<&mut ErasureLevel> {
+        self.erasure.as_mut().filter(|e| e.applies(generation))
+    }
+
+    /// This rank's own piece of `generation` from any level (memory first).
+    fn own_piece(&self, generation: u64) -> Option<Piece> {
+        self.partner
+            .get(generation, self.rank)
+            .or_else(|| self.erasure.as_ref()?.own_piece(generation))
+            .cloned()
+            .or_else(|| disk::read_piece(&self.disk.as_ref()?.dir, generation, self.rank).ok())
+    }
+
+    /// Give the erasure level this rank's own piece of `generation` if it
+    /// lacks it (restored from another level), before it serves a rebuild or
+    /// re-encodes.
+    fn share_own(&mut self, generation: u64) {
+        if self
+            .erasure
+            .as_ref()
+            .is_some_and(|e| e.applies(generation) && e.own_piece(generation).is_none())
+            && let Some(piece) = self.own_piece(generation)
+            && let Some(e) = self.erasure.as_mut()
+        {
+            e.adopt(piece);
+        }
+    }
+
+    /// Expect `Stored` of `generation` from each in-memory level it applies to.
+    fn expect_stored(&mut self, generation: u64) {
+        let levels = 1 + usize::from(self.erasure_for(generation).is_some());
+        self.unstored.insert(generation, levels);
+    }
+
+    /// Pass a level's output on, reporting `Stored` once every level did.
+    fn join(&mut self, sub: StoreOut, out: &mut StoreOut) {
+        out.sends.extend(sub.sends);
+        for ev in sub.events {
+            match ev {
+                StoreEvent::Stored { generation } => {
+                    if let Some(left) = self.unstored.get_mut(&generation) {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            self.unstored.remove(&generation);
+                            out.events.push(ev);
+                        }
+                    }
+                }
+                StoreEvent::Restored { .. } => out.events.push(ev),
+            }
+        }
+    }
 }
 
 impl CheckpointStore for MultiLevel {
     fn name(&self) -> &'static str {
-        if self.disk.is_some() {
-            "partner+disk"
-        } else {
-            "partner"
+        let code = self.erasure.as_ref().map(ErasureLevel::code);
+        match (self.partner_on, code, self.disk.is_some()) {
+            (true, None, false) => "partner",
+            (true, None, true) => "partner+disk",
+            (true, Some(Code::Xor), false) => "partner+xor",
+            (true, Some(Code::Xor), true) => "partner+xor+disk",
+            (true, Some(_), false) => "partner+rs",
+            (true, Some(_), true) => "partner+rs+disk",
+            (false, Some(Code::Xor), false) => "xor",
+            (false, Some(Code::Xor), true) => "xor+disk",
+            (false, _, false) => "rs",
+            (false, _, true) => "rs+disk",
         }
     }
 
     fn put(&mut self, piece: Piece, out: &mut StoreOut) -> Result<()> {
+        if let Some(e) = &self.invalid {
+            return Err(e.clone());
+        }
+        let generation = piece.generation;
         if let Some(d) = &self.disk
-            && d.applies(piece.generation)
+            && d.applies(generation)
         {
             // Durable before the piece counts as stored: the commit record
             // is written only after every rank reported stored.
             disk::write_piece(&d.dir, &piece)?;
         }
-        self.partner.put(piece, out)
+        self.expect_stored(generation);
+        let mut sub = StoreOut::default();
+        if let Some(e) = self.erasure_for(generation) {
+            e.put(piece.clone(), &mut sub)?;
+        }
+        self.partner.put(piece, &mut sub)?;
+        self.join(sub, out);
+        Ok(())
     }
 
     fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()> {
-        self.partner.on_msg(src, msg, out)
+        let mut sub = StoreOut::default();
+        match msg {
+            StoreMsg::Erasure(m) => {
+                let m = *m;
+                if let super::erasure::ErasureMsg::RebuildRequest { generation } = m {
+                    self.share_own(generation);
+                }
+                let Some(e) = self.erasure.as_mut() else {
+                    return Err(Error::config(
+                        "--storage",
+                        format!(
+                            "rank {src} sent an xor/rs message, but no such level is configured here"
+                        ),
+                    ));
+                };
+                e.on_msg(src, m, &mut sub)?;
+            }
+            other => self.partner.on_msg(src, other, &mut sub)?,
+        }
+        self.join(sub, out);
+        Ok(())
     }
 
     fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) {
         if self.partner.get(generation, self.rank).is_none()
-            && let Some(d) = &self.disk
-            && let Ok(piece) = disk::read_piece(&d.dir, generation, self.rank)
+            && let Some(piece) = self.own_piece(generation)
         {
             self.partner.adopt(piece);
             out.events.push(StoreEvent::Restored { generation });
@@ -201,11 +440,29 @@ impl CheckpointStore for MultiLevel {
     }
 
     fn replicate(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
-        self.partner.replicate(generation, out)
+        // A rebuilt piece lives in the erasure level only so far.
+        if self.partner.get(generation, self.rank).is_none()
+            && let Some(piece) = self.own_piece(generation)
+        {
+            self.partner.adopt(piece);
+        }
+        self.share_own(generation);
+        self.expect_stored(generation);
+        let mut sub = StoreOut::default();
+        if let Some(e) = self.erasure_for(generation) {
+            e.replicate(generation, &mut sub)?;
+        }
+        self.partner.replicate(generation, &mut sub)?;
+        self.join(sub, out);
+        Ok(())
     }
 
     fn commit(&mut self, generation: u64) -> Result<()> {
         self.partner.commit(generation)?;
+        if let Some(e) = self.erasure.as_mut() {
+            e.commit(generation);
+        }
+        self.unstored.retain(|&g, _| g >= generation);
         // The record is always (re)written: a restarted run that reuses its
         // directory replaces any record of the same number.
         if self.rank == 0
@@ -228,30 +485,88 @@ impl CheckpointStore for MultiLevel {
 
     fn held(&self) -> Vec<(u64, Rank)> {
         let mut held = self.partner.held();
-        if let Some(d) = &self.disk {
-            for g in d.own_pieces(self.rank) {
-                if !held.contains(&(g, self.rank)) {
-                    held.push((g, self.rank));
-                }
+        let erasure = self
+            .erasure
+            .iter()
+            .flat_map(|e| e.own_generations())
+            .collect::<Vec<_>>();
+        let disk = self
+            .disk
+            .iter()
+            .flat_map(|d| d.own_pieces(self.rank))
+            .collect::<Vec<_>>();
+        for g in erasure.into_iter().chain(disk) {
+            if !held.contains(&(g, self.rank)) {
+                held.push((g, self.rank));
             }
         }
         held
     }
 
     fn get(&self, generation: u64, owner: Rank) -> Option<&Piece> {
-        self.partner.get(generation, owner)
+        self.partner.get(generation, owner).or_else(|| {
+            (owner == self.rank)
+                .then(|| self.erasure.as_ref()?.own_piece(generation))
+                .flatten()
+        })
     }
 
     fn retain_only(&mut self, keep: Option<u64>) {
         self.partner.retain_only(keep);
+        if let Some(e) = self.erasure.as_mut() {
+            e.retain_only(keep);
+        }
+        self.unstored.clear();
     }
 
     fn abort_transfers(&mut self) {
         self.partner.abort_transfers();
+        if let Some(e) = self.erasure.as_mut() {
+            e.abort_transfers();
+        }
+        self.unstored.clear();
     }
 
     fn bytes_held(&self) -> usize {
-        self.partner.bytes_held()
+        self.partner.bytes_held() + self.erasure.as_ref().map_or(0, ErasureLevel::bytes_held)
+    }
+
+    fn parity_held(&self) -> Vec<(u64, usize)> {
+        self.erasure
+            .as_ref()
+            .map_or_else(Vec::new, ErasureLevel::parity_held)
+    }
+
+    fn can_rebuild(&self, generation: u64, owner: Rank, inv: &Inventory) -> bool {
+        self.erasure
+            .as_ref()
+            .is_some_and(|e| e.can_rebuild(generation, owner, inv))
+    }
+
+    fn redundancy_lost(&self, generation: u64, owner: Rank, inv: &Inventory) -> bool {
+        (self.partner_on && self.partner.redundancy_lost(generation, owner, inv))
+            || self
+                .erasure
+                .as_ref()
+                .is_some_and(|e| e.redundancy_lost(generation, owner, inv))
+    }
+
+    fn rebuild(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
+        match self.erasure.as_mut() {
+            Some(e) => e.rebuild(generation, out),
+            None => Err(Error::config(
+                "--storage",
+                format!("no xor/rs level to rebuild generation {generation} from"),
+            )),
+        }
+    }
+
+    fn scrub(&mut self) -> Vec<Error> {
+        let mut errors = self.partner.scrub();
+        if let Some(e) = self.erasure.as_mut() {
+            errors.extend(e.scrub());
+        }
+        errors
     }
 }
 
@@ -279,9 +594,78 @@ mod tests {
                 every: 1
             }
         );
-        for bad in ["disk:", "disk:x@0", "tape", "xor", "rs:2"] {
+        for (spec, level) in [
+            ("xor", LevelSpec::Xor { every: 1 }),
+            ("xor@3", LevelSpec::Xor { every: 3 }),
+            (
+                "rs:2",
+                LevelSpec::Rs {
+                    parity: 2,
+                    every: 1,
+                },
+            ),
+            (
+                "rs:3@4",
+                LevelSpec::Rs {
+                    parity: 3,
+                    every: 4,
+                },
+            ),
+        ] {
+            assert_eq!(spec.parse::<LevelSpec>().expect(spec), level);
+            // Display spells it back in a form that parses to the same level.
+            assert_eq!(level.to_string().parse::<LevelSpec>().expect(spec), level);
+        }
+        for bad in [
+            "disk:",
+            "disk:x@0",
+            "tape",
+            "xor@0",
+            "xor:2",
+            "xorx",
+            "rs:",
+            "rs:0",
+            "rs:x",
+            "rs:2@",
+            "corrupt-parity-at:1",
+        ] {
             let e = bad.parse::<LevelSpec>().expect_err(bad);
             assert!(e.to_string().contains("--storage"), "{e}");
         }
+    }
+
+    #[test]
+    fn partner_is_on_unless_replaced() {
+        let disk = LevelSpec::Disk {
+            dir: PathBuf::from("d"),
+            every: 2,
+        };
+        let xor = LevelSpec::Xor { every: 1 };
+        assert!(partner_on(&[]));
+        assert!(partner_on(std::slice::from_ref(&disk)));
+        assert!(!partner_on(&[xor.clone(), disk.clone()]));
+        assert!(partner_on(&[LevelSpec::Partner, xor.clone()]));
+        let pl = Placement::block(4, 2).expect("valid");
+        assert_eq!(
+            MultiLevel::new(0, &pl, &[xor.clone(), disk], None).name(),
+            "xor+disk"
+        );
+        let rs = LevelSpec::Rs {
+            parity: 2,
+            every: 1,
+        };
+        let e = validate(&[xor.clone(), rs.clone()], &pl).expect_err("two codes");
+        assert!(e.to_string().contains("at most one"), "{e}");
+        validate(&[rs], &pl).expect("rs:2 over 4 ranks on 2 nodes");
+        let e = validate(
+            &[LevelSpec::Rs {
+                parity: 4,
+                every: 1,
+            }],
+            &pl,
+        )
+        .expect_err("too few ranks");
+        assert!(e.to_string().contains("at least 5 ranks"), "{e}");
+        assert!(validate(&[xor, LevelSpec::CorruptParityAt { rank: 4 }], &pl).is_err());
     }
 }

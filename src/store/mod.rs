@@ -6,18 +6,30 @@
 //! detected. A generation is usable only once its commit record is written
 //! (after every piece of it is stored).
 //!
-//! Levels: [`partner`] (a copy on a rank in another failure domain, always
-//! on) and [`disk`] (atomic piece files and commit records in a directory,
-//! every N-th generation; restart selection with fallback; `inspect`),
-//! combined by [`levels::MultiLevel`] (`--storage partner --storage
-//! disk:DIR@N`, `--restart DIR`). [`codec`] (XOR and Reed–Solomon parity with
-//! a CRC32C per shard) is the building block of the `xor` and `rs:M` levels,
-//! which are not selectable yet.
+//! Levels ([`levels`] has the schedule rules and the `--storage` syntax):
+//! [`partner`] (a copy on a rank in another failure domain; the default),
+//! [`erasure`] (`xor` and `rs:M`: parity over topology-aware groups, 003 §5,
+//! built on [`codec`]), and [`disk`] (atomic piece files and commit records
+//! in a directory; restart selection with fallback; `inspect`), combined by
+//! [`levels::MultiLevel`] into a multi-level schedule (`--storage xor
+//! --storage disk:DIR@5`, `--restart DIR`).
+//!
+//! At a recovery the store answers the protocol's leader: which pieces each
+//! rank holds ([`CheckpointStore::held`]) and which parity shards
+//! ([`CheckpointStore::parity_held`]), whether a piece held nowhere can be
+//! rebuilt ([`CheckpointStore::can_rebuild`]), whether redundancy was lost
+//! and must be re-created ([`CheckpointStore::redundancy_lost`]). Before the
+//! inventory, [`CheckpointStore::scrub`] drops every piece and shard that
+//! fails its checksum and reports it, so damaged data counts as lost and a
+//! corrupted level falls back to another level or an older generation.
 
 pub mod codec;
 pub mod disk;
+pub mod erasure;
 pub mod levels;
 pub mod partner;
+
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -84,6 +96,64 @@ pub enum StoreMsg {
     },
     /// The piece asked for.
     Piece(Piece),
+    /// A message of the `xor` / `rs:M` level (boxed: it is much larger than
+    /// the others, and every frame would pay for it).
+    Erasure(Box<erasure::ErasureMsg>),
+}
+
+/// What the ranks hold, as the recovery leader learns it from their
+/// inventories.
+#[derive(Debug, Default, Clone)]
+pub struct Inventory {
+    /// `(generation, owner)` -> ranks holding that piece.
+    pub pieces: HashMap<(u64, Rank), Vec<Rank>>,
+    /// `(generation, holder, stripe)` of every intact parity shard.
+    pub parity: HashSet<(u64, Rank, usize)>,
+}
+
+impl Inventory {
+    /// Add what `holder` reported.
+    pub fn add(&mut self, holder: Rank, pieces: &[(u64, Rank)], parity: &[(u64, usize)]) {
+        for &piece in pieces {
+            self.pieces.entry(piece).or_default().push(holder);
+        }
+        for &(generation, stripe) in parity {
+            self.parity.insert((generation, holder, stripe));
+        }
+    }
+
+    /// Whether `holder` holds `owner`'s piece of `generation`.
+    pub fn holds(&self, generation: u64, owner: Rank, holder: Rank) -> bool {
+        self.pieces
+            .get(&(generation, owner))
+            .is_some_and(|h| h.contains(&holder))
+    }
+
+    /// The ranks holding `owner`'s piece of `generation`.
+    pub fn holders(&self, generation: u64, owner: Rank) -> &[Rank] {
+        self.pieces
+            .get(&(generation, owner))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether `holder` holds an intact parity shard of `stripe` of
+    /// `generation` (stripes are numbered within the holder's group).
+    pub fn has_parity(&self, generation: u64, holder: Rank, stripe: usize) -> bool {
+        self.parity.contains(&(generation, holder, stripe))
+    }
+
+    /// Every generation something is held of.
+    pub fn generations(&self) -> Vec<u64> {
+        let mut g: Vec<u64> = self
+            .pieces
+            .keys()
+            .map(|&(g, _)| g)
+            .chain(self.parity.iter().map(|&(g, _, _)| g))
+            .collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
 }
 
 /// What the store tells the protocol.
@@ -139,4 +209,35 @@ pub trait CheckpointStore: Send {
     fn abort_transfers(&mut self);
     /// Bytes of checkpoint data held here (own and others' pieces).
     fn bytes_held(&self) -> usize;
+    /// `(generation, stripe)` of the intact parity shards held here (for the
+    /// recovery inventory; levels without parity hold none).
+    fn parity_held(&self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
+    /// Recovery leader: whether `owner`'s piece of `generation`, held by no
+    /// rank, can be rebuilt from what `inv` reports.
+    fn can_rebuild(&self, _generation: u64, _owner: Rank, _inv: &Inventory) -> bool {
+        false
+    }
+    /// Recovery leader: whether some redundancy of `owner`'s piece of
+    /// `generation` (a partner copy, a parity shard of its group) is lost,
+    /// so that `owner` must re-create it before resuming.
+    fn redundancy_lost(&self, generation: u64, owner: Rank, inv: &Inventory) -> bool;
+    /// Rebuild this rank's own piece of `generation` from other ranks'
+    /// redundancy (the leader found it held nowhere); emits `Restored`.
+    fn rebuild(&mut self, generation: u64, _out: &mut StoreOut) -> Result<()> {
+        Err(Error::config(
+            "--storage",
+            format!(
+                "storage level `{}` cannot rebuild a lost piece (generation {generation})",
+                self.name()
+            ),
+        ))
+    }
+    /// Check everything held against its checksum, drop what fails and
+    /// return one error per damaged piece or shard (at the start of a
+    /// recovery, so that damaged data counts as lost in the inventory).
+    fn scrub(&mut self) -> Vec<Error> {
+        Vec::new()
+    }
 }

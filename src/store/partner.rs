@@ -3,10 +3,14 @@
 //! of one rank, or of one whole node, loses no piece. Pieces travel as shared
 //! buffers; a killed rank loses the copies it held for others (they live in
 //! this struct, which dies with the rank).
+//!
+//! Without a partner ([`PartnerStore::local`]) it is the local store of the
+//! other levels: it keeps this rank's own pieces and reports them stored at
+//! once.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{CheckpointStore, Piece, StoreEvent, StoreMsg, StoreOut};
+use super::{CheckpointStore, Inventory, Piece, StoreEvent, StoreMsg, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
@@ -15,6 +19,8 @@ use crate::{Error, Rank, Result};
 pub struct PartnerStore {
     rank: Rank,
     partner: Option<Rank>,
+    /// The placement partners follow (`None`: local store only).
+    placement: Option<Placement>,
     pieces: BTreeMap<(u64, Rank), Piece>,
     committed: Option<u64>,
     /// Generations whose partner copy is not yet acknowledged.
@@ -33,8 +39,18 @@ impl PartnerStore {
     /// A store for `rank` in `placement`.
     pub fn new(rank: Rank, placement: &Placement) -> Self {
         PartnerStore {
-            rank,
             partner: placement.partner(rank),
+            placement: Some(placement.clone()),
+            ..Self::local(rank)
+        }
+    }
+
+    /// A store for `rank` that keeps its own pieces only (no partner copy).
+    pub fn local(rank: Rank) -> Self {
+        PartnerStore {
+            rank,
+            partner: None,
+            placement: None,
             pieces: BTreeMap::new(),
             committed: None,
             awaiting_ack: BTreeSet::new(),
@@ -102,6 +118,8 @@ impl CheckpointStore for PartnerStore {
                     out.events.push(StoreEvent::Restored { generation });
                 }
             }
+            // Not this level's: a store with an erasure level routes these.
+            StoreMsg::Erasure(_) => {}
         }
         Ok(())
     }
@@ -161,6 +179,25 @@ impl CheckpointStore for PartnerStore {
 
     fn bytes_held(&self) -> usize {
         self.pieces.values().map(|p| p.data.len()).sum()
+    }
+
+    fn redundancy_lost(&self, generation: u64, owner: Rank, inv: &Inventory) -> bool {
+        self.placement
+            .as_ref()
+            .and_then(|pl| pl.partner(owner))
+            .is_some_and(|p| !inv.holds(generation, owner, p))
+    }
+
+    fn scrub(&mut self) -> Vec<Error> {
+        let mut errors = Vec::new();
+        self.pieces.retain(|_, p| match p.verify() {
+            Ok(()) => true,
+            Err(e) => {
+                errors.push(e);
+                false
+            }
+        });
+        errors
     }
 }
 
