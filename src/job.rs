@@ -10,8 +10,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::api::Ctx;
 use crate::config::{Backend, Config};
@@ -25,7 +25,7 @@ use crate::{Error, Result};
 pub type RankFn<T> = dyn Fn(&mut Ctx) -> Result<T> + Send + Sync;
 
 /// Job-wide statistics (the JSON summary's measured fields).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobStats {
     /// Wall time of the whole job.
     pub wall_s: f64,
@@ -62,12 +62,12 @@ pub struct JobStats {
     /// Kill specifications whose moment never came.
     pub unfired_kills: Vec<String>,
     /// Failures as the processes backend's launcher detected them.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub failure_detections: Vec<FailureDetection>,
 }
 
 /// One failure event seen by the launcher of the processes backend.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FailureDetection {
     /// The world epoch the failure opened.
     pub epoch: u64,
@@ -138,11 +138,14 @@ where
     let cfg = &match role {
         processes::Role::Job => cfg.clone(),
         processes::Role::Rank(env) => return run_launched_rank(&env, cfg, f),
-        processes::Role::Earlier if cfg.backend == Backend::Processes => Config {
+        processes::Role::Earlier(Some(earlier)) if cfg.backend == Backend::Processes => {
+            return earlier_report(earlier);
+        }
+        processes::Role::Earlier(_) if cfg.backend == Backend::Processes => Config {
             backend: Backend::Threads,
             ..cfg.clone()
         },
-        processes::Role::Earlier => cfg.clone(),
+        processes::Role::Earlier(_) => cfg.clone(),
     };
     let prepared = cfg.validate().and_then(|p| {
         let mut cfg = cfg.clone();
@@ -175,7 +178,11 @@ where
             }
         }
         Backend::Processes => {
-            let (outcome, stats) = launcher::launch(&launch_spec(cfg));
+            let (spec, key) = launch_spec(cfg);
+            let (outcome, stats) = launcher::launch(&spec);
+            if let Some(key) = key {
+                remember_call(key, &outcome, &stats);
+            }
             let outcome = outcome.and_then(|all| {
                 all.iter()
                     .map(|b| postcard::from_bytes::<T>(b).map_err(Error::from))
@@ -191,38 +198,63 @@ where
     }
 }
 
-/// Calls of `run` with the processes backend so far, per worker command
-/// (a test binary runs several; its rank processes must find the same one).
-static PROCESS_CALLS: std::sync::Mutex<Vec<(Vec<String>, usize)>> =
+/// Calls of `run` with the processes backend so far, per worker command (a
+/// test binary runs several; its rank processes must find the same one),
+/// with what each returned: a rank process replays them instead of running
+/// them again on its way to its own call.
+static PROCESS_CALLS: std::sync::Mutex<Vec<(Vec<String>, Vec<processes::EarlierCall>)>> =
     std::sync::Mutex::new(Vec::new());
+
+fn remember_call(key: Vec<String>, outcome: &Result<Vec<Vec<u8>>>, stats: &JobStats) {
+    let mut calls = PROCESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = (outcome.clone(), stats.clone());
+    match calls.iter_mut().find(|(a, _)| *a == key) {
+        Some((_, v)) => v.push(entry),
+        None => calls.push((key, vec![entry])),
+    }
+}
+
+/// A run call replayed from the launcher's record.
+fn earlier_report<T: DeserializeOwned>(earlier: processes::EarlierCall) -> JobReport<T> {
+    let (outcome, stats) = earlier;
+    let outcome = outcome.and_then(|all| {
+        all.iter()
+            .map(|b| postcard::from_bytes::<T>(b).map_err(Error::from))
+            .collect()
+    });
+    JobReport {
+        outcome,
+        stats,
+        sim: None,
+        rank: None,
+    }
+}
 
 /// How the processes backend starts this program's rank processes for
 /// `cfg`: the same program with the same arguments, whose first `run` call
 /// is the rank (with the protocol of this call, so that `lazarus bench`
 /// can alternate protocols); or the program with `cfg.worker_args`, whose
 /// k-th `run` call with those arguments is the rank (a test harness).
-fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
+///
+/// Also returns the key under which a test harness's call is remembered.
+fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
     let program = std::env::current_exe().unwrap_or_else(|_| "lazarus".into());
     let args: Vec<String> = match &cfg.worker_args {
         Some(a) => a.clone(),
         None => std::env::args().skip(1).collect(),
     };
-    let call = if cfg.worker_args.is_none() {
-        0
+    let earlier: Vec<processes::EarlierCall> = if cfg.worker_args.is_none() {
+        Vec::new()
     } else {
-        let mut calls = PROCESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
-        match calls.iter_mut().find(|(a, _)| *a == args) {
-            Some((_, n)) => {
-                *n += 1;
-                *n - 1
-            }
-            None => {
-                calls.push((args.clone(), 1));
-                0
-            }
-        }
+        let calls = PROCESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
+        calls
+            .iter()
+            .find(|(a, _)| *a == args)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
     };
-    launcher::LaunchSpec {
+    let key = cfg.worker_args.is_some().then(|| args.clone());
+    let spec = launcher::LaunchSpec {
         program,
         args: args.into_iter().map(Into::into).collect(),
         ranks: cfg.ranks,
@@ -233,10 +265,13 @@ fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
         max_frame: cfg.max_frame,
         restart_generation: cfg.restart_generation,
         self_launch: true,
-        call,
+        call: earlier.len(),
         protocol: cfg.protocol.name().into(),
         protocol_override: Some(cfg.protocol),
-    }
+        quiet_stdout: cfg.worker_args.is_some(),
+        earlier,
+    };
+    (spec, key)
 }
 
 /// This process is rank `env.rank` of a launched job: run that rank.

@@ -7,6 +7,8 @@
 //! (no partner copy) a lost piece can only come back by rebuilding it from its
 //! group, so a recovery that restarts no rank from scratch used the parity.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -22,7 +24,7 @@ fn cg_s() -> AppParams {
 }
 
 fn run(cfg: &Config) -> (Verification, JobStats) {
-    let r = run_app(AppKind::Cg, &cg_s(), cfg);
+    let r = run_app(AppKind::Cg, &cg_s(), &common::for_this_test(cfg.clone()));
     match r.outcome {
         Ok(v) => (v, r.stats),
         Err(e) => panic!("cg on {} with {:?} failed: {e}", cfg.backend, cfg.storage),
@@ -150,8 +152,14 @@ fn corrupt_parity_is_detected_and_recovery_falls_back() {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lazarus-storage-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
+    let d = std::env::temp_dir().join(format!(
+        "lazarus-storage-{name}-{}",
+        common::test_process_id()
+    ));
+    // A rank process re-runs the test's code: the directory is its job's.
+    if !lazarus::driver::processes::launched() {
+        let _ = std::fs::remove_dir_all(&d);
+    }
     d
 }
 

@@ -747,7 +747,7 @@ impl ErasureLevel {
             let mut rebuilt = self.coder.decode(&enc, &present, label)?;
             if c >= rebuilt.len() {
                 return Err(Error::Codec {
-                    what: "erasure-coded stripe",
+                    what: "erasure-coded stripe".into(),
                     detail: format!("stripe {s} has no data shard {c}"),
                 });
             }

@@ -34,6 +34,15 @@ pub fn for_this_test(mut cfg: Config) -> Config {
     cfg
 }
 
+/// The id of the test process that launched this one, or this process's:
+/// rank processes must name the same files as their launching test.
+pub fn test_process_id() -> u32 {
+    std::env::var("LAZARUS_LAUNCHER_PID")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(std::process::id)
+}
+
 /// A configuration of `ranks` ranks on `backend` for the running test.
 pub fn config(backend: Backend, ranks: usize) -> Config {
     for_this_test(Config {

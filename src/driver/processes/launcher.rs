@@ -60,6 +60,12 @@ pub struct LaunchSpec {
     pub call: usize,
     /// Protocol name for error messages until the ranks report theirs.
     pub protocol: String,
+    /// What the program's earlier `run` calls returned (see
+    /// `processes::Role::Earlier`).
+    pub earlier: Vec<super::EarlierCall>,
+    /// Discard the ranks' standard output (a test harness's ranks would
+    /// print its progress lines).
+    pub quiet_stdout: bool,
     /// Impose this protocol on the ranks (the launching `run` call's), or
     /// leave it to the program (`lazarus launch`).
     pub protocol_override: Option<crate::protocol::ProtocolKind>,
@@ -185,6 +191,11 @@ impl<'a> Launcher<'a> {
         secret
             .write_to(&secret_file)
             .map_err(|e| driver_err("cannot write the job secret", e))?;
+        if !spec.earlier.is_empty() {
+            let bytes = postcard::to_allocvec(&spec.earlier)?;
+            std::fs::write(dir.join("earlier"), bytes)
+                .map_err(|e| driver_err("cannot write the earlier results", e))?;
+        }
         let listener = Listener::bind(spec.listen, &dir, "launcher.sock")
             .map_err(|e| driver_err("cannot listen", e))?;
         let listener_addr = listener
@@ -276,6 +287,12 @@ impl<'a> Launcher<'a> {
         }
         if s.self_launch {
             cmd.env(var::SELF_LAUNCH, "1");
+        }
+        if !s.earlier.is_empty() {
+            cmd.env(var::EARLIER, self.dir.join("earlier"));
+        }
+        if s.quiet_stdout {
+            cmd.stdout(Stdio::null());
         }
         if let Some(p) = s.protocol_override {
             cmd.env(var::PROTOCOL, p.name());

@@ -64,6 +64,7 @@ pub(crate) mod var {
     pub const SELF_LAUNCH: &str = "LAZARUS_SELF_LAUNCH";
     pub const CALL: &str = "LAZARUS_CALL";
     pub const PROTOCOL: &str = "LAZARUS_PROTOCOL";
+    pub const EARLIER: &str = "LAZARUS_EARLIER";
 }
 
 /// What a rank process learns from its launcher.
@@ -93,6 +94,8 @@ pub(crate) struct LaunchEnv {
     pub call: usize,
     /// The protocol the launcher imposes, if any.
     pub protocol: Option<crate::protocol::ProtocolKind>,
+    /// File with the results of the program's earlier `run` calls.
+    pub earlier: Option<PathBuf>,
 }
 
 fn get(name: &str) -> Result<String> {
@@ -151,6 +154,7 @@ impl LaunchEnv {
             heartbeat: Duration::from_millis(num(var::HEARTBEAT_MS)?),
             self_launch: std::env::var_os(var::SELF_LAUNCH).is_some(),
             call: num(var::CALL).unwrap_or(0),
+            earlier: std::env::var_os(var::EARLIER).map(PathBuf::from),
             protocol: match std::env::var(var::PROTOCOL) {
                 Ok(p) => Some(p.parse()?),
                 Err(_) => None,
@@ -175,9 +179,23 @@ pub(crate) enum Role {
     /// Launched, and this call is the rank.
     Rank(Box<LaunchEnv>),
     /// Launched, but this is an earlier call of the same program (a test
-    /// running several jobs): run it in-process on threads, which gives the
-    /// same results, to reach the call that is the rank.
-    Earlier,
+    /// running several jobs): replay what it returned in the launching
+    /// process (or, for a call the launcher did not record, run it
+    /// in-process on threads, which gives the same results) to reach the
+    /// call that is the rank.
+    Earlier(Option<EarlierCall>),
+}
+
+/// What an earlier `run` call returned: each rank's encoded value (or the
+/// job's error) and the statistics.
+pub(crate) type EarlierCall = (Result<Vec<Vec<u8>>>, crate::JobStats);
+
+/// The launcher's record of the earlier calls, handed to rank processes in
+/// a file of the job's private directory.
+fn earlier_calls(path: &std::path::Path) -> Result<Vec<EarlierCall>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::Driver(format!("cannot read {}: {e}", path.display())))?;
+    Ok(postcard::from_bytes(&bytes)?)
 }
 
 /// Decide the role of a call of [`crate::run`].
@@ -188,7 +206,13 @@ pub(crate) fn role_of_this_call() -> Result<Role> {
     let env = env?;
     let k = CALLS.fetch_add(1, Ordering::SeqCst);
     match k.cmp(&env.call) {
-        std::cmp::Ordering::Less => Ok(Role::Earlier),
+        std::cmp::Ordering::Less => {
+            let replay = match &env.earlier {
+                Some(path) => earlier_calls(path)?.into_iter().nth(k),
+                None => None,
+            };
+            Ok(Role::Earlier(replay))
+        }
         std::cmp::Ordering::Equal => Ok(Role::Rank(Box::new(env))),
         std::cmp::Ordering::Greater => Err(Error::Driver(
             "a program started by `lazarus launch` runs one job: call lazarus::run once".into(),

@@ -1,0 +1,456 @@
+//! The processes backend from the outside: real rank processes killed with
+//! `kill -9` by the test, a stopped (hung) rank found by its missing
+//! heartbeats, a launcher killed with its job (no orphans), a whole-job
+//! restart from disk after everything was killed, and a stranger refused at
+//! a rank's socket.
+//!
+//! Every run must print the same `VERIFIED` value as the failure-free run,
+//! and no process of the job may be left once it ends.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lazarus");
+
+/// The processes of the job whose launcher is `launcher`: rank -> pid.
+fn rank_processes(launcher: u32) -> BTreeMap<usize, u32> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let vars: BTreeMap<&[u8], &[u8]> = env
+            .split(|&b| b == 0)
+            .filter_map(|kv| {
+                let i = kv.iter().position(|&b| b == b'=')?;
+                Some((&kv[..i], &kv[i + 1..]))
+            })
+            .collect();
+        let num = |k: &str| {
+            vars.get(k.as_bytes())
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|s| s.parse::<u32>().ok())
+        };
+        // A zombie keeps no environment; skip processes being torn down.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if state.contains(") Z ") {
+            continue;
+        }
+        if num("LAZARUS_LAUNCHER_PID") == Some(launcher)
+            && let Some(rank) = num("LAZARUS_RANK")
+        {
+            out.insert(rank as usize, pid);
+        }
+    }
+    out
+}
+
+/// Wait until the job's `n` rank processes exist (or `limit` passes).
+fn wait_for_ranks(launcher: u32, n: usize, limit: Duration) -> BTreeMap<usize, u32> {
+    let t0 = Instant::now();
+    loop {
+        let ps = rank_processes(launcher);
+        if ps.len() >= n || t0.elapsed() > limit {
+            return ps;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// No process of the job is left (allowing the kernel a moment).
+fn assert_no_orphans(launcher: u32, what: &str) {
+    let t0 = Instant::now();
+    loop {
+        let left = rank_processes(launcher);
+        if left.is_empty() {
+            return;
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            panic!("{what}: processes of the job left behind: {left:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sigkill(pid: u32) -> bool {
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn start(args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lazarus")
+}
+
+/// Wait for a run; returns (stdout, stderr, success).
+fn finish(mut child: Child) -> (String, String, bool) {
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let ok = child.wait().map(|s| s.success()).unwrap_or(false);
+    (out, err, ok)
+}
+
+fn verified(out: &str) -> Option<String> {
+    out.lines()
+        .last()
+        .and_then(|l| l.strip_prefix("VERIFIED "))
+        .map(str::to_string)
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "lazarus-test-{}-{name}-{}",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("summary written");
+    serde_json::from_str(&text).expect("summary is JSON")
+}
+
+/// A failure-free run: its value and wall time.
+fn reference(app: &[&str]) -> (String, Duration) {
+    let mut args = vec!["run"];
+    args.extend_from_slice(app);
+    args.extend_from_slice(&["--backend", "processes", "--ranks", "4"]);
+    let t0 = Instant::now();
+    let child = start(&args);
+    let pid = child.id();
+    let (out, err, ok) = finish(child);
+    assert!(ok, "reference run of {app:?} failed: {out}\n{err}");
+    assert_no_orphans(pid, "reference run");
+    (verified(&out).expect("verified"), t0.elapsed())
+}
+
+const APPS: [&[&str]; 4] = [
+    &["cg", "--class", "S"],
+    &["cg", "--class", "W"],
+    &["stencil"],
+    &["dht"],
+];
+
+/// `kill -9` of a random rank process at a random moment, as anyone could
+/// do it: the job recovers and prints the failure-free value. 20 seeds on
+/// CG W, 5 on each other app. Also measures the detection latency (from the
+/// kill to the survivors being told).
+#[test]
+fn external_kill_9_of_a_random_rank_is_survived() {
+    let mut latencies = Vec::new();
+    for app in APPS {
+        let (want, wall) = reference(app);
+        let seeds = if app == ["cg", "--class", "W"] { 20 } else { 5 };
+        for seed in 1..=seeds {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut frac: f64 = rng.random_range(0.1..0.7);
+            let victim = rng.random_range(0..4usize);
+            let what = format!("{app:?} seed {seed}: kill -9 of rank {victim}");
+            // Retry earlier if the job ended before the kill could land.
+            let landed = loop {
+                let dir = tmp("ext");
+                std::fs::create_dir_all(&dir).expect("tmp dir");
+                let sum = dir.join("run.json");
+                let mut args = vec!["run"];
+                args.extend_from_slice(app);
+                let sum_s = sum.to_string_lossy().to_string();
+                args.extend_from_slice(&[
+                    "--backend",
+                    "processes",
+                    "--ranks",
+                    "4",
+                    "--protocol",
+                    "coordinated",
+                    "--json",
+                    &sum_s,
+                ]);
+                let child = start(&args);
+                let launcher = child.id();
+                let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+                std::thread::sleep(wall.mul_f64(frac));
+                let pid = rank_processes(launcher).get(&victim).copied();
+                let killed_at = SystemTime::now();
+                let hit = pid.is_some_and(sigkill);
+                let (out, err, ok) = finish(child);
+                assert_no_orphans(launcher, &what);
+                assert!(ok, "{what}: run failed\n{out}\n{err}");
+                assert_eq!(
+                    verified(&out).as_deref(),
+                    Some(want.as_str()),
+                    "{what}: {out}"
+                );
+                let s = json(&sum);
+                let _ = std::fs::remove_dir_all(&dir);
+                if hit && s["failures"].as_u64() == Some(1) {
+                    let notified = s["failure_detections"][0]["notified_unix_s"]
+                        .as_f64()
+                        .expect("detection recorded");
+                    let k = killed_at
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0);
+                    break Some(notified - k);
+                }
+                assert!(ranks.len() == 4, "{what}: ranks never appeared");
+                frac /= 2.0;
+                if frac < 0.005 {
+                    break None;
+                }
+            };
+            let latency = landed.unwrap_or_else(|| panic!("{what}: the kill never landed"));
+            latencies.push(latency);
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let median = latencies[latencies.len() / 2];
+    eprintln!(
+        "detection latency of kill -9 (kill to survivors told): median {:.3} ms, max {:.3} ms over {} kills",
+        median * 1e3,
+        latencies.last().copied().unwrap_or(0.0) * 1e3,
+        latencies.len()
+    );
+}
+
+/// A stopped rank (SIGSTOP: alive but silent) is declared dead when its
+/// heartbeats stop, killed, and replaced.
+#[test]
+fn a_hung_rank_is_found_by_its_missing_heartbeats() {
+    let (want, wall) = reference(&["cg", "--class", "W"]);
+    let dir = tmp("hb");
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let sum = dir.join("run.json");
+    let sum_s = sum.to_string_lossy().to_string();
+    let child = start(&[
+        "run",
+        "cg",
+        "--class",
+        "W",
+        "--backend",
+        "processes",
+        "--ranks",
+        "4",
+        "--protocol",
+        "coordinated",
+        "--heartbeat-timeout",
+        "150",
+        "--json",
+        &sum_s,
+    ]);
+    let launcher = child.id();
+    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+    std::thread::sleep(wall.mul_f64(0.3));
+    let pid = ranks.get(&1).copied().expect("rank 1 up");
+    let stopped = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let (out, err, ok) = finish(child);
+    assert_no_orphans(launcher, "hung rank");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
+    if stopped {
+        let s = json(&sum);
+        let causes: Vec<String> = s["failure_detections"]
+            .as_array()
+            .map(|a| a.iter().map(|d| d["cause"].to_string()).collect())
+            .unwrap_or_default();
+        assert!(
+            causes.iter().any(|c| c.contains("no heartbeat")),
+            "expected a heartbeat detection, got {causes:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Killing the launcher takes every rank of its job with it.
+#[test]
+fn killing_the_launcher_leaves_no_rank_behind() {
+    let child = start(&[
+        "run",
+        "cg",
+        "--class",
+        "W",
+        "--backend",
+        "processes",
+        "--ranks",
+        "4",
+        "--protocol",
+        "coordinated",
+    ]);
+    let launcher = child.id();
+    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+    assert_eq!(ranks.len(), 4, "ranks up");
+    assert!(sigkill(launcher));
+    let _ = finish(child);
+    assert_no_orphans(launcher, "launcher killed");
+}
+
+/// Everything killed with SIGKILL (launcher and ranks), then `--restart DIR`
+/// resumes from the newest committed generation and prints the same value.
+#[test]
+fn whole_job_restart_after_everything_was_killed() {
+    for app in APPS {
+        let (want, wall) = reference(app);
+        let dir = tmp("restart");
+        let ckpt = dir.join("ckpt");
+        let ckpt_s = ckpt.to_string_lossy().to_string();
+        let storage = format!("disk:{ckpt_s}");
+        let mut args = vec!["run"];
+        args.extend_from_slice(app);
+        args.extend_from_slice(&[
+            "--backend",
+            "processes",
+            "--ranks",
+            "4",
+            "--protocol",
+            "coordinated",
+            "--checkpoint-every",
+            "1",
+            "--storage",
+            &storage,
+        ]);
+        // Kill everything once a generation is committed on disk.
+        let mut frac = 0.6;
+        loop {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("tmp dir");
+            let child = start(&args);
+            let launcher = child.id();
+            let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+            std::thread::sleep(wall.mul_f64(frac));
+            let alive = sigkill(launcher);
+            for pid in ranks.values() {
+                sigkill(*pid);
+            }
+            let _ = finish(child);
+            assert_no_orphans(launcher, "killed job");
+            let committed = std::fs::read_dir(&ckpt)
+                .map(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().contains("commit"))
+                })
+                .unwrap_or(false);
+            if alive && committed {
+                break;
+            }
+            assert!(
+                frac < 5.0,
+                "{app:?}: never caught the job with a committed generation"
+            );
+            frac = if alive { frac * 1.5 } else { frac / 2.0 };
+        }
+        let mut again = vec!["run"];
+        again.extend_from_slice(app);
+        again.extend_from_slice(&[
+            "--backend",
+            "processes",
+            "--ranks",
+            "4",
+            "--protocol",
+            "coordinated",
+            "--checkpoint-every",
+            "1",
+            "--restart",
+            &ckpt_s,
+        ]);
+        let child = start(&again);
+        let launcher = child.id();
+        let (out, err, ok) = finish(child);
+        assert_no_orphans(launcher, "restarted job");
+        assert!(ok, "{app:?}: restart failed\n{out}\n{err}");
+        assert!(out.contains("restarting from generation"), "{out}");
+        assert_eq!(verified(&out).as_deref(), Some(want.as_str()), "{app:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A connection that cannot prove the job secret is refused and logged;
+/// the job is not disturbed.
+#[test]
+fn an_unauthenticated_connection_is_refused() {
+    let (want, _) = reference(&["dht"]);
+    let child = start(&[
+        "run",
+        "dht",
+        "--backend",
+        "processes",
+        "--ranks",
+        "4",
+        "--iterations",
+        "40",
+    ]);
+    let launcher = child.id();
+    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+    let pid = *ranks.get(&2).expect("rank 2 up");
+    let env = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    let dir = env
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"LAZARUS_DIR="))
+        .map(|d| PathBuf::from(String::from_utf8_lossy(d).to_string()))
+        .expect("job directory");
+    // A stranger: well-formed frames, the right job id even, but no secret.
+    let job = env
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"LAZARUS_JOB="))
+        .map(|j| u64::from_str_radix(&String::from_utf8_lossy(j), 16).expect("hex"))
+        .expect("job id");
+    let mut s = std::os::unix::net::UnixStream::connect(dir.join("r2.0.sock")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    use lazarus::driver::processes::wire::{WireMsg, read_msg, write_msg};
+    let hello = WireMsg::Hello {
+        job,
+        rank: Some(1),
+        incarnation: 0,
+        nonce: [7; 16],
+    };
+    write_msg(&mut s, &hello, 1 << 20).expect("send hello");
+    let _their_hello = read_msg(&mut s, 1 << 20).expect("their hello");
+    write_msg(&mut s, &WireMsg::Proof { mac: [0; 32] }, 1 << 20).expect("send proof");
+    let _ = read_msg(&mut s, 1 << 20); // their proof
+    // The rank closes the connection instead of accepting frames.
+    let mut buf = [0u8; 16];
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the connection must be closed");
+    let _ = s.write_all(b"after");
+    let (out, err, ok) = finish(child);
+    assert_no_orphans(launcher, "stranger");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
+    assert!(
+        err.contains("refused a connection") && err.contains("failed authentication"),
+        "the refusal is logged: {err}"
+    );
+}
