@@ -356,11 +356,8 @@ fn whole_job_restart_after_everything_was_killed() {
             }
             let _ = finish(child);
             assert_no_orphans(launcher, "killed job");
-            let committed = std::fs::read_dir(&ckpt)
-                .map(|d| {
-                    d.flatten()
-                        .any(|e| e.file_name().to_string_lossy().contains("commit"))
-                })
+            let committed = lazarus::store::disk::committed_generations(&ckpt)
+                .map(|g| !g.is_empty())
                 .unwrap_or(false);
             if alive && committed {
                 break;

@@ -107,7 +107,8 @@ struct RankProc {
     ctl: Option<Stream>,
     addr: Option<String>,
     status: Status,
-    start_epoch: u64,
+    /// Newest failure epoch this incarnation has been told of.
+    told: u64,
     last_seen: Instant,
     started: Instant,
 }
@@ -138,6 +139,8 @@ struct Launcher<'a> {
     finals: Finals<Vec<u8>>,
     peers_sent: bool,
     detections: Vec<FailureDetection>,
+    /// `LAZARUS_DEBUG` set: narrate events on stderr.
+    debug: bool,
 }
 
 /// Start the job's rank processes and supervise them until every rank has
@@ -223,6 +226,7 @@ impl<'a> Launcher<'a> {
             finals: Finals::new(spec.ranks),
             peers_sent: false,
             detections: Vec::new(),
+            debug: std::env::var_os("LAZARUS_DEBUG").is_some(),
         })
     }
 
@@ -236,7 +240,7 @@ impl<'a> Launcher<'a> {
                 ctl: None,
                 addr: None,
                 status: Status::Starting,
-                start_epoch: 0,
+                told: 0,
                 last_seen: now,
                 started: now,
             });
@@ -322,8 +326,33 @@ impl<'a> Launcher<'a> {
         for r in 0..self.procs.len() {
             if self.procs[r].status == Status::Ready && !except.contains(&r) {
                 self.send_to(r, msg);
+                if let WireMsg::FailureNotice { epoch, .. } = msg {
+                    self.procs[r].told = *epoch;
+                }
             }
         }
+    }
+
+    /// Send `rank` the peer table and every failure it has not heard of
+    /// (it started before them, or became ready after them).
+    fn send_table(&mut self, rank: Rank) {
+        let table = self.peer_table();
+        self.send_to(rank, &WireMsg::Peers { addrs: table });
+        let told = self.procs[rank].told;
+        let backlog: Vec<WireMsg> = self
+            .events
+            .iter()
+            .filter(|e| e.epoch > told)
+            .map(|e| WireMsg::FailureNotice {
+                epoch: e.epoch,
+                dead: e.dead.clone(),
+                respawn: e.respawn,
+            })
+            .collect();
+        for m in backlog {
+            self.send_to(rank, &m);
+        }
+        self.procs[rank].told = self.epoch;
     }
 
     fn peer_table(&self) -> Vec<Option<(u64, String)>> {
@@ -353,6 +382,34 @@ impl<'a> Launcher<'a> {
     }
 
     fn on_event(&mut self, ev: Event) {
+        if self.debug {
+            match &ev {
+                Event::Connected {
+                    rank, incarnation, ..
+                } => {
+                    eprintln!("launcher: connected {rank}.{incarnation}")
+                }
+                Event::Msg {
+                    rank,
+                    incarnation,
+                    msg,
+                } if !matches!(
+                    msg,
+                    WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)
+                ) =>
+                {
+                    eprintln!("launcher: from {rank}.{incarnation}: {msg:?}")
+                }
+                Event::Lost {
+                    rank,
+                    incarnation,
+                    why,
+                } => {
+                    eprintln!("launcher: lost {rank}.{incarnation}: {why}")
+                }
+                _ => {}
+            }
+        }
         match ev {
             Event::Connected {
                 rank,
@@ -413,25 +470,11 @@ impl<'a> Launcher<'a> {
                 let p = &mut self.procs[rank];
                 p.addr = Some(addr.clone());
                 p.status = Status::Ready;
-                let (incarnation, start_epoch) = (p.incarnation, p.start_epoch);
+                let incarnation = p.incarnation;
                 if self.peers_sent {
                     // A replacement: it gets the table and the failures it
                     // started too early to hear of; the others its address.
-                    let table = self.peer_table();
-                    self.send_to(rank, &WireMsg::Peers { addrs: table });
-                    let backlog: Vec<WireMsg> = self
-                        .events
-                        .iter()
-                        .filter(|e| e.epoch > start_epoch)
-                        .map(|e| WireMsg::FailureNotice {
-                            epoch: e.epoch,
-                            dead: e.dead.clone(),
-                            respawn: e.respawn,
-                        })
-                        .collect();
-                    for m in backlog {
-                        self.send_to(rank, &m);
-                    }
+                    self.send_table(rank);
                     self.broadcast(
                         &WireMsg::PeerUp {
                             rank,
@@ -441,11 +484,15 @@ impl<'a> Launcher<'a> {
                         &[rank],
                     );
                 } else if self.procs.len() == self.spec.ranks
-                    && self.procs.iter().all(|p| p.status == Status::Ready)
+                    && self
+                        .procs
+                        .iter()
+                        .all(|p| matches!(p.status, Status::Ready | Status::Dead))
                 {
                     self.peers_sent = true;
-                    let table = self.peer_table();
-                    self.broadcast(&WireMsg::Peers { addrs: table }, &[]);
+                    for r in 0..self.procs.len() {
+                        self.send_table(r);
+                    }
                 }
             }
             WireMsg::Heartbeat => {}
@@ -516,6 +563,14 @@ impl<'a> Launcher<'a> {
 
     /// `victims` died (or are killed now): one failure event.
     fn failure(&mut self, victims: &[Rank], why: &str) {
+        if self.debug {
+            let st: Vec<_> = self
+                .procs
+                .iter()
+                .map(|p| (p.incarnation, p.status, p.ctl.is_some()))
+                .collect();
+            eprintln!("launcher: failure of {victims:?}: {why}; states {st:?}");
+        }
         // Kill them all first, back to back, before anyone is told.
         for &v in victims {
             if let Some(c) = self.procs.get_mut(v).and_then(|p| p.child.as_mut()) {
@@ -546,7 +601,16 @@ impl<'a> Launcher<'a> {
         self.epoch += 1;
         let now = self.now();
         self.stats.on_kill(dead.len(), now);
-        let respawn = self.replaces.unwrap_or(false);
+        // Before any rank reported its protocol, the launching call's
+        // protocol decides; under `lazarus launch` a rank lost that early
+        // is replaced (a program without recovery then fails as it would).
+        let respawn = self
+            .replaces
+            .or(self
+                .spec
+                .protocol_override
+                .map(|p| p.replaces_failed_ranks()))
+            .unwrap_or(true);
         let ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
         let notice = WireMsg::FailureNotice {
             epoch: self.epoch,
@@ -578,7 +642,7 @@ impl<'a> Launcher<'a> {
                             ctl: None,
                             addr: None,
                             status: Status::Starting,
-                            start_epoch: self.epoch,
+                            told: self.epoch,
                             last_seen: now,
                             started: now,
                         };

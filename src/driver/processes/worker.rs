@@ -179,22 +179,17 @@ impl ProcessEndpoint {
                     let Some(p) = self.peers.get_mut(r) else {
                         continue;
                     };
-                    if inc < p.incarnation() && !matches!(p, PeerState::Up { .. }) {
-                        continue;
-                    }
-                    if let PeerState::Up {
-                        incarnation,
-                        out: Some(s),
-                        ..
-                    } = p
-                        && *incarnation == inc
-                    {
-                        s.shutdown();
-                    }
-                    if let PeerState::Up { incarnation, .. } = p
-                        && *incarnation > inc
-                    {
-                        continue; // already replaced
+                    match p {
+                        // Already replaced: the notice is old news.
+                        PeerState::Up { incarnation, .. } if *incarnation > inc => continue,
+                        PeerState::Up { out, .. } => {
+                            if let Some(s) = out.take() {
+                                s.shutdown();
+                            }
+                        }
+                        // Keep the frames already waiting for the replacement.
+                        PeerState::Respawning { .. } if respawn => continue,
+                        PeerState::Respawning { .. } | PeerState::Gone { .. } => {}
                     }
                     *p = if respawn {
                         PeerState::Respawning {
