@@ -139,7 +139,7 @@ where
         processes::Role::Job => cfg.clone(),
         processes::Role::Rank(env) => return run_launched_rank(&env, cfg, f),
         processes::Role::Earlier(Some(earlier)) if cfg.backend == Backend::Processes => {
-            return earlier_report(earlier);
+            return earlier_report(*earlier);
         }
         processes::Role::Earlier(_) if cfg.backend == Backend::Processes => Config {
             backend: Backend::Threads,

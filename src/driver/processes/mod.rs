@@ -183,7 +183,7 @@ pub(crate) enum Role {
     /// process (or, for a call the launcher did not record, run it
     /// in-process on threads, which gives the same results) to reach the
     /// call that is the rank.
-    Earlier(Option<EarlierCall>),
+    Earlier(Option<Box<EarlierCall>>),
 }
 
 /// What an earlier `run` call returned: each rank's encoded value (or the
@@ -208,7 +208,7 @@ pub(crate) fn role_of_this_call() -> Result<Role> {
     match k.cmp(&env.call) {
         std::cmp::Ordering::Less => {
             let replay = match &env.earlier {
-                Some(path) => earlier_calls(path)?.into_iter().nth(k),
+                Some(path) => earlier_calls(path)?.into_iter().nth(k).map(Box::new),
                 None => None,
             };
             Ok(Role::Earlier(replay))
