@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
+/// Socket buffer size asked for on every connection.
+const SOCKET_BUFFER: usize = 4 << 20;
+
 /// Where a process listens: `unix:PATH` or `tcp:IP:PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Addr {
@@ -120,11 +123,17 @@ impl Listener {
     /// Wait for the next connection.
     pub fn accept(&self) -> io::Result<Stream> {
         match self {
-            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept()?.0)),
+            Listener::Unix(l, _) => {
+                let s = Stream::Unix(l.accept()?.0);
+                s.set_buffers(SOCKET_BUFFER);
+                Ok(s)
+            }
             Listener::Tcp(l) => {
                 let (s, _) = l.accept()?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                let s = Stream::Tcp(s);
+                s.set_buffers(SOCKET_BUFFER);
+                Ok(s)
             }
         }
     }
@@ -143,13 +152,32 @@ impl Stream {
     /// Connect to `addr`.
     pub fn connect(addr: &Addr) -> io::Result<Stream> {
         match addr {
-            Addr::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p)?)),
+            Addr::Unix(p) => {
+                let s = Stream::Unix(UnixStream::connect(p)?);
+                s.set_buffers(SOCKET_BUFFER);
+                Ok(s)
+            }
             Addr::Tcp(a) => {
                 let s = TcpStream::connect_timeout(a, Duration::from_secs(5))?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                let s = Stream::Tcp(s);
+                s.set_buffers(SOCKET_BUFFER);
+                Ok(s)
             }
         }
+    }
+
+    /// Ask for socket buffers of `bytes` (the kernel caps them at
+    /// `net.core.wmem_max`/`rmem_max`): a large message then crosses in a
+    /// few wake-ups instead of one per 200 KiB. Best effort.
+    pub fn set_buffers(&self, bytes: usize) {
+        use nix::sys::socket::{setsockopt, sockopt};
+        let _ = match self {
+            Stream::Unix(s) => setsockopt(s, sockopt::SndBuf, &bytes)
+                .and_then(|()| setsockopt(s, sockopt::RcvBuf, &bytes)),
+            Stream::Tcp(s) => setsockopt(s, sockopt::SndBuf, &bytes)
+                .and_then(|()| setsockopt(s, sockopt::RcvBuf, &bytes)),
+        };
     }
 
     /// Another handle on the same socket (one side reads, the other writes).

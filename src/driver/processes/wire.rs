@@ -19,7 +19,7 @@
 
 use std::io::{self, Read, Write};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::Rank;
@@ -345,28 +345,22 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
             "frame of {len} bytes is shorter than its own prefix"
         )));
     }
-    // Grow the buffer only as data arrives.
-    let mut buf = BytesMut::with_capacity(len.min(CHUNK));
+    // Grow the buffer only as data arrives: at most one chunk (or the size
+    // already received) at a time. `read_to_end` fills spare capacity
+    // without zeroing it first.
+    let mut buf: Vec<u8> = Vec::new();
     while buf.len() < len {
-        let want = (len - buf.len()).min(CHUNK);
-        let start = buf.len();
-        buf.resize(start + want, 0);
-        let mut filled = 0;
-        while filled < want {
-            match r.read(&mut buf[start + filled..start + want]) {
-                Ok(0) => {
-                    return Err(WireError::Truncated {
-                        got: start + filled,
-                        expected: len,
-                    });
-                }
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
+        let want = (len - buf.len()).min(CHUNK.max(buf.len()));
+        buf.reserve_exact(want);
+        let n = r.by_ref().take(want as u64).read_to_end(&mut buf)?;
+        if n < want {
+            return Err(WireError::Truncated {
+                got: buf.len(),
+                expected: len,
+            });
         }
     }
-    decode(buf.freeze())
+    decode(Bytes::from(buf))
 }
 
 /// Decode a frame body (everything after the length prefix).

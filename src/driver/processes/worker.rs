@@ -541,6 +541,8 @@ fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Incoming>) {
         Ok(w) => w,
         Err(_) => return,
     };
+    // Small frames arrive whole in one read; large ones bypass the buffer.
+    let mut s = std::io::BufReader::with_capacity(64 * 1024, s);
     loop {
         match read_msg(&mut s, sh.max_frame) {
             Ok(WireMsg::Frame(f)) if f.src == from => {
