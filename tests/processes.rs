@@ -84,13 +84,12 @@ fn assert_no_orphans(launcher: u32, what: &str) {
     }
 }
 
+fn signal(pid: u32, sig: nix::sys::signal::Signal) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).is_ok()
+}
+
 fn sigkill(pid: u32) -> bool {
-    Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    signal(pid, nix::sys::signal::Signal::SIGKILL)
 }
 
 fn start(args: &[&str]) -> Child {
@@ -271,11 +270,7 @@ fn a_hung_rank_is_found_by_its_missing_heartbeats() {
     let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
     std::thread::sleep(wall.mul_f64(0.3));
     let pid = ranks.get(&1).copied().expect("rank 1 up");
-    let stopped = Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    let stopped = signal(pid, nix::sys::signal::Signal::SIGSTOP);
     let (out, err, ok) = finish(child);
     assert_no_orphans(launcher, "hung rank");
     assert!(ok, "{out}\n{err}");
