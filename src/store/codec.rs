@@ -196,6 +196,25 @@ fn rs_error(e: reed_solomon_simd::Error) -> Error {
 
 /// `data` zero-padded to `len`, copied only when it is short: full-length
 /// pieces (the common case of equal pieces) are coded in place.
+/// Reed–Solomon works on blocks of this many bytes of every shard at a time
+/// (a multiple of 64, as the SIMD code wants), so that its working set of
+/// `k + m` blocks stays in cache instead of streaming whole shards.
+const RS_BLOCK: usize = 4 * 1024;
+
+/// The `[start, end)` ranges of a shard of `shard_len` bytes, block by block
+/// (every range has an even length, as `shard_len` is even).
+fn rs_blocks(shard_len: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..shard_len)
+        .step_by(RS_BLOCK)
+        .map(move |o| (o, (o + RS_BLOCK).min(shard_len)))
+}
+
+/// Bytes `[o, e)` of `data`, cut short where `data` ends (the rest is
+/// implicit zero padding).
+fn block(data: &[u8], o: usize, e: usize) -> &[u8] {
+    &data[o.min(data.len())..e.min(data.len())]
+}
+
 fn padded(data: &[u8], len: usize) -> Cow<'_, [u8]> {
     if data.len() == len {
         Cow::Borrowed(data)
@@ -307,25 +326,32 @@ impl Coder {
                 vec![Shard::new(0, Bytes::from(acc))]
             }
             Code::ReedSolomon { parity } => {
+                // Block by block, so the encoder's working set stays in
+                // cache (the code is position-wise: blocks are independent).
                 let k = pieces.len();
-                let encoder = match &mut self.rs_encoder {
-                    Some(e) => {
-                        e.reset(k, parity, shard_len).map_err(rs_error)?;
-                        e
+                let mut out: Vec<Vec<u8>> = vec![Vec::with_capacity(shard_len); parity];
+                for (o, e) in rs_blocks(shard_len) {
+                    let encoder = match &mut self.rs_encoder {
+                        Some(enc) => {
+                            enc.reset(k, parity, e - o).map_err(rs_error)?;
+                            enc
+                        }
+                        slot @ None => slot
+                            .insert(ReedSolomonEncoder::new(k, parity, e - o).map_err(rs_error)?),
+                    };
+                    for p in pieces {
+                        encoder
+                            .add_original_shard(padded(block(p, o, e), e - o))
+                            .map_err(rs_error)?;
                     }
-                    slot @ None => slot
-                        .insert(ReedSolomonEncoder::new(k, parity, shard_len).map_err(rs_error)?),
-                };
-                for p in pieces {
-                    encoder
-                        .add_original_shard(padded(p, shard_len))
-                        .map_err(rs_error)?;
+                    let result = encoder.encode().map_err(rs_error)?;
+                    for (dst, s) in out.iter_mut().zip(result.recovery_iter()) {
+                        dst.extend_from_slice(s);
+                    }
                 }
-                let result = encoder.encode().map_err(rs_error)?;
-                result
-                    .recovery_iter()
+                out.into_iter()
                     .enumerate()
-                    .map(|(i, s)| Shard::new(i, Bytes::copy_from_slice(s)))
+                    .map(|(i, s)| Shard::new(i, Bytes::from(s)))
                     .collect()
             }
         };
@@ -446,36 +472,41 @@ impl Coder {
                 out[j] = finish(acc, enc.lengths[j], j, &label)?;
             }
             Code::ReedSolomon { parity } => {
-                let decoder = match &mut self.rs_decoder {
-                    Some(d) => {
-                        d.reset(k, parity, enc.shard_len).map_err(rs_error)?;
-                        d
+                let mut rebuilt: Vec<Vec<u8>> = vec![Vec::with_capacity(enc.shard_len); lost.len()];
+                for (o, e) in rs_blocks(enc.shard_len) {
+                    let decoder = match &mut self.rs_decoder {
+                        Some(d) => {
+                            d.reset(k, parity, e - o).map_err(rs_error)?;
+                            d
+                        }
+                        slot @ None => slot
+                            .insert(ReedSolomonDecoder::new(k, parity, e - o).map_err(rs_error)?),
+                    };
+                    for (i, p) in present.iter().enumerate() {
+                        if let Some((d, _)) = p {
+                            decoder
+                                .add_original_shard(i, padded(block(d, o, e), e - o))
+                                .map_err(rs_error)?;
+                        }
                     }
-                    slot @ None => slot.insert(
-                        ReedSolomonDecoder::new(k, parity, enc.shard_len).map_err(rs_error)?,
-                    ),
-                };
-                for (i, p) in present.iter().enumerate() {
-                    if let Some((d, _)) = p {
+                    // Exactly as many parity shards as losses: extra ones add
+                    // work and no checking.
+                    for s in good.iter().take(lost.len()) {
                         decoder
-                            .add_original_shard(i, padded(d, enc.shard_len))
+                            .add_recovery_shard(s.index, padded(block(&s.data, o, e), e - o))
                             .map_err(rs_error)?;
                     }
+                    let result = decoder.decode().map_err(rs_error)?;
+                    for (dst, &j) in rebuilt.iter_mut().zip(&lost) {
+                        let shard = result.restored_original(j).ok_or_else(|| Error::Codec {
+                            what: "Reed–Solomon shards".into(),
+                            detail: format!("decoder did not restore piece {j}"),
+                        })?;
+                        dst.extend_from_slice(shard);
+                    }
                 }
-                // Exactly as many parity shards as losses: extra ones add work
-                // and no checking.
-                for s in good.iter().take(lost.len()) {
-                    decoder
-                        .add_recovery_shard(s.index, &s.data)
-                        .map_err(rs_error)?;
-                }
-                let result = decoder.decode().map_err(rs_error)?;
-                for &j in &lost {
-                    let shard = result.restored_original(j).ok_or_else(|| Error::Codec {
-                        what: "Reed–Solomon shards".into(),
-                        detail: format!("decoder did not restore piece {j}"),
-                    })?;
-                    out[j] = finish(shard.to_vec(), enc.lengths[j], j, &label)?;
+                for (shard, &j) in rebuilt.into_iter().zip(&lost) {
+                    out[j] = finish(shard, enc.lengths[j], j, &label)?;
                 }
             }
         }
