@@ -446,3 +446,41 @@ fn an_unauthenticated_connection_is_refused() {
         "the refusal is logged: {err}"
     );
 }
+
+/// The launcher's own kills (a rank, a whole node, a rank during the
+/// recovery) on every app: the failure-free value, and no process left.
+#[test]
+fn injected_kills_on_every_app_leave_no_process_behind() {
+    let scenarios: [&[&str]; 3] = [
+        &["--kill", "1@50%"],
+        &["--nodes", "2", "--kill", "node:1@30%"],
+        &["--kill", "1@40%", "--kill", "2@recovery"],
+    ];
+    for app in APPS {
+        let (want, _) = reference(app);
+        for sc in scenarios {
+            let mut args = vec!["run"];
+            args.extend_from_slice(app);
+            args.extend_from_slice(&[
+                "--backend",
+                "processes",
+                "--ranks",
+                "4",
+                "--protocol",
+                "coordinated",
+            ]);
+            args.extend_from_slice(sc);
+            let child = start(&args);
+            let launcher = child.id();
+            let (out, err, ok) = finish(child);
+            let what = format!("{app:?} {sc:?}");
+            assert_no_orphans(launcher, &what);
+            assert!(ok, "{what}: {out}\n{err}");
+            assert_eq!(verified(&out).as_deref(), Some(want.as_str()), "{what}");
+            assert!(
+                !err.contains("never fired"),
+                "{what}: a kill never fired: {err}"
+            );
+        }
+    }
+}
