@@ -139,7 +139,7 @@ where
         processes::Role::Job => cfg.clone(),
         processes::Role::Rank(env) => return run_launched_rank(&env, cfg, f),
         processes::Role::Earlier(Some(earlier)) if cfg.backend == Backend::Processes => {
-            return earlier_report(*earlier);
+            return decoded_report(*earlier);
         }
         processes::Role::Earlier(_) if cfg.backend == Backend::Processes => Config {
             backend: Backend::Threads,
@@ -183,17 +183,7 @@ where
             if let Some(key) = key {
                 remember_call(key, &outcome, &stats);
             }
-            let outcome = outcome.and_then(|all| {
-                all.iter()
-                    .map(|b| postcard::from_bytes::<T>(b).map_err(Error::from))
-                    .collect()
-            });
-            JobReport {
-                outcome,
-                stats,
-                sim: None,
-                rank: None,
-            }
+            decoded_report((outcome, stats))
         }
     }
 }
@@ -214,9 +204,10 @@ fn remember_call(key: Vec<String>, outcome: &Result<Vec<Vec<u8>>>, stats: &JobSt
     }
 }
 
-/// A run call replayed from the launcher's record.
-fn earlier_report<T: DeserializeOwned>(earlier: processes::EarlierCall) -> JobReport<T> {
-    let (outcome, stats) = earlier;
+/// The report of a processes-backend job (or of one replayed from the
+/// launcher's record): each rank's value decoded.
+fn decoded_report<T: DeserializeOwned>(job: processes::EarlierCall) -> JobReport<T> {
+    let (outcome, stats) = job;
     let outcome = outcome.and_then(|all| {
         all.iter()
             .map(|b| postcard::from_bytes::<T>(b).map_err(Error::from))

@@ -139,12 +139,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
     })?;
     let nodes = slurm_default(args.nodes, "SLURM_NNODES").unwrap_or(1);
     let placement = lazarus::topology::Placement::block(ranks, nodes).map_err(usage)?;
-    let kills = args
-        .kills
-        .iter()
-        .map(|k| k.parse::<KillSpec>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
+    let kills = parse_kills(&args.kills)?;
     for k in &kills {
         k.validate(&placement, u64::MAX).map_err(usage)?;
     }
@@ -502,12 +497,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
             )))
         })?,
     };
-    let kills = job
-        .kills
-        .iter()
-        .map(|k| k.parse::<KillSpec>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
+    let kills = parse_kills(&job.kills)?;
     let backend: Backend = job.backend.parse().map_err(usage)?;
     let mtbf = match (job.checkpoint_interval.as_str(), &job.mtbf) {
         ("fixed", None) => None,
@@ -568,6 +558,15 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
     };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
+}
+
+/// `--kill` specifications.
+fn parse_kills(specs: &[String]) -> anyhow::Result<Vec<KillSpec>> {
+    specs
+        .iter()
+        .map(|k| k.parse::<KillSpec>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)
 }
 
 /// `--heartbeat-timeout MS`, at least 10 ms.

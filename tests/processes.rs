@@ -92,6 +92,23 @@ fn sigkill(pid: u32) -> bool {
     signal(pid, nix::sys::signal::Signal::SIGKILL)
 }
 
+/// Start `lazarus run APP` on 4 rank processes under `protocol`, with
+/// further options `extra`.
+fn start_job(app: &[&str], protocol: &str, extra: &[&str]) -> Child {
+    let mut args = vec!["run"];
+    args.extend_from_slice(app);
+    args.extend_from_slice(&[
+        "--backend",
+        "processes",
+        "--ranks",
+        "4",
+        "--protocol",
+        protocol,
+    ]);
+    args.extend_from_slice(extra);
+    start(&args)
+}
+
 fn start(args: &[&str]) -> Child {
     Command::new(BIN)
         .args(args)
@@ -142,11 +159,8 @@ fn json(path: &Path) -> serde_json::Value {
 
 /// A failure-free run: its value and wall time.
 fn reference(app: &[&str]) -> (String, Duration) {
-    let mut args = vec!["run"];
-    args.extend_from_slice(app);
-    args.extend_from_slice(&["--backend", "processes", "--ranks", "4"]);
     let t0 = Instant::now();
-    let child = start(&args);
+    let child = start_job(app, "none", &[]);
     let pid = child.id();
     let (out, err, ok) = finish(child);
     assert!(ok, "reference run of {app:?} failed: {out}\n{err}");
@@ -181,20 +195,8 @@ fn external_kill_9_of_a_random_rank_is_survived() {
                 let dir = tmp("ext");
                 std::fs::create_dir_all(&dir).expect("tmp dir");
                 let sum = dir.join("run.json");
-                let mut args = vec!["run"];
-                args.extend_from_slice(app);
                 let sum_s = sum.to_string_lossy().to_string();
-                args.extend_from_slice(&[
-                    "--backend",
-                    "processes",
-                    "--ranks",
-                    "4",
-                    "--protocol",
-                    "coordinated",
-                    "--json",
-                    &sum_s,
-                ]);
-                let child = start(&args);
+                let child = start_job(app, "coordinated", &["--json", &sum_s]);
                 let launcher = child.id();
                 let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
                 std::thread::sleep(wall.mul_f64(frac));
@@ -250,22 +252,11 @@ fn a_hung_rank_is_found_by_its_missing_heartbeats() {
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let sum = dir.join("run.json");
     let sum_s = sum.to_string_lossy().to_string();
-    let child = start(&[
-        "run",
-        "cg",
-        "--class",
-        "W",
-        "--backend",
-        "processes",
-        "--ranks",
-        "4",
-        "--protocol",
+    let child = start_job(
+        &["cg", "--class", "W"],
         "coordinated",
-        "--heartbeat-timeout",
-        "150",
-        "--json",
-        &sum_s,
-    ]);
+        &["--heartbeat-timeout", "150", "--json", &sum_s],
+    );
     let launcher = child.id();
     let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
     std::thread::sleep(wall.mul_f64(0.3));
@@ -292,18 +283,7 @@ fn a_hung_rank_is_found_by_its_missing_heartbeats() {
 /// Killing the launcher takes every rank of its job with it.
 #[test]
 fn killing_the_launcher_leaves_no_rank_behind() {
-    let child = start(&[
-        "run",
-        "cg",
-        "--class",
-        "W",
-        "--backend",
-        "processes",
-        "--ranks",
-        "4",
-        "--protocol",
-        "coordinated",
-    ]);
+    let child = start_job(&["cg", "--class", "W"], "coordinated", &[]);
     let launcher = child.id();
     let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
     assert_eq!(ranks.len(), 4, "ranks up");
@@ -322,26 +302,13 @@ fn whole_job_restart_after_everything_was_killed() {
         let ckpt = dir.join("ckpt");
         let ckpt_s = ckpt.to_string_lossy().to_string();
         let storage = format!("disk:{ckpt_s}");
-        let mut args = vec!["run"];
-        args.extend_from_slice(app);
-        args.extend_from_slice(&[
-            "--backend",
-            "processes",
-            "--ranks",
-            "4",
-            "--protocol",
-            "coordinated",
-            "--checkpoint-every",
-            "1",
-            "--storage",
-            &storage,
-        ]);
+        let args = ["--checkpoint-every", "1", "--storage", &storage];
         // Kill everything once a generation is committed on disk.
         let mut frac = 0.6;
         loop {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("tmp dir");
-            let child = start(&args);
+            let child = start_job(app, "coordinated", &args);
             let launcher = child.id();
             let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
             std::thread::sleep(wall.mul_f64(frac));
@@ -363,21 +330,11 @@ fn whole_job_restart_after_everything_was_killed() {
             );
             frac = if alive { frac * 1.5 } else { frac / 2.0 };
         }
-        let mut again = vec!["run"];
-        again.extend_from_slice(app);
-        again.extend_from_slice(&[
-            "--backend",
-            "processes",
-            "--ranks",
-            "4",
-            "--protocol",
+        let child = start_job(
+            app,
             "coordinated",
-            "--checkpoint-every",
-            "1",
-            "--restart",
-            &ckpt_s,
-        ]);
-        let child = start(&again);
+            &["--checkpoint-every", "1", "--restart", &ckpt_s],
+        );
         let launcher = child.id();
         let (out, err, ok) = finish(child);
         assert_no_orphans(launcher, "restarted job");
@@ -393,16 +350,7 @@ fn whole_job_restart_after_everything_was_killed() {
 #[test]
 fn an_unauthenticated_connection_is_refused() {
     let (want, _) = reference(&["dht"]);
-    let child = start(&[
-        "run",
-        "dht",
-        "--backend",
-        "processes",
-        "--ranks",
-        "4",
-        "--iterations",
-        "40",
-    ]);
+    let child = start_job(&["dht"], "none", &["--iterations", "40"]);
     let launcher = child.id();
     let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
     let pid = *ranks.get(&2).expect("rank 2 up");
@@ -459,18 +407,7 @@ fn injected_kills_on_every_app_leave_no_process_behind() {
     for app in APPS {
         let (want, _) = reference(app);
         for sc in scenarios {
-            let mut args = vec!["run"];
-            args.extend_from_slice(app);
-            args.extend_from_slice(&[
-                "--backend",
-                "processes",
-                "--ranks",
-                "4",
-                "--protocol",
-                "coordinated",
-            ]);
-            args.extend_from_slice(sc);
-            let child = start(&args);
+            let child = start_job(app, "coordinated", sc);
             let launcher = child.id();
             let (out, err, ok) = finish(child);
             let what = format!("{app:?} {sc:?}");
@@ -483,4 +420,44 @@ fn injected_kills_on_every_app_leave_no_process_behind() {
             );
         }
     }
+}
+
+/// `lazarus launch` starts a program built on the library (the example
+/// `launched_solver`, which `cargo test` builds) as rank processes; with a
+/// node killed halfway, rank 0 prints the failure-free result.
+#[test]
+fn launch_runs_a_users_program_through_a_node_kill() {
+    let example = Path::new(BIN)
+        .parent()
+        .map(|d| d.join("examples").join("launched_solver"))
+        .expect("target directory");
+    assert!(example.exists(), "{} not built", example.display());
+    let plain = Command::new(&example)
+        .arg("200")
+        .output()
+        .expect("run the example alone");
+    let want = String::from_utf8_lossy(&plain.stdout).to_string();
+    assert!(want.starts_with("RESULT "), "{want}");
+    let example_s = example.to_string_lossy().to_string();
+    let child = start(&[
+        "launch",
+        "-n",
+        "4",
+        "--nodes",
+        "2",
+        "--kill",
+        "node:1@50%",
+        "--",
+        &example_s,
+        "200",
+    ]);
+    let launcher = child.id();
+    let (out, err, ok) = finish(child);
+    assert_no_orphans(launcher, "launch");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out, want, "rank 0 prints the same result");
+    assert!(
+        err.contains("failures 1 (2 ranks killed)"),
+        "the node kill happened: {err}"
+    );
 }

@@ -3,6 +3,8 @@
 //! process), and `--restart DIR` resumes from the newest committed generation
 //! and prints the same verified value.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,18 +14,9 @@ fn lazarus() -> Command {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lazarus-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
+    let d = common::temp_dir(name);
     std::fs::create_dir_all(&d).expect("temp dir");
     d
-}
-
-fn last_line(out: &[u8]) -> String {
-    String::from_utf8_lossy(out)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string()
 }
 
 const JOB: &[&str] = &[
@@ -48,7 +41,7 @@ fn sigkill_then_restart_from_disk_prints_the_same_value() {
     let dir = temp_dir("restart");
     let reference = lazarus().args(JOB).output().expect("runs");
     assert!(reference.status.success());
-    let expected = last_line(&reference.stdout);
+    let expected = common::last_line(&reference.stdout);
     assert!(expected.starts_with("VERIFIED "), "{expected}");
 
     let storage = format!("disk:{}", dir.display());
@@ -89,7 +82,7 @@ fn sigkill_then_restart_from_disk_prints_the_same_value() {
         "{out}{}",
         String::from_utf8_lossy(&restarted.stderr)
     );
-    assert_eq!(last_line(&restarted.stdout), expected);
+    assert_eq!(common::last_line(&restarted.stdout), expected);
     let from: u64 = out
         .lines()
         .find_map(|l| l.strip_prefix("restarting from generation "))
@@ -121,7 +114,7 @@ fn restart_falls_back_past_a_corrupted_piece_and_refuses_an_empty_dir() {
         .output()
         .expect("runs");
     assert!(full.status.success());
-    let expected = last_line(&full.stdout);
+    let expected = common::last_line(&full.stdout);
     let gens = lazarus::store::disk::committed_generations(&dir).expect("listed");
     assert!(gens.len() >= 2, "{gens:?}");
     // Flip one byte of rank 1's piece of the newest generation.
@@ -147,7 +140,7 @@ fn restart_falls_back_past_a_corrupted_piece_and_refuses_an_empty_dir() {
         err.contains(&format!("generation {}", gens[0])),
         "the skipped generation is reported: {err}"
     );
-    assert_eq!(last_line(&o.stdout), expected);
+    assert_eq!(common::last_line(&o.stdout), expected);
 
     let empty = temp_dir("empty");
     let o = lazarus()
@@ -202,7 +195,10 @@ fn a_fresh_run_refuses_a_directory_with_an_earlier_runs_checkpoints() {
         .output()
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(last_line(&o.stdout), last_line(&first.stdout));
+    assert_eq!(
+        common::last_line(&o.stdout),
+        common::last_line(&first.stdout)
+    );
     let report = lazarus::store::disk::inspect(&dir).expect("inspect");
     assert!(report.restart_from.is_some());
     assert!(

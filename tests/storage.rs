@@ -152,23 +152,7 @@ fn corrupt_parity_is_detected_and_recovery_falls_back() {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "lazarus-storage-{name}-{}",
-        common::test_process_id()
-    ));
-    // A rank process re-runs the test's code: the directory is its job's.
-    if !lazarus::driver::processes::launched() {
-        let _ = std::fs::remove_dir_all(&d);
-    }
-    d
-}
-
-fn last_line(out: &[u8]) -> String {
-    String::from_utf8_lossy(out)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string()
+    common::temp_dir(&format!("storage-{name}"))
 }
 
 #[test]
@@ -187,7 +171,7 @@ fn xor_plus_disk_schedule_from_the_command_line() {
                 "{backend} {extra:?}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            last_line(&out.stdout)
+            common::last_line(&out.stdout)
         };
         let expected = job(&[]);
         assert!(expected.starts_with("VERIFIED "), "{expected}");

@@ -73,3 +73,23 @@ pub fn within<T: Send + 'static>(
         }
     }
 }
+
+/// A fresh directory `lazarus-NAME-PID` under the system's temporary
+/// directory, named after the test process. A rank process re-runs the
+/// test's code: there the directory is its job's, and is left alone.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lazarus-{name}-{}", test_process_id()));
+    if !lazarus::driver::processes::launched() {
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    d
+}
+
+/// The last line of a command's output.
+pub fn last_line(out: &[u8]) -> String {
+    String::from_utf8_lossy(out)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string()
+}

@@ -38,26 +38,6 @@ use crate::{Error, Rank, Result};
 /// Yields in `poll` before it blocks.
 const SPIN_YIELDS: usize = 50;
 
-/// What the control reader hands to the endpoint.
-enum Ctl {
-    Peers(Vec<Option<(u64, String)>>),
-    PeerUp {
-        rank: Rank,
-        incarnation: u64,
-        addr: String,
-    },
-    Notice {
-        epoch: u64,
-        dead: Vec<(Rank, u64)>,
-        respawn: bool,
-    },
-    Abort {
-        rank: Rank,
-        reason: String,
-    },
-    KillAnswer(bool),
-}
-
 /// Replies to this rank's RMA requests, from the readers of its outgoing
 /// connections.
 enum Reply {
@@ -119,7 +99,7 @@ struct ProcessEndpoint {
     t0: SystemTime,
     inbox: Receiver<Incoming>,
     self_tx: Sender<Incoming>,
-    ctl_rx: Receiver<Ctl>,
+    ctl_rx: Receiver<WireMsg>,
     ctl: Arc<Mutex<Stream>>,
     peers: Vec<PeerState>,
     replies: Receiver<Reply>,
@@ -127,17 +107,18 @@ struct ProcessEndpoint {
     /// Notices and aborts decoded from control messages, not yet returned.
     ready: VecDeque<Incoming>,
     /// Control messages that arrived while waiting for something else.
-    stashed: VecDeque<Ctl>,
+    stashed: VecDeque<WireMsg>,
     plan: FaultPlan,
     next_id: u64,
     last_progress: f64,
 }
 
 impl ProcessEndpoint {
-    fn apply(&mut self, c: Ctl) {
+    /// Apply a message of the launcher.
+    fn apply(&mut self, c: WireMsg) {
         match c {
-            Ctl::Peers(addrs) => self.set_peers(addrs),
-            Ctl::PeerUp {
+            WireMsg::Peers { addrs } => self.set_peers(addrs),
+            WireMsg::PeerUp {
                 rank,
                 incarnation,
                 addr,
@@ -171,7 +152,7 @@ impl ProcessEndpoint {
                     }
                 }
             }
-            Ctl::Notice {
+            WireMsg::FailureNotice {
                 epoch,
                 dead,
                 respawn,
@@ -206,8 +187,11 @@ impl ProcessEndpoint {
                 self.ready
                     .push_back(Incoming::FailureNotice { epoch, dead: ranks });
             }
-            Ctl::Abort { rank, reason } => self.ready.push_back(Incoming::Abort { rank, reason }),
-            Ctl::KillAnswer(_) => {} // stale
+            WireMsg::Abort { rank, reason } => {
+                self.ready.push_back(Incoming::Abort { rank, reason })
+            }
+            // A stale kill answer, or nothing a rank expects from the launcher.
+            _ => {}
         }
     }
 
@@ -436,12 +420,12 @@ impl Endpoint for ProcessEndpoint {
         // Wait for the launcher's answer; keep other control messages.
         loop {
             match self.ctl_rx.recv() {
-                Ok(Ctl::KillAnswer(true)) => loop {
+                Ok(WireMsg::KillAnswer { granted: true }) => loop {
                     // The launcher is killing us (SIGKILL) with the other
                     // victims at the same instant.
                     std::thread::sleep(Duration::from_secs(1));
                 },
-                Ok(Ctl::KillAnswer(false)) => return Ok(()),
+                Ok(WireMsg::KillAnswer { granted: false }) => return Ok(()),
                 Ok(other) => self.stashed.push_back(other),
                 Err(_) => return Err(Error::Driver("lost the launcher".into())),
             }
@@ -675,7 +659,7 @@ pub(crate) fn run_worker<T: Serialize>(
     let mut stashed = VecDeque::new();
     let peers = loop {
         match ctl_rx.recv() {
-            Ok(Ctl::Peers(p)) => break p,
+            Ok(WireMsg::Peers { addrs }) => break addrs,
             Ok(other) => stashed.push_back(other),
             Err(_) => return Err(io("launcher", &"closed before the job started")),
         }
@@ -735,7 +719,7 @@ fn die_with_launcher(env: &LaunchEnv) -> Result<()> {
 
 fn spawn_control_reader(
     mut rd: Stream,
-    tx: Sender<Ctl>,
+    tx: Sender<WireMsg>,
     finished: Arc<AtomicBool>,
     max: usize,
 ) -> Result<()> {
@@ -744,28 +728,7 @@ fn spawn_control_reader(
         .spawn(move || {
             loop {
                 let c = match read_msg(&mut rd, max) {
-                    Ok(WireMsg::Peers { addrs }) => Ctl::Peers(addrs),
-                    Ok(WireMsg::PeerUp {
-                        rank,
-                        incarnation,
-                        addr,
-                    }) => Ctl::PeerUp {
-                        rank,
-                        incarnation,
-                        addr,
-                    },
-                    Ok(WireMsg::FailureNotice {
-                        epoch,
-                        dead,
-                        respawn,
-                    }) => Ctl::Notice {
-                        epoch,
-                        dead,
-                        respawn,
-                    },
-                    Ok(WireMsg::Abort { rank, reason }) => Ctl::Abort { rank, reason },
-                    Ok(WireMsg::KillAnswer { granted }) => Ctl::KillAnswer(granted),
-                    Ok(_) => continue,
+                    Ok(m) => m,
                     Err(_) => {
                         if finished.load(Ordering::SeqCst) {
                             return;
