@@ -260,6 +260,7 @@ fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
         protocol: cfg.protocol.name().into(),
         protocol_override: Some(cfg.protocol),
         quiet_stdout: cfg.worker_args.is_some(),
+        progress_bar: cfg.progress_bar,
         earlier,
     };
     (spec, key)

@@ -162,6 +162,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         protocol: "(the program's)".into(),
         protocol_override: None,
         quiet_stdout: false,
+        progress_bar: false,
         earlier: Vec::new(),
     };
     let (outcome, stats) = launch(&spec);

@@ -329,6 +329,22 @@ impl StatsBook {
     }
 }
 
+/// A progress bar on stderr (rank 0's reported progress), when `enabled`
+/// and stderr is a terminal.
+pub(crate) fn progress_bar(enabled: bool) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    (enabled && std::io::stderr().is_terminal()).then(|| {
+        let pb = indicatif::ProgressBar::new(1000);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {percent}% {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    })
+}
+
 /// Build the engine of one rank incarnation and run the rank function on it,
 /// turning a panic into an error outcome.
 pub(crate) fn rank_body<T>(

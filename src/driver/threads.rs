@@ -13,7 +13,6 @@
 //! survivors, and starts a replacement with the dead rank's number when the
 //! protocol wants one.
 
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -21,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
-use super::shared::{ExitAction, Finals, Slot, StatsBook, WindowRegistry, lock, rank_body};
+use super::shared::{
+    ExitAction, Finals, Slot, StatsBook, WindowRegistry, lock, progress_bar, rank_body,
+};
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
 use crate::engine::frame::{Frame, Incoming};
@@ -299,17 +300,7 @@ pub(crate) fn run<T: Send + 'static>(
         handles.push(spawn(rank, slot, rx, 0));
     }
 
-    let bar = cfg.progress_bar && std::io::stderr().is_terminal();
-    let bar = bar.then(|| {
-        let pb = indicatif::ProgressBar::new(1000);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:40}] {percent}% {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    });
+    let bar = progress_bar(cfg.progress_bar);
 
     let mut finals = Finals::new(size);
     while !finals.done() {

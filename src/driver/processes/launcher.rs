@@ -28,7 +28,7 @@ use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Listen, Listener, Stream};
 use super::var;
 use super::wire::{WireMsg, read_msg, write_msg};
-use crate::driver::shared::{ExitAction, Finals, StatsBook};
+use crate::driver::shared::{ExitAction, Finals, StatsBook, progress_bar};
 use crate::fault::KillSpec;
 use crate::job::{FailureDetection, JobStats};
 use crate::{Error, Rank, Result};
@@ -63,6 +63,8 @@ pub struct LaunchSpec {
     /// What the program's earlier `run` calls returned (see
     /// `processes::Role::Earlier`).
     pub earlier: Vec<super::EarlierCall>,
+    /// Draw rank 0's progress on stderr (when it is a terminal).
+    pub progress_bar: bool,
     /// Discard the ranks' standard output (a test harness's ranks would
     /// print its progress lines).
     pub quiet_stdout: bool,
@@ -141,6 +143,7 @@ struct Launcher<'a> {
     detections: Vec<FailureDetection>,
     /// `LAZARUS_DEBUG` set: narrate events on stderr.
     debug: bool,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 /// Start the job's rank processes and supervise them until every rank has
@@ -227,6 +230,7 @@ impl<'a> Launcher<'a> {
             peers_sent: false,
             detections: Vec::new(),
             debug: std::env::var_os("LAZARUS_DEBUG").is_some(),
+            bar: progress_bar(spec.progress_bar),
         })
     }
 
@@ -501,7 +505,11 @@ impl<'a> Launcher<'a> {
                 self.stats
                     .record(rank, self.spec.ranks, stat, now, self.epoch);
             }
-            WireMsg::Progress(_) => {}
+            WireMsg::Progress(f) => {
+                if let Some(pb) = &self.bar {
+                    pb.set_position((f.clamp(0.0, 1.0) * 1000.0) as u64);
+                }
+            }
             WireMsg::KillRequest { index, victims } => {
                 let granted = self.fired.insert(index);
                 self.send_to(rank, &WireMsg::KillAnswer { granted });
@@ -661,6 +669,9 @@ impl<'a> Launcher<'a> {
 
     /// Let finished ranks exit, kill what is left, remove the job directory.
     fn cleanup(&mut self) {
+        if let Some(pb) = self.bar.take() {
+            pb.finish_and_clear();
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         for p in &mut self.procs {
             if let Some(c) = p.child.as_mut() {
