@@ -708,11 +708,14 @@ fn die_with_launcher(env: &LaunchEnv) -> Result<()> {
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
             .map_err(|e| Error::Driver(format!("PR_SET_PDEATHSIG: {e}")))?;
     }
-    if let Some(ppid) = env.launcher_pid
-        && nix::unistd::getppid().as_raw() as u32 != ppid
-    {
-        // The launcher died before the death signal was armed.
-        std::process::exit(1);
+    // The parent may be a wrapper the user put between launcher and
+    // program (`sh -c`, `valgrind`): what matters is that the launcher is
+    // still there. (If it dies later, the control connection closes.)
+    if let Some(pid) = env.launcher_pid {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        if nix::sys::signal::kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
+            std::process::exit(1);
+        }
     }
     Ok(())
 }
