@@ -285,6 +285,10 @@ where
     let outcome = cfg
         .placement()
         .and_then(|pl| processes::worker::run_worker(env, &cfg, pl, &f));
+    if let Err(e @ Error::Driver(_)) = &outcome {
+        // Set-up failures never reach the launcher: say them here.
+        eprintln!("lazarus: rank {}: {e}", env.rank);
+    }
     if env.self_launch {
         // The launcher has the outcome; the program's own code after `run`
         // belongs to the launcher's process, not to this rank.

@@ -144,7 +144,15 @@ struct Launcher<'a> {
     /// `LAZARUS_DEBUG` set: narrate events on stderr.
     debug: bool,
     bar: Option<indicatif::ProgressBar>,
+    /// The abort, once the job is aborted (for ranks that become ready later).
+    abort: Option<WireMsg>,
+    /// Per rank: incarnations in a row that died before they were ready.
+    early_deaths: Vec<u32>,
 }
+
+/// A rank whose processes die this many times in a row before connecting
+/// fails the job instead of being restarted again.
+const MAX_EARLY_DEATHS: u32 = 3;
 
 /// Start the job's rank processes and supervise them until every rank has
 /// a final outcome; returns each rank's encoded result and the statistics.
@@ -231,6 +239,8 @@ impl<'a> Launcher<'a> {
             detections: Vec::new(),
             debug: std::env::var_os("LAZARUS_DEBUG").is_some(),
             bar: progress_bar(spec.progress_bar),
+            abort: None,
+            early_deaths: vec![0; spec.ranks],
         })
     }
 
@@ -357,6 +367,9 @@ impl<'a> Launcher<'a> {
             self.send_to(rank, &m);
         }
         self.procs[rank].told = self.epoch;
+        if let Some(abort) = self.abort.clone() {
+            self.send_to(rank, &abort);
+        }
     }
 
     fn peer_table(&self) -> Vec<Option<(u64, String)>> {
@@ -372,6 +385,7 @@ impl<'a> Launcher<'a> {
     /// Supervise until every rank has its final outcome.
     fn supervise(&mut self) -> Result<Vec<Vec<u8>>> {
         let tick = Duration::from_millis(5);
+        let mut last_check = Instant::now();
         while !self.finals.done() {
             match self.rx.recv_timeout(tick) {
                 Ok(ev) => self.on_event(ev),
@@ -380,7 +394,17 @@ impl<'a> Launcher<'a> {
                     return Err(driver_err("listener", "stopped"));
                 }
             }
-            self.check_children();
+            // Everything that has arrived counts before any verdict.
+            while let Ok(ev) = self.rx.try_recv() {
+                self.on_event(ev);
+            }
+            if last_check.elapsed() >= tick {
+                // If this loop itself was held up (a loaded or stopped
+                // launcher), silence it measured is not the ranks' fault.
+                let trust = last_check.elapsed() < self.spec.heartbeat_timeout / 2;
+                self.check_children(trust);
+                last_check = Instant::now();
+            }
         }
         self.results()
     }
@@ -435,10 +459,10 @@ impl<'a> Launcher<'a> {
                 incarnation,
                 msg,
             } => {
-                let current = self
-                    .procs
-                    .get(rank)
-                    .is_some_and(|p| p.incarnation == incarnation);
+                let current = self.procs.get(rank).is_some_and(|p| {
+                    p.incarnation == incarnation
+                        && matches!(p.status, Status::Starting | Status::Ready)
+                });
                 if !current {
                     return;
                 }
@@ -527,11 +551,7 @@ impl<'a> Launcher<'a> {
             WireMsg::Exited(outcome) => {
                 self.procs[rank].status = Status::Finished;
                 let outcome = outcome.map_err(|e| e.into_error(rank));
-                if let ExitAction::Abort { rank, reason } =
-                    self.finals.on_exit(rank, outcome, false, &self.protocol)
-                {
-                    self.broadcast(&WireMsg::Abort { rank, reason }, &[]);
-                }
+                self.settle(rank, outcome);
             }
             other => {
                 eprintln!("lazarus launcher: unexpected message from rank {rank}: {other:?}");
@@ -540,7 +560,7 @@ impl<'a> Launcher<'a> {
     }
 
     /// Collect exit statuses; enforce heartbeats.
-    fn check_children(&mut self) {
+    fn check_children(&mut self, trust_heartbeats: bool) {
         let timeout = self.spec.heartbeat_timeout;
         for r in 0..self.procs.len() {
             let p = &mut self.procs[r];
@@ -557,6 +577,10 @@ impl<'a> Launcher<'a> {
                     // the rank sent, such as its outcome) tells the story.
                     if let Some(status) = exited.filter(|_| p.ctl.is_none()) {
                         self.failure(&[r], &format!("process exited ({status})"));
+                    } else if !trust_heartbeats {
+                        if let Some(grace) = Instant::now().checked_sub(timeout / 2) {
+                            p.last_seen = p.last_seen.max(grace);
+                        }
                     } else if p.ctl.is_some() && p.last_seen.elapsed() > timeout {
                         let ms = p.last_seen.elapsed().as_millis();
                         self.failure(&[r], &format!("no heartbeat for {ms} ms"));
@@ -566,6 +590,18 @@ impl<'a> Launcher<'a> {
                 }
                 Status::Finished | Status::Dead => {}
             }
+        }
+    }
+
+    /// `rank`'s final outcome; an application error aborts the job (told to
+    /// every rank, now and when it becomes ready).
+    fn settle(&mut self, rank: Rank, outcome: Result<Vec<u8>>) {
+        if let ExitAction::Abort { rank, reason } =
+            self.finals.on_exit(rank, outcome, false, &self.protocol)
+        {
+            let abort = WireMsg::Abort { rank, reason };
+            self.broadcast(&abort, &[]);
+            self.abort = Some(abort);
         }
     }
 
@@ -587,6 +623,15 @@ impl<'a> Launcher<'a> {
         }
         let detected = SystemTime::now();
         let mut dead = Vec::new();
+        let started_only: Vec<Rank> = victims
+            .iter()
+            .copied()
+            .filter(|&v| {
+                self.procs
+                    .get(v)
+                    .is_some_and(|p| p.status == Status::Starting)
+            })
+            .collect();
         for &v in victims {
             let Some(p) = self.procs.get_mut(v) else {
                 continue;
@@ -638,7 +683,33 @@ impl<'a> Launcher<'a> {
             dead: dead.clone(),
             respawn,
         });
+        // Nobody to recover with once the job is aborted or a rank has
+        // left; and a rank whose processes keep dying before they connect
+        // (a broken program, a setup error) is not restarted forever.
+        let respawn = respawn
+            && self.abort.is_none()
+            && !self.procs.iter().any(|p| p.status == Status::Finished);
         for (r, inc) in dead {
+            let early = &mut self.early_deaths[r];
+            if started_only.contains(&r) {
+                *early += 1;
+            } else {
+                *early = 0;
+            }
+            if *early >= MAX_EARLY_DEATHS {
+                let n = *early;
+                self.settle(
+                    r,
+                    Err(driver_err(
+                        &format!("rank {r}"),
+                        format!(
+                            "its process ended before connecting {n} times in a row (last: {why}); \
+                             see its error output above"
+                        ),
+                    )),
+                );
+                continue;
+            }
             if respawn {
                 let incarnation = inc + 1;
                 match self.spawn(r, incarnation, self.epoch) {
@@ -655,14 +726,10 @@ impl<'a> Launcher<'a> {
                             started: now,
                         };
                     }
-                    Err(e) => {
-                        let _ = self.finals.on_exit(r, Err(e), false, &self.protocol);
-                    }
+                    Err(e) => self.settle(r, Err(e)),
                 }
             } else {
-                let _ = self
-                    .finals
-                    .on_exit(r, Err(Error::Killed), false, &self.protocol);
+                self.settle(r, Err(Error::Killed));
             }
         }
     }
@@ -672,7 +739,14 @@ impl<'a> Launcher<'a> {
         if let Some(pb) = self.bar.take() {
             pb.finish_and_clear();
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // A user's program may still work after its rank finished (write
+        // results): under `lazarus launch` it gets all the time it needs.
+        let grace = if self.spec.self_launch {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_secs(3600 * 24 * 365)
+        };
+        let deadline = Instant::now() + grace;
         for p in &mut self.procs {
             if let Some(c) = p.child.as_mut() {
                 loop {

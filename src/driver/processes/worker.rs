@@ -477,9 +477,17 @@ impl Endpoint for ProcessEndpoint {
             Some(s) => write_msg(s, &msg, max),
             None => return Err(gone()),
         };
-        if sent.is_err() {
-            self.drop_out(target);
-            return Err(gone());
+        match sent {
+            Ok(()) => {}
+            Err(WireError::Oversized { len, max }) => {
+                return Err(Error::Driver(format!(
+                    "an RMA request of {len} bytes to rank {target} exceeds the transport's limit of {max} bytes"
+                )));
+            }
+            Err(_) => {
+                self.drop_out(target);
+                return Err(gone());
+            }
         }
         loop {
             match self.replies.recv() {
