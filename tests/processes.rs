@@ -461,3 +461,21 @@ fn launch_runs_a_users_program_through_a_node_kill() {
         "the node kill happened: {err}"
     );
 }
+
+/// A program that dies before it connects (here `/bin/false`) is not
+/// restarted forever: the job fails with an error that says so.
+#[test]
+fn a_rank_that_never_connects_fails_the_job() {
+    let t0 = Instant::now();
+    let child = start(&["launch", "-n", "2", "--", "/bin/false"]);
+    let launcher = child.id();
+    let (_, err, ok) = finish(child);
+    assert_no_orphans(launcher, "/bin/false");
+    assert!(!ok, "the job must fail");
+    assert!(err.contains("ended before connecting 3 times"), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
