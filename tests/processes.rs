@@ -261,22 +261,23 @@ fn a_hung_rank_is_found_by_its_missing_heartbeats() {
     let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
     std::thread::sleep(wall.mul_f64(0.3));
     let pid = ranks.get(&1).copied().expect("rank 1 up");
-    let stopped = signal(pid, nix::sys::signal::Signal::SIGSTOP);
+    assert!(
+        signal(pid, nix::sys::signal::Signal::SIGSTOP),
+        "rank 1 ended before it could be stopped"
+    );
     let (out, err, ok) = finish(child);
     assert_no_orphans(launcher, "hung rank");
     assert!(ok, "{out}\n{err}");
     assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
-    if stopped {
-        let s = json(&sum);
-        let causes: Vec<String> = s["failure_detections"]
-            .as_array()
-            .map(|a| a.iter().map(|d| d["cause"].to_string()).collect())
-            .unwrap_or_default();
-        assert!(
-            causes.iter().any(|c| c.contains("no heartbeat")),
-            "expected a heartbeat detection, got {causes:?}"
-        );
-    }
+    let s = json(&sum);
+    let causes: Vec<String> = s["failure_detections"]
+        .as_array()
+        .map(|a| a.iter().map(|d| d["cause"].to_string()).collect())
+        .unwrap_or_default();
+    assert!(
+        causes.iter().any(|c| c.contains("no heartbeat")),
+        "expected a heartbeat detection, got {causes:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -366,7 +367,16 @@ fn an_unauthenticated_connection_is_refused() {
         .find_map(|kv| kv.strip_prefix(b"LAZARUS_JOB="))
         .map(|j| u64::from_str_radix(&String::from_utf8_lossy(j), 16).expect("hex"))
         .expect("job id");
-    let mut s = std::os::unix::net::UnixStream::connect(dir.join("r2.0.sock")).expect("connect");
+    // The process exists before its socket does: wait for the socket.
+    let sock = dir.join("r2.0.sock");
+    let t0 = Instant::now();
+    let mut s = loop {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(s) => break s,
+            Err(e) if t0.elapsed() > Duration::from_secs(10) => panic!("connect: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
     use lazarus::driver::processes::wire::{WireMsg, read_msg, write_msg};

@@ -409,6 +409,14 @@ impl<'a> Launcher<'a> {
         self.results()
     }
 
+    /// Whether `incarnation` is `rank`'s current one and still running (its
+    /// messages count; its loss is a failure).
+    fn is_live(&self, rank: Rank, incarnation: u64) -> bool {
+        self.procs.get(rank).is_some_and(|p| {
+            p.incarnation == incarnation && matches!(p.status, Status::Starting | Status::Ready)
+        })
+    }
+
     fn on_event(&mut self, ev: Event) {
         if self.debug {
             match &ev {
@@ -459,11 +467,7 @@ impl<'a> Launcher<'a> {
                 incarnation,
                 msg,
             } => {
-                let current = self.procs.get(rank).is_some_and(|p| {
-                    p.incarnation == incarnation
-                        && matches!(p.status, Status::Starting | Status::Ready)
-                });
-                if !current {
+                if !self.is_live(rank, incarnation) {
                     return;
                 }
                 self.procs[rank].last_seen = Instant::now();
@@ -474,11 +478,7 @@ impl<'a> Launcher<'a> {
                 incarnation,
                 why,
             } => {
-                let live = self.procs.get(rank).is_some_and(|p| {
-                    p.incarnation == incarnation
-                        && matches!(p.status, Status::Starting | Status::Ready)
-                });
-                if live {
+                if self.is_live(rank, incarnation) {
                     self.failure(&[rank], &format!("control connection lost ({why})"));
                 }
             }

@@ -39,9 +39,6 @@ use crate::fault::KillSpec;
 use crate::{Error, Rank, Result};
 use net::{Addr, Listen};
 
-/// Prefix of every environment variable the launcher sets.
-pub const ENV_PREFIX: &str = "LAZARUS_";
-
 /// Environment variable names (the launcher's handover to a rank process).
 pub(crate) mod var {
     pub const JOB: &str = "LAZARUS_JOB";
