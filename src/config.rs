@@ -71,6 +71,7 @@ impl FromStr for Backend {
 /// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
 /// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
+/// | `log_budget` | `--log-budget BYTES` (message logging) | none |
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
@@ -103,6 +104,9 @@ pub struct Config {
     /// The generation a restart resumes from (set by [`crate::run`] from the
     /// restart directory before any rank starts).
     pub restart_generation: Option<u64>,
+    /// Message logging: a sender whose log passes half of this many bytes
+    /// asks its largest receiver to checkpoint (trimming the log).
+    pub log_budget: Option<usize>,
     /// Mean time between failures: when set, the checkpoint interval is
     /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
     pub mtbf: Option<std::time::Duration>,
@@ -142,6 +146,7 @@ impl Default for Config {
             storage: vec![LevelSpec::Partner],
             restart: None,
             restart_generation: None,
+            log_budget: None,
             seed: 1,
             iterations: None,
             progress_bar: false,
@@ -217,6 +222,20 @@ impl Config {
             k.validate(&pl, self.iterations.unwrap_or(u64::MAX))?;
         }
         crate::store::levels::validate(&self.storage, &pl)?;
+        if self.protocol.logs_messages() {
+            // Uncoordinated checkpoints: each rank has its own generations,
+            // which parity groups and commit records cannot combine.
+            if self.storage.iter().any(|l| *l != LevelSpec::Partner) || self.restart.is_some() {
+                return Err(Error::config(
+                    "--storage",
+                    format!(
+                        "protocol `{}` takes uncoordinated checkpoints, stored by the partner \
+                         level only (xor, rs:M, disk and --restart need coordinated generations)",
+                        self.protocol
+                    ),
+                ));
+            }
+        }
         Ok(pl)
     }
 }

@@ -97,6 +97,10 @@ pub enum Error {
         /// Why.
         detail: String,
     },
+    /// A failure destroyed state that recovery needs (for example a rank's
+    /// checkpoint together with the logs that would replay it).
+    #[error("cannot recover: {0}")]
+    Unrecoverable(Cow<'static, str>),
     /// The request handle was already completed or belongs to another rank.
     #[error("invalid request: {0}")]
     InvalidRequest(String),

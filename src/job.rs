@@ -52,6 +52,21 @@ pub struct JobStats {
     pub last_generation: Option<u64>,
     /// Peak bytes of message logs on one rank.
     pub peak_log_bytes: u64,
+    /// Peak number of messages in the log of one rank.
+    #[serde(default)]
+    pub peak_log_records: u64,
+    /// Messages logged by senders (all ranks, all incarnations).
+    #[serde(default)]
+    pub log_records: u64,
+    /// Payload bytes logged by senders.
+    #[serde(default)]
+    pub log_bytes: u64,
+    /// Determinants logged (outcomes of wildcard receptions).
+    #[serde(default)]
+    pub determinants: u64,
+    /// Logged messages sent again to recovering ranks.
+    #[serde(default)]
+    pub messages_resent: u64,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,

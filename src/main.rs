@@ -428,13 +428,17 @@ struct JobArgs {
     /// Restart the whole job from the newest committed generation in DIR.
     #[arg(long, value_name = "DIR")]
     restart: Option<PathBuf>,
+    /// Message logging: a sender whose log passes half of this many bytes
+    /// asks its largest receiver to checkpoint, which trims the log.
+    #[arg(long, value_name = "BYTES")]
+    log_budget: Option<usize>,
 }
 
 #[derive(Args, Debug)]
 struct RunArgs {
     #[command(flatten)]
     job: JobArgs,
-    /// Protocol: none, coordinated.
+    /// Protocol: none, coordinated, pessimistic.
     #[arg(long, default_value = "none")]
     protocol: String,
     /// Write the JSON summary here.
@@ -548,6 +552,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         },
         restart: job.restart.clone(),
         restart_generation: None,
+        log_budget: job.log_budget,
         seed: job.seed,
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),
@@ -809,6 +814,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         mtbf: None,
         storage: Vec::new(),
         restart: None,
+        log_budget: None,
         seed: args.from,
     };
     let (app, params, base) = build(&job, ProtocolKind::None)?;

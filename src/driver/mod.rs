@@ -124,6 +124,22 @@ pub enum Stat {
     },
     /// Current bytes held in message logs by this rank.
     LogBytes(usize),
+    /// Message-logging counters of this rank: totals since the last report
+    /// (`records` … `resent`) and the log held now.
+    Log {
+        /// Messages logged.
+        records: u64,
+        /// Payload bytes logged.
+        bytes: u64,
+        /// Determinants logged (sent to the holder).
+        determinants: u64,
+        /// Logged messages sent again to a recovering rank.
+        resent: u64,
+        /// Messages in the log now.
+        log_records: usize,
+        /// Payload bytes in the log now.
+        log_bytes: usize,
+    },
     /// The checkpoint interval was set by Daly's formula (003 §6.1).
     Interval {
         /// Safe points between checkpoints.

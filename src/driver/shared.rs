@@ -259,12 +259,26 @@ pub(crate) struct StatsBook {
     pub stats: JobStats,
     resumed: HashMap<u64, usize>,
     recovery_open: Option<Duration>,
+    /// Only the killed ranks roll back (message logging): a recovery ends
+    /// when they resumed, not the whole job.
+    only_victims_resume: bool,
+    /// Ranks killed since the open recovery began.
+    victims_open: usize,
 }
 
 impl StatsBook {
+    /// Statistics of a job under `protocol`.
+    pub fn new(protocol: crate::ProtocolKind) -> Self {
+        StatsBook {
+            only_victims_resume: !protocol.rolls_back_survivors(),
+            ..StatsBook::default()
+        }
+    }
+
     pub fn on_kill(&mut self, victims: usize, now: Duration) {
         self.stats.failures += 1;
         self.stats.ranks_killed += victims as u64;
+        self.victims_open += victims;
         if self.recovery_open.is_none() {
             self.recovery_open = Some(now);
         }
@@ -308,14 +322,35 @@ impl StatsBook {
                 }
                 let n = self.resumed.entry(epoch).or_insert(0);
                 *n += 1;
-                if *n == size
+                let expected = if self.only_victims_resume {
+                    self.victims_open
+                } else {
+                    size
+                };
+                if *n >= expected
                     && epoch == current_epoch
                     && let Some(t0) = self.recovery_open.take()
                 {
                     st.recovery_s += (now - t0).as_secs_f64();
+                    self.victims_open = 0;
                 }
             }
             Stat::LogBytes(b) => st.peak_log_bytes = st.peak_log_bytes.max(b as u64),
+            Stat::Log {
+                records,
+                bytes,
+                determinants,
+                resent,
+                log_records,
+                log_bytes,
+            } => {
+                st.log_records += records;
+                st.log_bytes += bytes;
+                st.determinants += determinants;
+                st.messages_resent += resent;
+                st.peak_log_records = st.peak_log_records.max(log_records as u64);
+                st.peak_log_bytes = st.peak_log_bytes.max(log_bytes as u64);
+            }
             Stat::Interval {
                 every,
                 tau_s,
@@ -357,8 +392,11 @@ pub(crate) fn rank_body<T>(
     let storage: &[LevelSpec] = &cfg.storage;
     let mut engine = Engine::new(
         ep,
-        cfg.protocol
-            .build(cfg.checkpoint_every, cfg.mtbf.map(|d| d.as_secs_f64())),
+        cfg.protocol.build(
+            cfg.checkpoint_every,
+            cfg.mtbf.map(|d| d.as_secs_f64()),
+            cfg.log_budget,
+        ),
         Box::new(MultiLevel::new(
             rank,
             &placement,

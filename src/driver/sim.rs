@@ -721,7 +721,7 @@ pub(crate) fn run<T: Send + 'static>(
             bytes: 0,
             epoch: 0,
             plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
-            stats: StatsBook::default(),
+            stats: StatsBook::new(cfg.protocol),
             finals: Finals::new(size),
             hung: false,
             finished: false,

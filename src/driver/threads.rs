@@ -261,7 +261,7 @@ pub(crate) fn run<T: Send + 'static>(
             plan: FaultPlan::new(&cfg.kills, placement.clone(), cfg.seed),
         }),
         armed: AtomicBool::new(!cfg.kills.is_empty()),
-        stats: Mutex::new(StatsBook::default()),
+        stats: Mutex::new(StatsBook::new(cfg.protocol)),
         start: Instant::now(),
         sup: sup_tx.clone(),
         progress: AtomicU64::new(0),

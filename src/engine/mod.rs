@@ -11,7 +11,7 @@
 
 pub mod frame;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
-use crate::protocol::{Action, Control, Event, Protocol, ProtocolCx};
+use crate::protocol::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::store::{CheckpointStore, Piece, StoreEvent, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -61,6 +61,12 @@ pub struct Snapshot {
     pub unexpected: Vec<AppMessage>,
     /// Send sequence numbers per destination (only channels used).
     pub ssn_out: Vec<(Rank, u64)>,
+    /// Highest SSN arrived per source (HSR).
+    pub ssn_in: Vec<(Rank, u64)>,
+    /// Wildcard receptions so far (the last RSN).
+    pub rsn: u64,
+    /// The protocol's own state (a logging protocol's sender log).
+    pub protocol: Vec<u8>,
     /// Window memories by window id.
     pub windows: Vec<(WinId, Vec<u8>)>,
 }
@@ -119,6 +125,27 @@ pub struct Engine {
     completed: HashMap<ReqId, AppMessage>,
     next_req: ReqId,
     ssn_out: BTreeMap<Rank, u64>,
+    /// Highest SSN arrived per source (HSR, 002 §3.1).
+    ssn_in: BTreeMap<Rank, u64>,
+    /// Wildcard-source receptions in this execution (RSN of the last one).
+    rsn: u64,
+    /// Logged outcomes of the next wildcard receptions, `(src, ssn)` in RSN
+    /// order (re-execution under message logging).
+    replay: VecDeque<(Rank, u64)>,
+    /// The protocol logs messages: a failure rolls back only the dead ranks,
+    /// an application message is accepted only as the next SSN of its
+    /// channel, and frames of survivors from older epochs stay valid.
+    logging: bool,
+    /// Frames from epochs before this are dropped (a global rollback).
+    rollback_floor: u64,
+    /// Per rank replaced under message logging: the epoch its current
+    /// incarnation started in (older frames from it are dropped).
+    incarnations: BTreeMap<Rank, u64>,
+    /// The protocol withheld the message being sent.
+    withhold: bool,
+    /// Taking part in the recovery from this failure event (a survivor
+    /// serving logs), for fault injection.
+    serving: Option<u64>,
     /// Application messages sent and arrived in this execution (coordinated
     /// checkpointing uses the totals to know no message is in transit).
     app_sent: u64,
@@ -129,8 +156,10 @@ pub struct Engine {
     capture_due: Option<u64>,
     committed_now: Option<u64>,
     resume: Option<Option<u64>>,
-    /// `Done` messages received (finalize, rank 0).
-    done_count: usize,
+    /// Ranks whose `Done` arrived (finalize, rank 0).
+    done_from: BTreeSet<Rank>,
+    /// This rank sent `Done` (finalize).
+    sent_done: bool,
     /// `Exit` received (finalize, other ranks).
     exit_received: bool,
     recovering: bool,
@@ -162,6 +191,7 @@ impl Engine {
         placement: Placement,
     ) -> Self {
         let (rank, size, epoch) = (ep.rank(), ep.size(), ep.start_epoch());
+        let logging = !proto.rolls_back_survivors();
         Engine {
             ep,
             proto,
@@ -178,6 +208,14 @@ impl Engine {
             completed: HashMap::new(),
             next_req: 1,
             ssn_out: BTreeMap::new(),
+            ssn_in: BTreeMap::new(),
+            rsn: 0,
+            replay: VecDeque::new(),
+            logging,
+            rollback_floor: if logging { 0 } else { epoch },
+            incarnations: BTreeMap::new(),
+            withhold: false,
+            serving: None,
             app_sent: 0,
             app_arrived: 0,
             interrupt: None,
@@ -186,7 +224,8 @@ impl Engine {
             committed_now: None,
             resume: None,
             exit_received: false,
-            done_count: 0,
+            done_from: BTreeSet::new(),
+            sent_done: false,
             recovering: false,
             in_checkpoint: None,
             checkpoints_entered: 0,
@@ -260,7 +299,7 @@ impl Engine {
         let at = FaultPoint {
             iteration: self.safe_points,
             progress: self.progress,
-            recovery: self.recovering.then_some(self.epoch),
+            recovery: self.recovering.then_some(self.epoch).or(self.serving),
             checkpoint: self.in_checkpoint,
         };
         self.ep.fault_point(&at)
@@ -341,7 +380,9 @@ impl Engine {
     fn on_incoming(&mut self, inc: Incoming) -> Result<()> {
         match inc {
             Incoming::Frame(f) => {
-                if f.epoch < self.epoch {
+                let stale = f.epoch < self.rollback_floor
+                    || self.incarnations.get(&f.src).is_some_and(|&e| f.epoch < e);
+                if stale {
                     Ok(()) // from an execution that has been rolled back
                 } else if f.epoch > self.epoch {
                     self.held_frames.push(f);
@@ -355,7 +396,20 @@ impl Engine {
                     return Ok(());
                 }
                 self.epoch = epoch;
+                if self.logging {
+                    for &d in &dead {
+                        self.incarnations.insert(d, epoch);
+                    }
+                    // A dead rank's `Done` no longer stands: its replacement
+                    // re-executes and needs everyone's logs until it is done.
+                    self.done_from.retain(|r| !dead.contains(r));
+                } else {
+                    self.rollback_floor = epoch;
+                }
                 self.handle(Event::PeerFailed { epoch, dead: &dead })?;
+                if self.logging && self.sent_done && dead.contains(&0) && self.rank != 0 {
+                    self.transmit(0, Body::Runtime(RuntimeMsg::Done))?;
+                }
                 // Frames sent in the new epoch before we heard of it are
                 // handled next, before anything else arrives.
                 let held = std::mem::take(&mut self.held_frames);
@@ -393,7 +447,9 @@ impl Engine {
             }
             Body::Runtime(m) => {
                 match m {
-                    RuntimeMsg::Done => self.done_count += 1,
+                    RuntimeMsg::Done => {
+                        self.done_from.insert(f.src);
+                    }
                     RuntimeMsg::Exit => self.exit_received = true,
                 }
                 Ok(())
@@ -402,23 +458,54 @@ impl Engine {
     }
 
     fn arrive(&mut self, msg: AppMessage) {
+        let hsr = self.ssn_in.entry(msg.envelope.src).or_insert(0);
+        if self.logging {
+            // A recovering rank's state is about to be replaced: the sender
+            // resends from its log after the restore. Otherwise accept only
+            // the channel's next SSN: lower is a duplicate (re-execution,
+            // resend), higher follows a message dropped during recovery,
+            // which the sender resends from its log with everything after it.
+            if self.recovering || msg.ssn != *hsr + 1 {
+                return;
+            }
+            *hsr = msg.ssn;
+        } else {
+            *hsr = (*hsr).max(msg.ssn);
+        }
         self.app_arrived += 1;
-        if let Some(i) = self
-            .posted
-            .iter()
-            .position(|(_, s)| s.matches(&msg.envelope))
-        {
-            let (id, _) = self.posted.remove(i);
-            self.deliver(id, msg);
+        if let Some(i) = self.posted.iter().position(|(_, s)| self.accepts(s, &msg)) {
+            let (id, spec) = self.posted.remove(i);
+            self.deliver(id, msg, spec.source.is_none());
         } else {
             self.unexpected.push_back(msg);
         }
     }
 
-    fn deliver(&mut self, id: ReqId, msg: AppMessage) {
+    /// Whether `spec` may match `msg`: during replay a wildcard-source
+    /// reception matches only the message its determinant names.
+    fn accepts(&self, spec: &MatchSpec, msg: &AppMessage) -> bool {
+        spec.matches(&msg.envelope)
+            && (spec.source.is_some()
+                || self
+                    .replay
+                    .front()
+                    .is_none_or(|&(src, ssn)| src == msg.envelope.src && ssn == msg.ssn))
+    }
+
+    fn deliver(&mut self, id: ReqId, msg: AppMessage, wildcard: bool) {
+        let (rsn, replayed) = if wildcard {
+            self.rsn += 1;
+            (Some(self.rsn), self.replay.pop_front().is_some())
+        } else {
+            (None, false)
+        };
         // Protocols only observe deliveries; their actions for this event
         // (logging determinants) cannot fail the delivery itself.
-        let _ = self.handle(Event::AppDeliver { msg: &msg });
+        let _ = self.handle(Event::AppDeliver {
+            msg: &msg,
+            wildcard: rsn,
+            replayed,
+        });
         self.completed.insert(id, msg);
     }
 
@@ -433,6 +520,8 @@ impl Engine {
             now: self.ep.now(),
             app_sent: self.app_sent,
             app_arrived: self.app_arrived,
+            hsr: &self.ssn_in,
+            rsn: self.rsn,
             actions: Vec::new(),
         };
         self.proto.handle(event, &mut cx);
@@ -505,6 +594,12 @@ impl Engine {
                 }
                 Action::Resume { generation } => self.resume = Some(generation),
                 Action::Record(stat) => self.ep.record(stat),
+                Action::Withhold => self.withhold = true,
+                Action::Resend { msg } => self.transmit(msg.envelope.dest, Body::App(msg))?,
+                Action::DropOlderPieces { owner, keep } => self.store.retain_owner(owner, keep),
+                Action::Checkpointed { generation } => self.committed_now = Some(generation),
+                Action::Replay { determinants } => self.load_replay(determinants)?,
+                Action::InRecovery(e) => self.serving = e,
             }
         }
         Ok(())
@@ -535,10 +630,21 @@ impl Engine {
             ssn,
             payload,
         };
+        self.withhold = false;
         self.handle(Event::AppSend { msg: &msg })?;
         self.check()?;
         if dest == self.rank {
             self.arrive(msg);
+            return Ok(());
+        }
+        // Pessimistic condition: nothing leaves before the determinants it
+        // may depend on are stored (also for a withheld message: it may be
+        // resent later).
+        while !self.proto.send_ready() {
+            self.check()?;
+            self.progress(None)?;
+        }
+        if std::mem::take(&mut self.withhold) {
             return Ok(());
         }
         self.transmit(dest, Body::App(msg))
@@ -552,13 +658,9 @@ impl Engine {
         self.check()?;
         let id = self.next_req;
         self.next_req += 1;
-        if let Some(i) = self
-            .unexpected
-            .iter()
-            .position(|m| spec.matches(&m.envelope))
-        {
+        if let Some(i) = self.unexpected.iter().position(|m| self.accepts(&spec, m)) {
             if let Some(msg) = self.unexpected.remove(i) {
-                self.deliver(id, msg);
+                self.deliver(id, msg, spec.source.is_none());
             }
         } else {
             self.posted.push((id, spec));
@@ -609,7 +711,7 @@ impl Engine {
         Ok(self
             .unexpected
             .iter()
-            .find(|m| spec.matches(&m.envelope))
+            .find(|m| self.accepts(&spec, m))
             .map(|m| (m.envelope, m.payload.len())))
     }
 
@@ -734,6 +836,9 @@ impl Engine {
             app,
             unexpected: self.unexpected.iter().cloned().collect(),
             ssn_out: self.ssn_out.iter().map(|(&r, &n)| (r, n)).collect(),
+            ssn_in: self.ssn_in.iter().map(|(&r, &n)| (r, n)).collect(),
+            rsn: self.rsn,
+            protocol: self.proto.save_state()?,
             windows,
         };
         Ok(postcard::to_allocvec(&snap)?)
@@ -747,7 +852,11 @@ impl Engine {
         self.posted.clear();
         self.completed.clear();
         self.exit_received = false;
-        self.done_count = 0;
+        self.done_from.clear();
+        self.sent_done = false;
+        self.ssn_in.clear();
+        self.rsn = 0;
+        self.replay.clear();
         self.capture_due = None;
         self.committed_now = None;
         self.released = false;
@@ -794,6 +903,7 @@ impl Engine {
             if let Some(generation) = self.resume.take() {
                 self.recovering = false;
                 self.restore(generation)?;
+                self.handle(Event::Restored { generation })?;
                 self.ep.record(Stat::Resumed {
                     epoch: self.epoch,
                     rolled_back: true,
@@ -832,10 +942,39 @@ impl Engine {
         // so they follow.
         let arrived = std::mem::take(&mut self.unexpected);
         self.unexpected = snap.unexpected.into();
+        self.ssn_in = snap.ssn_in.into_iter().collect();
+        for m in &arrived {
+            let h = self.ssn_in.entry(m.envelope.src).or_insert(0);
+            *h = (*h).max(m.ssn);
+        }
         self.unexpected.extend(arrived);
         self.ssn_out = snap.ssn_out.into_iter().collect();
+        self.rsn = snap.rsn;
+        self.proto.load_state(&snap.protocol)?;
         self.restore_windows = snap.windows.into_iter().collect();
         self.restore_app = Some(snap.app);
+        Ok(())
+    }
+
+    /// Force the outcomes of the wildcard receptions after the restored
+    /// state's RSN. The determinants must follow on without a gap (a gap
+    /// means one was lost, and the replay would diverge).
+    fn load_replay(&mut self, mut dets: Vec<Determinant>) -> Result<()> {
+        dets.retain(|d| d.rsn > self.rsn);
+        dets.sort_by_key(|d| d.rsn);
+        for (i, d) in dets.iter().enumerate() {
+            if d.rsn != self.rsn + 1 + i as u64 {
+                return Err(Error::Unrecoverable(
+                    format!(
+                        "rank {}: the determinant of wildcard reception {} is missing",
+                        self.rank,
+                        self.rsn + 1 + i as u64
+                    )
+                    .into(),
+                ));
+            }
+        }
+        self.replay = dets.into_iter().map(|d| (d.src, d.ssn)).collect();
         Ok(())
     }
 
@@ -849,11 +988,13 @@ impl Engine {
     /// rank function runs again) or fail. No fault is injected here.
     pub fn finalize(&mut self) -> Result<()> {
         self.check()?;
+        self.handle(Event::Finish)?;
+        self.sent_done = true;
         self.transmit(0, Body::Runtime(RuntimeMsg::Done))?;
         loop {
             self.check()?;
             if self.rank == 0 {
-                if self.done_count >= self.size {
+                if self.done_from.len() >= self.size {
                     for d in 1..self.size {
                         self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
                     }
@@ -872,6 +1013,19 @@ impl Engine {
     /// world ranks `group`.
     pub fn window_create(&mut self, id: WinId, bytes: usize, group: Vec<Rank>) -> Result<()> {
         self.enter()?;
+        if self.logging {
+            // Survivors keep their progress, so a restored window would miss
+            // the one-sided updates made since its checkpoint: that needs
+            // RMA access logging (003 §3.2), not message logging.
+            return Err(Error::config(
+                "--protocol",
+                format!(
+                    "protocol `{}` logs messages, not one-sided RMA: windows need a \
+                     checkpointing protocol (coordinated)",
+                    self.proto.name()
+                ),
+            ));
+        }
         let init = self.restore_windows.remove(&id);
         if let Some(m) = &init
             && m.len() != bytes

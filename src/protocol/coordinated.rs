@@ -325,7 +325,7 @@ impl Coordinated {
                 self.try_stored(generation, cx);
             }
             Control::Commit { generation, every } => self.on_commit(generation, every, cx),
-            Control::Marker { .. } => {}
+            Control::Marker { .. } | Control::Log(_) => {}
             Control::Inventory {
                 committed,
                 held,
@@ -463,7 +463,10 @@ impl Protocol for Coordinated {
                     },
                 });
             }
-            Event::AppSend { .. } | Event::AppDeliver { .. } => {}
+            Event::AppSend { .. }
+            | Event::AppDeliver { .. }
+            | Event::Restored { .. }
+            | Event::Finish => {}
         }
     }
 }
@@ -505,6 +508,8 @@ mod tests {
                 now: self.now,
                 app_sent: self.sent,
                 app_arrived: self.arrived,
+                hsr: &BTreeMap::new(),
+                rsn: 0,
                 actions: Vec::new(),
             };
             p.handle(ev, &mut cx);
@@ -731,6 +736,8 @@ mod tests {
             now: Duration::ZERO,
             app_sent: 0,
             app_arrived: 0,
+            hsr: &BTreeMap::new(),
+            rsn: 0,
             actions: Vec::new(),
         };
         let mut rec = Recovery::default();

@@ -15,7 +15,7 @@
 //! | [`none`] | baseline | implemented |
 //! | [`coordinated`] | 004 §2.2, 003 §3.1 | implemented |
 //! | `chandy_lamport` | 000 | planned |
-//! | `pessimistic` | 004 §2, 002 §2.1 | planned |
+//! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (message passing; not RMA) |
 //! | `ulml` | 002 | planned |
 //! | `correlated` | 004 §3 | planned |
 //! | `rma` | 003 §3–§6 | planned |
@@ -23,7 +23,9 @@
 
 pub mod coordinated;
 pub mod none;
+pub mod pessimistic;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -42,17 +44,25 @@ pub enum ProtocolKind {
     None,
     /// Blocking coordinated checkpointing.
     Coordinated,
+    /// Pessimistic sender-based message logging with uncoordinated
+    /// checkpoints: only failed ranks roll back.
+    Pessimistic,
 }
 
 impl ProtocolKind {
     /// All protocols that exist.
-    pub const ALL: [ProtocolKind; 2] = [ProtocolKind::None, ProtocolKind::Coordinated];
+    pub const ALL: [ProtocolKind; 3] = [
+        ProtocolKind::None,
+        ProtocolKind::Coordinated,
+        ProtocolKind::Pessimistic,
+    ];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             ProtocolKind::None => "none",
             ProtocolKind::Coordinated => "coordinated",
+            ProtocolKind::Pessimistic => "pessimistic",
         }
     }
 
@@ -60,13 +70,33 @@ impl ProtocolKind {
     /// `checkpoint_every` safe points, or, with `mtbf_s`, at Daly's interval
     /// (003 §6.1) from the measured checkpoint cost, starting with
     /// `checkpoint_every`.
-    pub fn build(self, checkpoint_every: u64, mtbf_s: Option<f64>) -> Box<dyn Protocol> {
+    pub fn build(
+        self,
+        checkpoint_every: u64,
+        mtbf_s: Option<f64>,
+        log_budget: Option<usize>,
+    ) -> Box<dyn Protocol> {
         match self {
             ProtocolKind::None => Box::new(none::NoProtocol),
             ProtocolKind::Coordinated => {
                 Box::new(coordinated::Coordinated::new(checkpoint_every).with_daly(mtbf_s))
             }
+            ProtocolKind::Pessimistic => {
+                Box::new(pessimistic::Pessimistic::new(checkpoint_every, log_budget))
+            }
         }
+    }
+
+    /// Whether a failure rolls the survivors back too (checkpointing
+    /// without logs), or only the ranks that died (message logging).
+    pub fn rolls_back_survivors(self) -> bool {
+        !self.logs_messages()
+    }
+
+    /// Whether the protocol keeps sender-based message logs (survivors keep
+    /// their progress and replay what a recovering rank needs).
+    pub fn logs_messages(self) -> bool {
+        matches!(self, ProtocolKind::Pessimistic)
     }
 
     /// Whether the driver starts a replacement for a dead rank.
@@ -172,6 +202,24 @@ pub enum Control {
     Ready,
     /// Recovery: everyone is ready; resume.
     Go,
+    /// Message logging (pessimistic, ulml, correlated).
+    Log(pessimistic::LogMsg),
+}
+
+/// A determinant (004 §2.2, event logging): the outcome of one
+/// nondeterministic reception. The `rsn`-th reception of the receiver that
+/// could have matched messages of several senders (a wildcard-source receive
+/// or probe) matched message `ssn` of `src`. Receptions from a named source
+/// need none: channels are FIFO and resent in SSN order, so their outcome is
+/// fixed by the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Determinant {
+    /// Reception sequence number among the receiver's wildcard receptions.
+    pub rsn: u64,
+    /// Sender of the matched message.
+    pub src: Rank,
+    /// Its send sequence number.
+    pub ssn: u64,
 }
 
 /// What happened, as the protocol sees it.
@@ -187,6 +235,11 @@ pub enum Event<'a> {
     AppDeliver {
         /// The message.
         msg: &'a AppMessage,
+        /// For a wildcard-source reception: its reception sequence number
+        /// (the determinant to log).
+        wildcard: Option<u64>,
+        /// The reception was forced by a logged determinant (replay).
+        replayed: bool,
     },
     /// The application reached safe point number `index` (1-based).
     SafePoint {
@@ -225,6 +278,15 @@ pub enum Event<'a> {
         /// Whether this rank is a freshly started replacement.
         replacement: bool,
     },
+    /// Recovery ended: the engine restored `generation` (with the protocol's
+    /// own saved state, see [`Protocol::load_state`]) and the rank function
+    /// is about to run again.
+    Restored {
+        /// Generation restored (`None`: from the beginning).
+        generation: Option<u64>,
+    },
+    /// The rank function returned; the rank is finalizing.
+    Finish,
 }
 
 /// What the protocol asks the engine to do.
@@ -287,6 +349,40 @@ pub enum Action {
     },
     /// Report a statistic to the driver.
     Record(crate::driver::Stat),
+    /// Do not transmit the message of the `AppSend` being handled (it is
+    /// logged; the protocol sends it later with `Resend`, or the receiver
+    /// already has it).
+    Withhold,
+    /// Transmit a logged application message again (or for the first time,
+    /// after a `Withhold`).
+    Resend {
+        /// The message (its payload shared with the log).
+        msg: AppMessage,
+    },
+    /// Drop the checkpoint pieces of `owner` older than `keep`
+    /// (uncoordinated checkpoints: each rank has its own generations).
+    DropOlderPieces {
+        /// Whose pieces.
+        owner: Rank,
+        /// Oldest generation kept.
+        keep: u64,
+    },
+    /// Count a checkpoint of `generation` taken at this safe point (without
+    /// a commit record: uncoordinated checkpoints).
+    Checkpointed {
+        /// Generation.
+        generation: u64,
+    },
+    /// Force the outcomes of wildcard receptions during re-execution (those
+    /// with an `rsn` past the restored state's are used, in `rsn` order).
+    Replay {
+        /// Logged determinants.
+        determinants: Vec<Determinant>,
+    },
+    /// This rank takes part in the recovery from failure event `epoch`
+    /// (`None`: no longer), for fault injection at `R@recovery` (a
+    /// survivor serving logs to a recovering rank under message logging).
+    InRecovery(Option<u64>),
 }
 
 /// Read-only facts and the action sink handed to a protocol with each event.
@@ -306,6 +402,10 @@ pub struct ProtocolCx<'a> {
     /// Application messages that arrived at this rank in the current
     /// execution (matched or not).
     pub app_arrived: u64,
+    /// Highest SSN arrived per source (HSR, 002 §3.1), channels used only.
+    pub hsr: &'a BTreeMap<Rank, u64>,
+    /// Wildcard receptions so far in this execution (the last RSN).
+    pub rsn: u64,
     /// Emitted actions, executed in order after the handler returns.
     pub actions: Vec<Action>,
 }
@@ -333,4 +433,26 @@ pub trait Protocol: Send {
     fn name(&self) -> &'static str;
     /// Consume one event, emitting actions into `cx`.
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>);
+    /// Whether a failure rolls back the survivors as well (otherwise only
+    /// the dead ranks re-execute, and frames of survivors sent in an older
+    /// epoch stay valid).
+    fn rolls_back_survivors(&self) -> bool {
+        true
+    }
+    /// Whether the rank may transmit an application message now. Pessimistic
+    /// logging holds sends until every determinant they may depend on is
+    /// stored (004 §2.2: no unlogged nondeterministic event precedes a send).
+    fn send_ready(&self) -> bool {
+        true
+    }
+    /// The protocol's own state saved in each checkpoint piece (a logging
+    /// protocol's sender log: 004 §2.2, sender-based data is part of the
+    /// checkpoint).
+    fn save_state(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    /// Restore what [`Protocol::save_state`] saved.
+    fn load_state(&mut self, _state: &[u8]) -> Result<()> {
+        Ok(())
+    }
 }

@@ -519,6 +519,13 @@ impl CheckpointStore for MultiLevel {
         self.unstored.clear();
     }
 
+    fn retain_owner(&mut self, owner: Rank, keep: u64) {
+        self.partner.retain_owner(owner, keep);
+        if owner == self.rank {
+            self.unstored.retain(|&g, _| g >= keep);
+        }
+    }
+
     fn abort_transfers(&mut self) {
         self.partner.abort_transfers();
         if let Some(e) = self.erasure.as_mut() {

@@ -205,6 +205,10 @@ pub trait CheckpointStore: Send {
     /// Drop every piece except those of `keep` (all, if `None`) and forget
     /// in-flight transfers (at the start of a recovery decision).
     fn retain_only(&mut self, keep: Option<u64>);
+    /// Drop the pieces of `owner` older than generation `keep` (checkpoints
+    /// taken by each rank alone, under message logging: each owner has its
+    /// own generations).
+    fn retain_owner(&mut self, owner: Rank, keep: u64);
     /// Forget in-flight transfers (a new failure interrupted them).
     fn abort_transfers(&mut self);
     /// Bytes of checkpoint data held here (own and others' pieces).

@@ -172,6 +172,13 @@ impl CheckpointStore for PartnerStore {
         self.abort_transfers();
     }
 
+    fn retain_owner(&mut self, owner: Rank, keep: u64) {
+        self.pieces.retain(|&(g, o), _| o != owner || g >= keep);
+        if owner == self.rank {
+            self.awaiting_ack.retain(|&g| g >= keep);
+        }
+    }
+
     fn abort_transfers(&mut self) {
         self.awaiting_ack.clear();
         self.fetching = None;

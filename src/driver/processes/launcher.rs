@@ -233,7 +233,11 @@ impl<'a> Launcher<'a> {
             replaces: None,
             protocol: spec.protocol.clone(),
             fired: BTreeSet::new(),
-            stats: StatsBook::default(),
+            stats: StatsBook::new(
+                spec.protocol_override
+                    .or_else(|| spec.protocol.parse().ok())
+                    .unwrap_or(crate::ProtocolKind::Coordinated),
+            ),
             finals: Finals::new(spec.ranks),
             peers_sent: false,
             detections: Vec::new(),

@@ -1,0 +1,928 @@
+//! Protocol `pessimistic`: pessimistic sender-based message logging with
+//! uncoordinated checkpoints (004 §2.2; the library-level protocol of
+//! 002 §2.1). A failure rolls back only the ranks that died; everyone else
+//! keeps its progress.
+//!
+//! **Payload copy (sender-based).** Every application message a rank sends
+//! to another rank is kept in the sender's log for that destination, in SSN
+//! order. The log holds the payload [`bytes::Bytes`] the transport carries,
+//! so logging copies nothing (DESIGN principle 4). The log is part of the
+//! sender's checkpoint (004 §2.2: sender-based data is part of the
+//! checkpoint), so a sender that dies together with a receiver still has
+//! the messages sent before its own checkpoint.
+//!
+//! **Event logging.** The only nondeterminism is the order of receptions
+//! from different senders. A receive from a named source matches that
+//! channel's messages in SSN order (channels are FIFO and are resent in SSN
+//! order), so its outcome is fixed by the program; a wildcard-source receive
+//! (or probe) is not, and its outcome, a [`Determinant`] (RSN → sender,
+//! SSN), is sent to the rank's *determinant holder*: its checkpoint partner,
+//! in another failure domain. The rank sends nothing until the holder has
+//! acknowledged every determinant (the pessimistic condition: no unlogged
+//! nondeterministic event precedes a send).
+//!
+//! **Checkpoints** are taken by each rank alone, every `every`-th safe
+//! point, and stored by the partner level. Once a rank's checkpoint is
+//! stored it tells each sender the highest SSN the checkpoint holds from it
+//! (`Trim`), and its holder the last RSN (`TrimHeld`): logs and
+//! determinants the checkpoint no longer needs are dropped. With a log
+//! budget, a sender whose log passes half of it asks its largest consumer to
+//! checkpoint at its next safe point (`CheckpointRequest`).
+//!
+//! **Recovery.** A replacement asks its holder for its newest stored piece
+//! and its determinants (`Locate`/`Located`), restores the piece (its log
+//! included), and tells every rank the highest SSN it has from it
+//! (`Recovering`, the HSR of 002 §3.3). Each rank resends its logged
+//! messages above that SSN, in order, and answers with its own HSR for the
+//! recovering rank (`Hsr`), so the re-executing rank withholds the messages
+//! the receiver already has (and the receiver drops any duplicate by SSN).
+//! Wildcard receptions are forced to the logged outcomes, in RSN order.
+//! When a rank dies, every rank also sends it `Recovering`: its replacement
+//! serves those after its restore from the log it restored, so messages
+//! sent before its checkpoint reach ranks that had not received them (the
+//! logs a dead rank held for others are rebuilt by its re-execution,
+//! 004 §2.2). A survivor whose holder died re-sends its determinants and
+//! its checkpoint piece to the replacement, and sends nothing meanwhile.
+//! Several ranks failing at once, and failures during a recovery, are
+//! recovered, except the loss of a rank together with its holder before the
+//! rank's replacement fetched its state: that is reported as an error.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
+use crate::driver::Stat;
+use crate::engine::frame::AppMessage;
+use crate::{Error, Rank, Result};
+
+/// Control messages of the logging protocols.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogMsg {
+    /// Receiver to its holder: determinants to keep. `full`: every
+    /// determinant since the receiver's stored checkpoint (re-provisioning a
+    /// replaced holder).
+    Determinants {
+        /// The determinants.
+        determinants: Vec<Determinant>,
+        /// Whether this is the complete set.
+        full: bool,
+    },
+    /// Holder to receiver: determinants up to this RSN are stored.
+    DeterminantAck {
+        /// Highest RSN acknowledged.
+        upto: u64,
+    },
+    /// Receiver to sender: my stored checkpoint holds your messages up to
+    /// this SSN; drop them from your log.
+    Trim {
+        /// Highest SSN no longer needed.
+        upto: u64,
+    },
+    /// Owner to holder: my checkpoint `generation` is stored; drop my
+    /// determinants up to `rsn` and my older pieces.
+    TrimHeld {
+        /// The stored generation.
+        generation: u64,
+        /// Last RSN it covers.
+        rsn: u64,
+    },
+    /// Replacement to its holder: what do you hold of mine?
+    Locate,
+    /// Holder to replacement: the newest piece and the determinants held.
+    Located {
+        /// Newest generation of the replacement's piece held.
+        generation: Option<u64>,
+        /// Determinants held for it.
+        determinants: Vec<Determinant>,
+        /// Whether the holder's knowledge is complete (false: the holder was
+        /// itself replaced and never re-provisioned by this rank).
+        complete: bool,
+    },
+    /// A restored rank (or a rank that learned of the receiver's death):
+    /// "I have your messages up to SSN `hsr`; send what follows".
+    Recovering {
+        /// Highest SSN received from the receiver.
+        hsr: u64,
+    },
+    /// Answer to `Recovering`: the sender has the receiver's messages up to
+    /// this SSN (the re-executing receiver withholds them).
+    Hsr {
+        /// Highest SSN received.
+        hsr: u64,
+    },
+    /// A sender's log for the receiver passed half the budget: checkpoint at
+    /// the next safe point.
+    CheckpointRequest,
+}
+
+/// Counters reported to the driver (totals as deltas, logs as current).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Counters {
+    records: u64,
+    bytes: u64,
+    determinants: u64,
+    resent: u64,
+}
+
+/// What a checkpoint piece holds of this protocol.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SavedState {
+    log: Vec<(Rank, Vec<AppMessage>)>,
+    trimmed: Vec<(Rank, u64)>,
+    next_generation: u64,
+}
+
+/// A replacement's recovery.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Asked the holder.
+    Locating,
+    /// Fetching the piece from the holder.
+    Fetching,
+    /// Restored.
+    Done,
+}
+
+/// State of the pessimistic protocol on one rank.
+#[derive(Debug)]
+pub struct Pessimistic {
+    every: u64,
+    since_last: u64,
+    next_generation: u64,
+    log_budget: Option<usize>,
+    /// Sender-based payload log per destination, in SSN order.
+    log: BTreeMap<Rank, VecDeque<AppMessage>>,
+    log_bytes: usize,
+    log_records: usize,
+    /// Per destination: SSNs up to this were trimmed by its checkpoint.
+    trimmed: BTreeMap<Rank, u64>,
+    /// This rank's determinants since its last stored checkpoint.
+    own: Vec<Determinant>,
+    /// RSNs not yet acknowledged by the holder (sends wait).
+    unacked: BTreeSet<u64>,
+    /// Determinants held for other ranks, by owner and RSN.
+    held: BTreeMap<Rank, BTreeMap<u64, Determinant>>,
+    /// Owners that re-provisioned this incarnation (after it was replaced).
+    provisioned: BTreeSet<Rank>,
+    /// Epoch this incarnation started in (0: the original).
+    since: u64,
+    /// Captured, not yet stored: generation → (HSR per source, last RSN).
+    pending: BTreeMap<u64, (Vec<(Rank, u64)>, u64)>,
+    stored: Option<u64>,
+    forced: bool,
+    /// Dead ranks whose replacement has not asked yet: sends wait in the log.
+    awaiting: BTreeSet<Rank>,
+    /// Per destination: it already has our messages up to this SSN.
+    suppress: BTreeMap<Rank, u64>,
+    /// Recovery of this replacement.
+    phase: Phase,
+    replay: Vec<Determinant>,
+    /// `Recovering` requests that came before this replacement restored.
+    deferred: Vec<(Rank, u64)>,
+    /// Destinations asked to checkpoint (log budget), until they trim.
+    requested: BTreeSet<Rank>,
+    counters: Counters,
+    reported: Counters,
+    reported_bytes: usize,
+}
+
+impl Pessimistic {
+    /// Checkpoint every `every` safe points (0: only when asked); with
+    /// `log_budget`, ask receivers to checkpoint once the log passes half of
+    /// it.
+    pub fn new(every: u64, log_budget: Option<usize>) -> Self {
+        Pessimistic {
+            every,
+            since_last: 0,
+            next_generation: 1,
+            log_budget,
+            log: BTreeMap::new(),
+            log_bytes: 0,
+            log_records: 0,
+            trimmed: BTreeMap::new(),
+            own: Vec::new(),
+            unacked: BTreeSet::new(),
+            held: BTreeMap::new(),
+            provisioned: BTreeSet::new(),
+            since: 0,
+            pending: BTreeMap::new(),
+            stored: None,
+            forced: false,
+            awaiting: BTreeSet::new(),
+            suppress: BTreeMap::new(),
+            phase: Phase::Done,
+            replay: Vec::new(),
+            deferred: Vec::new(),
+            requested: BTreeSet::new(),
+            counters: Counters::default(),
+            reported: Counters::default(),
+            reported_bytes: 0,
+        }
+    }
+
+    fn holder(cx: &ProtocolCx<'_>) -> Option<Rank> {
+        cx.placement.partner(cx.rank)
+    }
+
+    fn send(cx: &mut ProtocolCx<'_>, dest: Rank, msg: LogMsg) {
+        cx.emit(Action::Transmit {
+            dest,
+            msg: Control::Log(msg),
+        });
+    }
+
+    /// Report counters that changed since the last report.
+    fn report(&mut self, cx: &mut ProtocolCx<'_>) {
+        let c = self.counters;
+        let r = self.reported;
+        if c == r && self.log_bytes == self.reported_bytes {
+            return;
+        }
+        cx.emit(Action::Record(Stat::Log {
+            records: c.records - r.records,
+            bytes: c.bytes - r.bytes,
+            determinants: c.determinants - r.determinants,
+            resent: c.resent - r.resent,
+            log_records: self.log_records,
+            log_bytes: self.log_bytes,
+        }));
+        self.reported = c;
+        self.reported_bytes = self.log_bytes;
+    }
+
+    fn on_send(&mut self, msg: &AppMessage, cx: &mut ProtocolCx<'_>) {
+        let dest = msg.envelope.dest;
+        if dest == cx.rank {
+            return; // regenerated by re-execution: never needed from a log
+        }
+        let len = msg.payload.len();
+        self.log.entry(dest).or_default().push_back(msg.clone());
+        self.log_bytes += len;
+        self.log_records += 1;
+        self.counters.records += 1;
+        self.counters.bytes += len as u64;
+        if self.awaiting.contains(&dest) || self.suppress.get(&dest).is_some_and(|&h| msg.ssn <= h)
+        {
+            cx.emit(Action::Withhold);
+        }
+        if let Some(budget) = self.log_budget
+            && self.log_bytes > budget / 2
+        {
+            let largest = self
+                .log
+                .iter()
+                .filter(|(d, _)| !self.requested.contains(d))
+                .map(|(&d, q)| (q.iter().map(|m| m.payload.len()).sum::<usize>(), d))
+                .max();
+            if let Some((bytes, d)) = largest
+                && bytes > 0
+            {
+                self.requested.insert(d);
+                Self::send(cx, d, LogMsg::CheckpointRequest);
+            }
+        }
+    }
+
+    fn on_deliver(&mut self, det: Determinant, replayed: bool, cx: &mut ProtocolCx<'_>) {
+        self.own.push(det);
+        if replayed {
+            return; // its holder has it: it came from there
+        }
+        self.counters.determinants += 1;
+        // Counted now: the rank may die before its next safe point.
+        self.report(cx);
+        if let Some(h) = Self::holder(cx) {
+            self.unacked.insert(det.rsn);
+            Self::send(
+                cx,
+                h,
+                LogMsg::Determinants {
+                    determinants: vec![det],
+                    full: false,
+                },
+            );
+        }
+    }
+
+    fn on_safe_point(&mut self, cx: &mut ProtocolCx<'_>) {
+        self.since_last += 1;
+        if (self.every > 0 && self.since_last >= self.every) || self.forced {
+            self.since_last = 0;
+            self.forced = false;
+            let generation = self.next_generation;
+            self.next_generation += 1;
+            let hsr = cx.hsr.iter().map(|(&r, &n)| (r, n)).collect();
+            self.pending.insert(generation, (hsr, cx.rsn));
+            cx.emit(Action::Capture { generation });
+            cx.emit(Action::Checkpointed { generation });
+        }
+        self.report(cx);
+        cx.emit(Action::ReleaseSafePoint);
+    }
+
+    fn on_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        let Some((hsr, rsn)) = self.pending.remove(&generation) else {
+            return; // a re-replicated older piece
+        };
+        self.pending.retain(|&g, _| g > generation);
+        for (src, upto) in hsr {
+            if src != cx.rank {
+                Self::send(cx, src, LogMsg::Trim { upto });
+            }
+        }
+        if let Some(h) = Self::holder(cx) {
+            Self::send(cx, h, LogMsg::TrimHeld { generation, rsn });
+        }
+        cx.emit(Action::DropOlderPieces {
+            owner: cx.rank,
+            keep: generation,
+        });
+        self.own.retain(|d| d.rsn > rsn);
+        self.unacked.retain(|&r| r > rsn);
+        self.stored = Some(generation);
+    }
+
+    fn trim(&mut self, dest: Rank, upto: u64) {
+        let t = self.trimmed.entry(dest).or_insert(0);
+        *t = (*t).max(upto);
+        if let Some(q) = self.log.get_mut(&dest) {
+            while q.front().is_some_and(|m| m.ssn <= upto) {
+                if let Some(m) = q.pop_front() {
+                    self.log_bytes -= m.payload.len();
+                    self.log_records -= 1;
+                }
+            }
+        }
+        self.requested.remove(&dest);
+    }
+
+    /// `r` has our messages up to `hsr` and needs the rest (002 §3.3).
+    fn serve(&mut self, r: Rank, hsr: u64, cx: &mut ProtocolCx<'_>) {
+        let trimmed = self.trimmed.get(&r).copied().unwrap_or(0);
+        if hsr < trimmed {
+            cx.emit(Action::Fail(Error::Unrecoverable(
+                format!(
+                    "rank {r} restarted with rank {}'s messages only up to SSN {hsr}, but its \
+                     stored checkpoint had made SSNs up to {trimmed} unnecessary, so they were \
+                     dropped from the log: that checkpoint was lost",
+                    cx.rank
+                )
+                .into(),
+            )));
+            return;
+        }
+        if let Some(q) = self.log.get(&r) {
+            for m in q.iter().filter(|m| m.ssn > hsr) {
+                cx.emit(Action::Resend { msg: m.clone() });
+                self.counters.resent += 1;
+            }
+        }
+        self.awaiting.remove(&r);
+        self.suppress.insert(r, hsr);
+        let mine = cx.hsr.get(&r).copied().unwrap_or(0);
+        Self::send(cx, r, LogMsg::Hsr { hsr: mine });
+        if Self::holder(cx) == Some(r) {
+            // Our holder was replaced: give it our determinants and piece
+            // again, and send nothing until it has them.
+            self.unacked = self.own.iter().map(|d| d.rsn).collect();
+            Self::send(
+                cx,
+                r,
+                LogMsg::Determinants {
+                    determinants: self.own.clone(),
+                    full: true,
+                },
+            );
+            if let Some(generation) = self.stored {
+                cx.emit(Action::Replicate { generation });
+            }
+        }
+        if self.awaiting.is_empty() {
+            cx.emit(Action::InRecovery(None));
+        }
+        self.report(cx);
+    }
+
+    fn on_log(&mut self, src: Rank, msg: LogMsg, cx: &mut ProtocolCx<'_>) {
+        match msg {
+            LogMsg::Determinants { determinants, full } => {
+                let held = self.held.entry(src).or_default();
+                let upto = determinants.iter().map(|d| d.rsn).max();
+                for d in determinants {
+                    held.insert(d.rsn, d);
+                }
+                if full {
+                    self.provisioned.insert(src);
+                }
+                if let Some(upto) = upto {
+                    Self::send(cx, src, LogMsg::DeterminantAck { upto });
+                }
+            }
+            LogMsg::DeterminantAck { upto } => self.unacked.retain(|&r| r > upto),
+            LogMsg::Trim { upto } => self.trim(src, upto),
+            LogMsg::TrimHeld { generation, rsn } => {
+                if let Some(h) = self.held.get_mut(&src) {
+                    h.retain(|&r, _| r > rsn);
+                }
+                cx.emit(Action::DropOlderPieces {
+                    owner: src,
+                    keep: generation,
+                });
+            }
+            LogMsg::Locate => {
+                let generation = cx
+                    .store
+                    .held()
+                    .into_iter()
+                    .filter(|&(_, owner)| owner == src)
+                    .map(|(g, _)| g)
+                    .max();
+                let determinants = self
+                    .held
+                    .get(&src)
+                    .map(|h| h.values().copied().collect())
+                    .unwrap_or_default();
+                let complete = self.since == 0 || self.provisioned.contains(&src);
+                Self::send(
+                    cx,
+                    src,
+                    LogMsg::Located {
+                        generation,
+                        determinants,
+                        complete,
+                    },
+                );
+            }
+            LogMsg::Located {
+                generation,
+                determinants,
+                complete,
+            } => {
+                if self.phase != Phase::Locating {
+                    return;
+                }
+                if !complete {
+                    cx.emit(Action::Fail(Self::lost_with_holder(cx.rank, src)));
+                    return;
+                }
+                self.replay = determinants;
+                match generation {
+                    Some(generation) => {
+                        self.phase = Phase::Fetching;
+                        cx.emit(Action::Fetch {
+                            generation,
+                            holder: src,
+                        });
+                    }
+                    None => cx.emit(Action::Resume { generation: None }),
+                }
+            }
+            LogMsg::Recovering { hsr } => {
+                if self.phase == Phase::Done {
+                    self.serve(src, hsr, cx);
+                } else {
+                    self.deferred.push((src, hsr));
+                }
+            }
+            LogMsg::Hsr { hsr } => {
+                self.suppress.insert(src, hsr);
+            }
+            LogMsg::CheckpointRequest => self.forced = true,
+        }
+    }
+
+    fn lost_with_holder(rank: Rank, holder: Rank) -> Error {
+        Error::Unrecoverable(
+            format!(
+                "rank {rank}'s checkpoint and determinants were held by rank {holder}, which \
+                 failed before rank {rank}'s replacement fetched them; place ranks on several \
+                 failure domains (--nodes) so that a rank and its holder do not fail together"
+            )
+            .into(),
+        )
+    }
+}
+
+impl Protocol for Pessimistic {
+    fn name(&self) -> &'static str {
+        "pessimistic"
+    }
+
+    fn rolls_back_survivors(&self) -> bool {
+        false
+    }
+
+    fn send_ready(&self) -> bool {
+        self.unacked.is_empty()
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>> {
+        let st = SavedState {
+            log: self
+                .log
+                .iter()
+                .map(|(&d, q)| (d, q.iter().cloned().collect()))
+                .collect(),
+            trimmed: self.trimmed.iter().map(|(&d, &n)| (d, n)).collect(),
+            next_generation: self.next_generation,
+        };
+        Ok(postcard::to_allocvec(&st)?)
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<()> {
+        let st: SavedState = postcard::from_bytes(state)?;
+        self.log = st.log.into_iter().map(|(d, v)| (d, v.into())).collect();
+        self.log_bytes = self.log.values().flatten().map(|m| m.payload.len()).sum();
+        self.log_records = self.log.values().map(VecDeque::len).sum();
+        self.trimmed = st.trimmed.into_iter().collect();
+        self.next_generation = st.next_generation;
+        Ok(())
+    }
+
+    fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        match event {
+            Event::AppSend { msg } => self.on_send(msg, cx),
+            Event::AppDeliver {
+                msg,
+                wildcard: Some(rsn),
+                replayed,
+            } => {
+                let det = Determinant {
+                    rsn,
+                    src: msg.envelope.src,
+                    ssn: msg.ssn,
+                };
+                self.on_deliver(det, replayed, cx);
+            }
+            Event::AppDeliver { wildcard: None, .. } => {}
+            Event::SafePoint { .. } => self.on_safe_point(cx),
+            Event::PieceStored { generation } => self.on_stored(generation, cx),
+            Event::PieceRestored { generation } => {
+                if self.phase == Phase::Fetching {
+                    cx.emit(Action::Resume {
+                        generation: Some(generation),
+                    });
+                }
+            }
+            Event::Control {
+                src,
+                msg: Control::Log(m),
+            } => self.on_log(src, m, cx),
+            Event::Control { .. } => {}
+            Event::PeerFailed { epoch, dead } => {
+                let holder = Self::holder(cx);
+                for &d in dead {
+                    self.awaiting.insert(d);
+                    self.suppress.remove(&d);
+                    self.requested.remove(&d);
+                    self.deferred.retain(|&(r, _)| r != d);
+                    // Its replacement serves this from its restored log:
+                    // messages sent before its checkpoint that we lack.
+                    let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
+                    Self::send(cx, d, LogMsg::Recovering { hsr });
+                }
+                if let Some(h) = holder.filter(|h| dead.contains(h)) {
+                    if self.phase != Phase::Done {
+                        cx.emit(Action::Fail(Self::lost_with_holder(cx.rank, h)));
+                        return;
+                    }
+                    // Only this rank has its determinants now.
+                    self.unacked = self.own.iter().map(|d| d.rsn).collect();
+                }
+                cx.emit(Action::InRecovery(Some(epoch)));
+            }
+            Event::Recover { epoch, .. } => {
+                // Only a replacement recovers under message logging.
+                self.since = epoch;
+                self.phase = Phase::Locating;
+                cx.emit(Action::InRecovery(Some(epoch)));
+                match Self::holder(cx) {
+                    Some(h) => Self::send(cx, h, LogMsg::Locate),
+                    None => cx.emit(Action::Resume { generation: None }),
+                }
+            }
+            Event::Restored { .. } => {
+                self.phase = Phase::Done;
+                cx.emit(Action::Replay {
+                    determinants: std::mem::take(&mut self.replay),
+                });
+                let me = cx.rank;
+                for d in (0..cx.size).filter(|&d| d != me) {
+                    let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
+                    Self::send(cx, d, LogMsg::Recovering { hsr });
+                }
+                for (r, hsr) in std::mem::take(&mut self.deferred) {
+                    self.serve(r, hsr, cx);
+                }
+                if self.awaiting.is_empty() {
+                    cx.emit(Action::InRecovery(None));
+                }
+            }
+            Event::Finish => self.report(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::frame::Envelope;
+    use crate::store::partner::PartnerStore;
+    use crate::topology::Placement;
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    /// Rank `rank` of 4 on one node (holder: the next rank).
+    struct Harness {
+        rank: Rank,
+        pl: Placement,
+        store: PartnerStore,
+        hsr: BTreeMap<Rank, u64>,
+        rsn: u64,
+    }
+
+    impl Harness {
+        fn new(rank: Rank) -> Self {
+            let pl = Placement::block(4, 1).expect("valid");
+            Harness {
+                rank,
+                store: PartnerStore::new(rank, &pl),
+                pl,
+                hsr: BTreeMap::new(),
+                rsn: 0,
+            }
+        }
+
+        fn run(&self, p: &mut Pessimistic, ev: Event<'_>) -> Vec<Action> {
+            let mut cx = ProtocolCx {
+                rank: self.rank,
+                size: 4,
+                placement: &self.pl,
+                store: &self.store,
+                now: Duration::ZERO,
+                app_sent: 0,
+                app_arrived: 0,
+                hsr: &self.hsr,
+                rsn: self.rsn,
+                actions: Vec::new(),
+            };
+            p.handle(ev, &mut cx);
+            cx.actions
+        }
+
+        fn control(&self, p: &mut Pessimistic, src: Rank, m: LogMsg) -> Vec<Action> {
+            self.run(
+                p,
+                Event::Control {
+                    src,
+                    msg: Control::Log(m),
+                },
+            )
+        }
+    }
+
+    fn msg(src: Rank, dest: Rank, ssn: u64, len: usize) -> AppMessage {
+        AppMessage {
+            envelope: Envelope {
+                src,
+                dest,
+                context: 0,
+                tag: 0,
+            },
+            ssn,
+            payload: Bytes::from(vec![ssn as u8; len]),
+        }
+    }
+
+    fn resent(actions: &[Action]) -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Resend { msg } => Some(msg.ssn),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn logs_by_reference_trims_on_the_receivers_checkpoint_and_resends_above_hsr() {
+        let h = Harness::new(0);
+        let mut p = Pessimistic::new(0, None);
+        let mut sent = Vec::new();
+        for ssn in 1..=5 {
+            let m = msg(0, 2, ssn, 100);
+            assert!(h.run(&mut p, Event::AppSend { msg: &m }).is_empty());
+            sent.push(m);
+        }
+        // The log shares the sent buffer (DESIGN principle 4).
+        let logged = &p.log[&2][0].payload;
+        assert_eq!(logged.as_ptr(), sent[0].payload.as_ptr());
+        assert_eq!((p.log_records, p.log_bytes), (5, 500));
+        h.control(&mut p, 2, LogMsg::Trim { upto: 2 });
+        assert_eq!((p.log_records, p.log_bytes), (3, 300));
+        // Rank 2 died; sends to it wait in the log.
+        h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[2],
+            },
+        );
+        let m6 = msg(0, 2, 6, 100);
+        assert_eq!(
+            h.run(&mut p, Event::AppSend { msg: &m6 }),
+            vec![Action::Withhold]
+        );
+        // Its replacement restored SSN 3 from us: 4, 5, 6 are resent in order.
+        let a = h.control(&mut p, 2, LogMsg::Recovering { hsr: 3 });
+        assert_eq!(resent(&a), vec![4, 5, 6]);
+        assert!(p.awaiting.is_empty());
+        assert!(a.contains(&Action::InRecovery(None)));
+    }
+
+    #[test]
+    fn a_restart_behind_a_trim_is_an_error_not_a_silent_gap() {
+        let h = Harness::new(0);
+        let mut p = Pessimistic::new(0, None);
+        for ssn in 1..=4 {
+            h.run(
+                &mut p,
+                Event::AppSend {
+                    msg: &msg(0, 1, ssn, 8),
+                },
+            );
+        }
+        h.control(&mut p, 1, LogMsg::Trim { upto: 3 });
+        let a = h.control(&mut p, 1, LogMsg::Recovering { hsr: 1 });
+        assert!(matches!(
+            a.as_slice(),
+            [Action::Fail(Error::Unrecoverable(_))]
+        ));
+    }
+
+    #[test]
+    fn sends_wait_until_the_holder_acknowledges_determinants() {
+        let mut h = Harness::new(1); // holder: rank 2
+        let mut p = Pessimistic::new(0, None);
+        let m = msg(3, 1, 1, 8);
+        h.rsn = 1;
+        let a = h.run(
+            &mut p,
+            Event::AppDeliver {
+                msg: &m,
+                wildcard: Some(1),
+                replayed: false,
+            },
+        );
+        let det = Determinant {
+            rsn: 1,
+            src: 3,
+            ssn: 1,
+        };
+        assert!(a.contains(&Action::Transmit {
+            dest: 2,
+            msg: Control::Log(LogMsg::Determinants {
+                determinants: vec![det],
+                full: false
+            })
+        }));
+        assert!(!p.send_ready());
+        h.control(&mut p, 2, LogMsg::DeterminantAck { upto: 1 });
+        assert!(p.send_ready());
+        // A replayed reception is not logged again.
+        let a = h.run(
+            &mut p,
+            Event::AppDeliver {
+                msg: &msg(3, 1, 2, 8),
+                wildcard: Some(2),
+                replayed: true,
+            },
+        );
+        assert!(a.is_empty() && p.send_ready());
+        // The holder died: only this rank has its determinants; sends wait
+        // until the replacement holder has them all again.
+        h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[2],
+            },
+        );
+        assert!(!p.send_ready());
+        let a = h.control(&mut p, 2, LogMsg::Recovering { hsr: 0 });
+        assert!(a.iter().any(|x| matches!(
+            x,
+            Action::Transmit {
+                dest: 2,
+                msg: Control::Log(LogMsg::Determinants { full: true, determinants })
+            } if determinants.len() == 2
+        )));
+        h.control(&mut p, 2, LogMsg::DeterminantAck { upto: 2 });
+        assert!(p.send_ready());
+    }
+
+    #[test]
+    fn a_replacement_locates_fetches_replays_and_asks_everyone() {
+        let h = Harness::new(3); // holder: rank 0
+        let mut p = Pessimistic::new(2, None);
+        let a = h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: true,
+            },
+        );
+        assert!(a.contains(&Action::Transmit {
+            dest: 0,
+            msg: Control::Log(LogMsg::Locate)
+        }));
+        // A request served only after the restore.
+        assert!(
+            h.control(&mut p, 1, LogMsg::Recovering { hsr: 0 })
+                .is_empty()
+        );
+        let det = Determinant {
+            rsn: 4,
+            src: 1,
+            ssn: 9,
+        };
+        let a = h.control(
+            &mut p,
+            0,
+            LogMsg::Located {
+                generation: Some(2),
+                determinants: vec![det],
+                complete: true,
+            },
+        );
+        assert_eq!(
+            a,
+            vec![Action::Fetch {
+                generation: 2,
+                holder: 0
+            }]
+        );
+        let a = h.run(&mut p, Event::PieceRestored { generation: 2 });
+        assert_eq!(
+            a,
+            vec![Action::Resume {
+                generation: Some(2)
+            }]
+        );
+        let a = h.run(
+            &mut p,
+            Event::Restored {
+                generation: Some(2),
+            },
+        );
+        assert_eq!(
+            a[0],
+            Action::Replay {
+                determinants: vec![det]
+            }
+        );
+        let asked: Vec<Rank> = a
+            .iter()
+            .filter_map(|x| match x {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Log(LogMsg::Recovering { .. }),
+                } => Some(*dest),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asked, vec![0, 1, 2]);
+        // The deferred request of rank 1 was answered.
+        assert!(a.contains(&Action::Transmit {
+            dest: 1,
+            msg: Control::Log(LogMsg::Hsr { hsr: 0 })
+        }));
+    }
+
+    #[test]
+    fn a_holder_that_lost_its_state_makes_recovery_fail_clearly() {
+        let h = Harness::new(3);
+        let mut p = Pessimistic::new(2, None);
+        h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: true,
+            },
+        );
+        let a = h.control(
+            &mut p,
+            0,
+            LogMsg::Located {
+                generation: None,
+                determinants: Vec::new(),
+                complete: false,
+            },
+        );
+        match a.as_slice() {
+            [Action::Fail(e)] => assert!(e.to_string().contains("held by rank 0"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Message logging (`pessimistic`), on every backend: only the dead ranks
+//! roll back; a wildcard-receive application replays its receptions in the
+//! logged order; a log budget keeps logs small by forcing checkpoints.
+
+mod common;
+
+use lazarus::apps::{AppKind, AppParams, run_app};
+use lazarus::{Backend, Config, Ctx, ProtocolKind, Result, Source};
+use serde::{Deserialize, Serialize};
+
+const ITERATIONS: u64 = 24;
+
+/// State of the wildcard application.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Chain {
+    it: u64,
+    /// The value rank 0 computed in each iteration, as each rank knows it.
+    chain: Vec<u64>,
+    /// Rank 0: senders in arrival order, per iteration.
+    arrivals: Vec<Vec<usize>>,
+}
+
+/// Rank 0 receives one message from every other rank with a wildcard
+/// source and folds them in arrival order (the result depends on it); it
+/// sends the result to everyone, and their next message depends on it. A
+/// replay that matched receptions in another order would compute another
+/// chain than the one the survivors received before the failure.
+fn wildcard_app(ctx: &mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
+    let world = ctx.world();
+    let (me, p) = (world.rank(), world.size());
+    let mut st: Chain = ctx.restore_or_else(Chain::default)?;
+    while st.it < ITERATIONS {
+        let prev = st.chain.last().copied().unwrap_or(17);
+        if me == 0 {
+            let mut h = prev;
+            let mut order = Vec::new();
+            for _ in 1..p {
+                let (v, status) = world.receive_value::<u64>(Source::Any, 7)?;
+                h = h.wrapping_mul(1_000_003) ^ v ^ ((status.source as u64) << 40);
+                order.push(status.source);
+            }
+            for d in 1..p {
+                world.send_value(d, 8, &h)?;
+            }
+            st.chain.push(h);
+            st.arrivals.push(order);
+        } else {
+            // Senders take turns being slow, so arrival orders differ.
+            let slow = (me as u64 * 7 + st.it * 3) % p as u64;
+            ctx.compute(slow as f64 * 20e-6)?;
+            world.send_value(0, 7, &prev.wrapping_add(me as u64 * 1000 + st.it))?;
+            let (h, _) = world.receive_value::<u64>(0, 8)?;
+            st.chain.push(h);
+        }
+        st.it += 1;
+        ctx.set_progress(st.it as f64 / ITERATIONS as f64);
+        ctx.checkpoint(&st)?;
+    }
+    Ok((st.chain, st.arrivals))
+}
+
+fn check_wildcard(backend: Backend, kill: &str) {
+    let cfg = common::config(backend, 4)
+        .protocol(ProtocolKind::Pessimistic)
+        .checkpoint_every(3)
+        .kill(kill.parse().expect("valid kill"));
+    let what = format!("wildcard app on {backend}, kill {kill}");
+    let report = lazarus::run(&cfg, wildcard_app);
+    let ranks = report
+        .outcome
+        .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+    let (chain0, arrivals) = &ranks[0];
+    assert_eq!(chain0.len() as u64, ITERATIONS, "{what}");
+    for (r, (chain, _)) in ranks.iter().enumerate() {
+        assert_eq!(
+            chain, chain0,
+            "{what}: rank {r} received another chain than rank 0 computed: the replay \
+             did not reproduce the original reception order"
+        );
+    }
+    let st = &report.stats;
+    assert_eq!(st.failures, 1, "{what}");
+    assert_eq!(
+        st.ranks_rolled_back, 1,
+        "{what}: only the dead rank rolls back"
+    );
+    assert_eq!(
+        st.determinants,
+        ITERATIONS * 3,
+        "{what}: one determinant per wildcard reception, no more (replayed ones are not logged again)"
+    );
+    let mut orders = arrivals.clone();
+    orders.sort();
+    orders.dedup();
+    println!(
+        "{what}: {} distinct arrival orders in {ITERATIONS} iterations, {} messages resent",
+        orders.len(),
+        st.messages_resent
+    );
+}
+
+#[test]
+fn wildcard_receptions_replay_in_the_logged_order() {
+    for backend in Backend::ALL {
+        // The wildcard receiver dies; then a sender.
+        check_wildcard(backend, "0@55%");
+        check_wildcard(backend, "2@55%");
+    }
+}
+
+#[test]
+fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    for backend in Backend::ALL {
+        let base = common::config(backend, 4).protocol(ProtocolKind::Pessimistic);
+        // Without periodic checkpoints the logs only grow.
+        let free = run_app(AppKind::Cg, &params, &base.clone().checkpoint_every(0));
+        let unbounded = free.stats.peak_log_bytes;
+        let budget = (unbounded / 8) as usize;
+        let cfg = Config {
+            log_budget: Some(budget),
+            ..base
+                .checkpoint_every(0)
+                .kill("1@60%".parse().expect("valid kill"))
+        };
+        let r = run_app(AppKind::Cg, &params, &cfg);
+        let v = r
+            .outcome
+            .unwrap_or_else(|e| panic!("{backend}: budgeted run failed: {e}"));
+        let reference = free.outcome.expect("unbudgeted run");
+        assert!(v.verified, "{backend}: {}", v.detail);
+        assert_eq!(v.value, reference.value, "{backend}: value differs");
+        assert!(r.stats.checkpoints > 0, "{backend}: no forced checkpoint");
+        assert!(
+            r.stats.peak_log_bytes <= budget as u64,
+            "{backend}: peak log {} bytes over the budget of {budget} (unbounded: {unbounded})",
+            r.stats.peak_log_bytes
+        );
+        println!(
+            "{backend}: peak log {} bytes with a budget of {budget} (unbounded {unbounded}), \
+             {} forced checkpoints",
+            r.stats.peak_log_bytes, r.stats.checkpoints
+        );
+    }
+}
+
+#[test]
+fn storage_levels_other_than_partner_are_refused() {
+    let cfg = Config {
+        storage: vec!["xor".parse().expect("level")],
+        ..Config::new(4).protocol(ProtocolKind::Pessimistic)
+    };
+    let e = cfg.validate().expect_err("xor under pessimistic");
+    assert!(e.to_string().contains("uncoordinated"), "{e}");
+}
