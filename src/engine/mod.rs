@@ -357,7 +357,16 @@ impl Engine {
             None => self.ep.poll(timeout)?,
         };
         if let Some(inc) = inc {
+            // A survivor serving a recovery may be blocked on a receive the
+            // whole time: `R@recovery` kills land before and after each
+            // arrival it handles meanwhile.
+            if self.serving.is_some() {
+                self.fault()?;
+            }
             self.on_incoming(inc)?;
+            if self.serving.is_some() && self.interrupt.is_none() {
+                self.fault()?;
+            }
         }
         Ok(())
     }

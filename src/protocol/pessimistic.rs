@@ -578,9 +578,12 @@ impl Protocol for Pessimistic {
                     self.requested.remove(&d);
                     self.deferred.retain(|&(r, _)| r != d);
                     // Its replacement serves this from its restored log:
-                    // messages sent before its checkpoint that we lack.
-                    let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
-                    Self::send(cx, d, LogMsg::Recovering { hsr });
+                    // messages sent before its checkpoint that we lack. (A
+                    // rank still recovering asks everyone once restored.)
+                    if self.phase == Phase::Done {
+                        let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
+                        Self::send(cx, d, LogMsg::Recovering { hsr });
+                    }
                 }
                 if let Some(h) = holder.filter(|h| dead.contains(h)) {
                     if self.phase != Phase::Done {
