@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use lazarus::apps::{AppKind, AppParams, iterations, run_app};
 use lazarus::driver::processes::launched;
-use lazarus::tools::bench::bench;
+use lazarus::tools::bench::{bench, median};
 use lazarus::tools::summary::RunSummary;
 use lazarus::{Backend, Config, KillSpec, ProtocolKind};
 
@@ -456,6 +456,11 @@ struct BenchArgs {
     /// Runs per protocol.
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Also run every recovering protocol with this kill (repeatable: one
+    /// scenario of several kills), alternating with its failure-free runs,
+    /// and report the wall-time ratio with/without failure.
+    #[arg(long = "failure", value_name = "SPEC")]
+    failure: Vec<String>,
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -728,11 +733,24 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         progress_bar: false,
         ..cfg
     };
-    let report = bench(app, &params, &cfg, &protocols, args.reps, |r| {
+    let failure = parse_kills(&args.failure)?;
+    for k in &failure {
+        k.validate(
+            &cfg.placement().map_err(usage)?,
+            cfg.iterations.unwrap_or(u64::MAX),
+        )
+        .map_err(usage)?;
+    }
+    let report = bench(app, &params, &cfg, &protocols, args.reps, &failure, |r| {
         eprintln!(
-            "  {:<12} wall {:.4} s  {}",
+            "  {:<12} wall {:.4} s  {}{}",
             r.protocol,
             r.stats.wall_s,
+            if r.stats.failures > 0 {
+                "(with failure) "
+            } else {
+                ""
+            },
             if r.verified {
                 "verified"
             } else {
@@ -762,6 +780,38 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             p.protocol, p.median_wall_s, p.ratio, p.verified_all, p.value
         );
         ok &= p.verified_all && Some(&p.value) == first_value.as_ref();
+        if let Some(f) = &p.failure {
+            println!(
+                "    with {}: median {:.4} s, {:.3}x its failure-free time, recovery {:.4} s, \
+                 ranks rolled back {:?}{}",
+                f.kills.join(" "),
+                f.median_wall_s,
+                f.ratio_to_failure_free,
+                f.median_recovery_s,
+                f.ranks_rolled_back,
+                if f.verified_all { "" } else { "  NOT VERIFIED" }
+            );
+            ok &= f.verified_all;
+        }
+        if p.runs.iter().any(|r| r.stats.log_records > 0) {
+            let per = |f: fn(&lazarus::JobStats) -> u64| {
+                median(
+                    &p.runs
+                        .iter()
+                        .map(|r| f(&r.stats) as f64)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            println!(
+                "    log: {:.0} records ({:.0} bytes), peak {:.0} records ({:.0} bytes) on one rank, \
+                 {:.0} determinants",
+                per(|s| s.log_records),
+                per(|s| s.log_bytes),
+                per(|s| s.peak_log_records),
+                per(|s| s.peak_log_bytes),
+                per(|s| s.determinants)
+            );
+        }
         if app == AppKind::Pingpong
             && let Some(points) = p.metrics.as_array()
         {

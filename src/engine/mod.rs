@@ -48,7 +48,9 @@ impl MatchSpec {
 }
 
 /// The runtime state saved with the application's state in every checkpoint
-/// piece (DESIGN principle 3: the runtime saves what it holds).
+/// piece (DESIGN principle 3: the runtime saves what it holds). The
+/// protocol's own state follows it in the piece
+/// ([`Protocol::save_state`]).
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Safe points passed.
@@ -56,6 +58,7 @@ pub struct Snapshot {
     /// Application-reported progress.
     pub progress: f64,
     /// The application's protected state (postcard).
+    #[serde(with = "serde_bytes")]
     pub app: Vec<u8>,
     /// Unexpected (arrived, unmatched) messages, in arrival order.
     pub unexpected: Vec<AppMessage>,
@@ -65,10 +68,8 @@ pub struct Snapshot {
     pub ssn_in: Vec<(Rank, u64)>,
     /// Wildcard receptions so far (the last RSN).
     pub rsn: u64,
-    /// The protocol's own state (a logging protocol's sender log).
-    pub protocol: Vec<u8>,
     /// Window memories by window id.
-    pub windows: Vec<(WinId, Vec<u8>)>,
+    pub windows: Vec<(WinId, serde_bytes::ByteBuf)>,
 }
 
 /// Per-window bookkeeping of the origin side (epochs, locks).
@@ -837,7 +838,7 @@ impl Engine {
         for id in ids {
             let mut mem = Vec::new();
             self.ep.with_local_window(id, &mut |m| mem = m.to_vec())?;
-            windows.push((id, mem));
+            windows.push((id, serde_bytes::ByteBuf::from(mem)));
         }
         let snap = Snapshot {
             safe_points: self.safe_points,
@@ -847,10 +848,11 @@ impl Engine {
             ssn_out: self.ssn_out.iter().map(|(&r, &n)| (r, n)).collect(),
             ssn_in: self.ssn_in.iter().map(|(&r, &n)| (r, n)).collect(),
             rsn: self.rsn,
-            protocol: self.proto.save_state()?,
             windows,
         };
-        Ok(postcard::to_allocvec(&snap)?)
+        let mut piece = postcard::to_allocvec(&snap)?;
+        self.proto.save_state(&mut piece)?;
+        Ok(piece)
     }
 
     // ----- recovery -----------------------------------------------------
@@ -938,8 +940,8 @@ impl Engine {
                 detail: "piece missing after recovery".into(),
             })?;
         piece.verify()?;
-        let snap: Snapshot =
-            postcard::from_bytes(&piece.data).map_err(|e| Error::CorruptCheckpoint {
+        let (snap, protocol_state): (Snapshot, &[u8]) = postcard::take_from_bytes(&piece.data)
+            .map_err(|e| Error::CorruptCheckpoint {
                 owner: self.rank,
                 generation: g,
                 detail: format!("undecodable: {e}"),
@@ -959,8 +961,12 @@ impl Engine {
         self.unexpected.extend(arrived);
         self.ssn_out = snap.ssn_out.into_iter().collect();
         self.rsn = snap.rsn;
-        self.proto.load_state(&snap.protocol)?;
-        self.restore_windows = snap.windows.into_iter().collect();
+        self.proto.load_state(protocol_state)?;
+        self.restore_windows = snap
+            .windows
+            .into_iter()
+            .map(|(id, m)| (id, m.into_vec()))
+            .collect();
         self.restore_app = Some(snap.app);
         Ok(())
     }

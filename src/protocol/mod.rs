@@ -445,13 +445,13 @@ pub trait Protocol: Send {
     fn send_ready(&self) -> bool {
         true
     }
-    /// The protocol's own state saved in each checkpoint piece (a logging
-    /// protocol's sender log: 004 §2.2, sender-based data is part of the
-    /// checkpoint).
-    fn save_state(&self) -> Result<Vec<u8>> {
-        Ok(Vec::new())
+    /// Append the protocol's own state to a checkpoint piece being built (a
+    /// logging protocol's sender log: 004 §2.2, sender-based data is part of
+    /// the checkpoint). Appended, so logged payloads are copied once.
+    fn save_state(&self, _piece: &mut Vec<u8>) -> Result<()> {
+        Ok(())
     }
-    /// Restore what [`Protocol::save_state`] saved.
+    /// Restore what [`Protocol::save_state`] appended (the rest of the piece).
     fn load_state(&mut self, _state: &[u8]) -> Result<()> {
         Ok(())
     }

@@ -125,8 +125,16 @@ struct Counters {
     resent: u64,
 }
 
+/// [`SavedState`] as written, borrowing the log (same encoding).
+#[derive(Serialize)]
+struct SavedStateRef<'a> {
+    log: Vec<(Rank, &'a VecDeque<AppMessage>)>,
+    trimmed: Vec<(Rank, u64)>,
+    next_generation: u64,
+}
+
 /// What a checkpoint piece holds of this protocol.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct SavedState {
     log: Vec<(Rank, Vec<AppMessage>)>,
     trimmed: Vec<(Rank, u64)>,
@@ -517,17 +525,14 @@ impl Protocol for Pessimistic {
         self.unacked.is_empty()
     }
 
-    fn save_state(&self) -> Result<Vec<u8>> {
-        let st = SavedState {
-            log: self
-                .log
-                .iter()
-                .map(|(&d, q)| (d, q.iter().cloned().collect()))
-                .collect(),
+    fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+        let st = SavedStateRef {
+            log: self.log.iter().map(|(&d, q)| (d, q)).collect(),
             trimmed: self.trimmed.iter().map(|(&d, &n)| (d, n)).collect(),
             next_generation: self.next_generation,
         };
-        Ok(postcard::to_allocvec(&st)?)
+        *piece = postcard::to_extend(&st, std::mem::take(piece))?;
+        Ok(())
     }
 
     fn load_state(&mut self, state: &[u8]) -> Result<()> {

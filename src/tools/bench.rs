@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::summary::RunSummary;
 use crate::apps::{AppKind, AppParams, run_app};
+use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
 use crate::{Config, Error, Result};
 
@@ -33,6 +34,30 @@ pub struct ProtocolFigures {
     pub metrics: serde_json::Value,
     /// Summaries of every run.
     pub runs: Vec<RunSummary>,
+    /// With failures (`--failure`): the same job with those kills.
+    pub failure: Option<FailureFigures>,
+}
+
+/// A protocol's runs with the bench's failure scenario, next to its
+/// failure-free runs (002 Table 2: wall time with a failure over without).
+#[derive(Debug, Clone, Serialize)]
+pub struct FailureFigures {
+    /// The kills of every run.
+    pub kills: Vec<String>,
+    /// Median wall time with the failures, seconds.
+    pub median_wall_s: f64,
+    /// That median over the protocol's own failure-free median.
+    pub ratio_to_failure_free: f64,
+    /// Every run's wall time.
+    pub wall_s: Vec<f64>,
+    /// Median time from a failure until the ranks that roll back resumed.
+    pub median_recovery_s: f64,
+    /// Ranks rolled back per run.
+    pub ranks_rolled_back: Vec<u64>,
+    /// Whether every run verified with the failure-free value.
+    pub verified_all: bool,
+    /// Summaries of every run.
+    pub runs: Vec<RunSummary>,
 }
 
 /// The bench report.
@@ -54,6 +79,39 @@ pub struct BenchReport {
     pub baseline: String,
     /// Per protocol.
     pub protocols: Vec<ProtocolFigures>,
+}
+
+/// The failure runs of one protocol, summarised against its failure-free
+/// median.
+fn failure_figures(
+    kills: &[KillSpec],
+    failed: &mut Vec<RunSummary>,
+    free: &[RunSummary],
+    free_median: f64,
+) -> Option<FailureFigures> {
+    if failed.is_empty() {
+        return None;
+    }
+    let wall_s: Vec<f64> = failed.iter().map(|r| r.stats.wall_s).collect();
+    let m = median(&wall_s);
+    let value = free.first().map(|r| r.result.clone());
+    Some(FailureFigures {
+        kills: kills.iter().map(ToString::to_string).collect(),
+        median_wall_s: m,
+        ratio_to_failure_free: m / free_median,
+        median_recovery_s: median(
+            &failed
+                .iter()
+                .map(|r| r.stats.recovery_s)
+                .collect::<Vec<_>>(),
+        ),
+        ranks_rolled_back: failed.iter().map(|r| r.stats.ranks_rolled_back).collect(),
+        verified_all: failed
+            .iter()
+            .all(|r| r.verified && Some(&r.result) == value.as_ref()),
+        wall_s,
+        runs: std::mem::take(failed),
+    })
 }
 
 /// The median of `v` (mean of the middle two for an even count).
@@ -111,6 +169,7 @@ pub fn bench(
     base: &Config,
     protocols: &[ProtocolKind],
     reps: usize,
+    failure: &[KillSpec],
     mut on_run: impl FnMut(&RunSummary),
 ) -> Result<BenchReport> {
     if protocols.is_empty() {
@@ -120,6 +179,8 @@ pub fn bench(
         return Err(Error::config("--reps", "at least one repetition"));
     }
     let mut runs: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
+    let mut failed: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
+    // Failure-free and failure runs alternate too, so noise hits both alike.
     for _ in 0..reps {
         for (i, &p) in protocols.iter().enumerate() {
             let cfg = base.clone().protocol(p);
@@ -127,6 +188,14 @@ pub fn bench(
             let s = RunSummary::new(app, params, &cfg, &run);
             on_run(&s);
             runs[i].push(s);
+            if !failure.is_empty() && p.replaces_failed_ranks() {
+                let mut cfg = cfg.clone();
+                cfg.kills = failure.to_vec();
+                let run = run_app(app, params, &cfg);
+                let s = RunSummary::new(app, params, &cfg, &run);
+                on_run(&s);
+                failed[i].push(s);
+            }
         }
     }
     let baseline_idx = protocols
@@ -158,6 +227,7 @@ pub fn bench(
                 .map(|r| r.result.clone())
                 .unwrap_or_default(),
             metrics,
+            failure: failure_figures(failure, &mut failed[i], &runs[i], m),
             runs: std::mem::take(&mut runs[i]),
         });
     }
