@@ -79,6 +79,53 @@ impl Placement {
     }
 }
 
+impl Placement {
+    /// The ranks hosted on `node`, as a range (block placement; the last
+    /// node takes the remainder).
+    fn node_range(&self, node: usize) -> std::ops::Range<Rank> {
+        let start = (node * self.per_node).min(self.ranks);
+        let end = if node + 1 == self.nodes {
+            self.ranks
+        } else {
+            ((node + 1) * self.per_node).min(self.ranks)
+        };
+        start..end
+    }
+
+    /// A second holder for `rank`'s data, besides [`Placement::partner`]:
+    /// on a third node when there is one (no two node failures lose both
+    /// copies and the rank), else another rank of the partner's node (losing
+    /// the rank's node and then the partner still leaves a copy), else any
+    /// other rank.
+    pub fn second_partner(&self, rank: Rank) -> Option<Rank> {
+        let p1 = self.partner(rank)?;
+        if self.ranks < 3 {
+            return None;
+        }
+        let (mine, theirs) = (self.node_of(rank), self.node_of(p1));
+        let third = (1..self.nodes)
+            .map(|k| (theirs + k) % self.nodes)
+            .find(|&n| n != mine && n != theirs && !self.node_range(n).is_empty())
+            .map(|n| {
+                // The rank at the same offset within its node as p1 in its own.
+                let range = self.node_range(n);
+                range.start + (p1 - self.node_range(theirs).start) % range.len()
+            });
+        let node = self.node_range(theirs);
+        let len = node.len();
+        let on_partner_node = || {
+            (1..len)
+                .map(|k| node.start + (p1 - node.start + k) % len)
+                .find(|&r| r != rank && r != p1)
+        };
+        third.or_else(on_partner_node).or_else(|| {
+            (1..self.ranks)
+                .map(|k| (p1 + k) % self.ranks)
+                .find(|&r| r != rank && r != p1)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +146,34 @@ mod tests {
                 assert_eq!(total, ranks);
             }
         }
+    }
+
+    #[test]
+    fn second_partners_differ_from_the_rank_and_its_partner() {
+        for ranks in 3..20 {
+            for nodes in 1..=ranks {
+                let pl = Placement::block(ranks, nodes).expect("valid");
+                for r in 0..ranks {
+                    let p = pl.partner(r).expect("partner");
+                    let q = pl.second_partner(r).expect("second partner");
+                    assert!(q != r && q != p, "{ranks}/{nodes} r{r}: {p} {q}");
+                    let occupied = (0..nodes).filter(|&n| !pl.ranks_on(n).is_empty()).count();
+                    if occupied >= 3 {
+                        // On a third node: two node failures leave a copy
+                        // or the rank itself.
+                        let n = [pl.node_of(r), pl.node_of(p), pl.node_of(q)];
+                        assert!(n[2] != n[0] && n[2] != n[1], "{ranks}/{nodes} r{r}: {n:?}");
+                    } else if pl.ranks_on(pl.node_of(p)).len() > 1 + usize::from(occupied == 1) {
+                        // Else on the partner's node when it hosts another rank.
+                        assert_eq!(pl.node_of(q), pl.node_of(p), "{ranks}/{nodes} r{r}");
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            Placement::block(2, 1).expect("valid").second_partner(0),
+            None
+        );
     }
 
     #[test]

@@ -397,12 +397,22 @@ pub(crate) fn rank_body<T>(
             cfg.mtbf.map(|d| d.as_secs_f64()),
             cfg.log_budget,
         ),
-        Box::new(MultiLevel::new(
-            rank,
-            &placement,
-            storage,
-            cfg.restart.as_deref().zip(cfg.restart_generation),
-        )),
+        Box::new({
+            let store = MultiLevel::new(
+                rank,
+                &placement,
+                storage,
+                cfg.restart.as_deref().zip(cfg.restart_generation),
+            );
+            // A logging protocol restores one rank from its own pieces
+            // alone: keep two copies, so a failure of the partner during
+            // the replacement's recovery leaves one.
+            if cfg.protocol.logs_messages() {
+                store.with_second_partner_copy()
+            } else {
+                store
+            }
+        }),
         placement,
     );
     if cfg.restart.is_some() {

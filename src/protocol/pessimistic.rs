@@ -167,8 +167,10 @@ pub struct Pessimistic {
     trimmed: BTreeMap<Rank, u64>,
     /// This rank's determinants since its last stored checkpoint.
     own: Vec<Determinant>,
-    /// RSNs not yet acknowledged by the holder (sends wait).
+    /// RSNs no holder has acknowledged yet (sends wait).
     unacked: BTreeSet<u64>,
+    /// This rank's holders that died and have not been re-provisioned.
+    dead_holders: BTreeSet<Rank>,
     /// Determinants held for other ranks, by owner and RSN.
     held: BTreeMap<Rank, BTreeMap<u64, Determinant>>,
     /// Owners that re-provisioned this incarnation (after it was replaced).
@@ -185,6 +187,13 @@ pub struct Pessimistic {
     suppress: BTreeMap<Rank, u64>,
     /// Recovery of this replacement.
     phase: Phase,
+    /// Holders asked by this replacement, and what each answered (`None`:
+    /// nothing yet; `Some(None)`: it lost our state).
+    located: BTreeMap<Rank, Option<Option<(Option<u64>, Vec<Determinant>)>>>,
+    /// Holders of the chosen generation not tried yet (if the fetch fails).
+    fetch_from: Vec<Rank>,
+    /// The generation being fetched, and from whom.
+    fetching: Option<(u64, Rank)>,
     replay: Vec<Determinant>,
     /// `Recovering` requests that came before this replacement restored.
     deferred: Vec<(Rank, u64)>,
@@ -211,6 +220,7 @@ impl Pessimistic {
             trimmed: BTreeMap::new(),
             own: Vec::new(),
             unacked: BTreeSet::new(),
+            dead_holders: BTreeSet::new(),
             held: BTreeMap::new(),
             provisioned: BTreeSet::new(),
             since: 0,
@@ -220,6 +230,9 @@ impl Pessimistic {
             awaiting: BTreeSet::new(),
             suppress: BTreeMap::new(),
             phase: Phase::Done,
+            located: BTreeMap::new(),
+            fetch_from: Vec::new(),
+            fetching: None,
             replay: Vec::new(),
             deferred: Vec::new(),
             requested: BTreeSet::new(),
@@ -229,8 +242,14 @@ impl Pessimistic {
         }
     }
 
-    fn holder(cx: &ProtocolCx<'_>) -> Option<Rank> {
-        cx.placement.partner(cx.rank)
+    /// Ranks holding this rank's determinants and checkpoint pieces: its
+    /// partner and a second partner (the partner store keeps both copies).
+    fn holders(cx: &ProtocolCx<'_>) -> Vec<Rank> {
+        cx.placement
+            .partner(cx.rank)
+            .into_iter()
+            .chain(cx.placement.second_partner(cx.rank))
+            .collect()
     }
 
     fn send(cx: &mut ProtocolCx<'_>, dest: Rank, msg: LogMsg) {
@@ -300,7 +319,7 @@ impl Pessimistic {
         self.counters.determinants += 1;
         // Counted now: the rank may die before its next safe point.
         self.report(cx);
-        if let Some(h) = Self::holder(cx) {
+        for h in Self::holders(cx) {
             self.unacked.insert(det.rsn);
             Self::send(
                 cx,
@@ -339,7 +358,7 @@ impl Pessimistic {
                 Self::send(cx, src, LogMsg::Trim { upto });
             }
         }
-        if let Some(h) = Self::holder(cx) {
+        for h in Self::holders(cx) {
             Self::send(cx, h, LogMsg::TrimHeld { generation, rsn });
         }
         cx.emit(Action::DropOlderPieces {
@@ -390,10 +409,10 @@ impl Pessimistic {
         self.suppress.insert(r, hsr);
         let mine = cx.hsr.get(&r).copied().unwrap_or(0);
         Self::send(cx, r, LogMsg::Hsr { hsr: mine });
-        if Self::holder(cx) == Some(r) {
-            // Our holder was replaced: give it our determinants and piece
-            // again, and send nothing until it has them.
-            self.unacked = self.own.iter().map(|d| d.rsn).collect();
+        if Self::holders(cx).contains(&r) {
+            // A holder was replaced: give it our determinants and piece
+            // again (sends wait meanwhile only if no holder has them).
+            self.dead_holders.remove(&r);
             Self::send(
                 cx,
                 r,
@@ -467,24 +486,12 @@ impl Pessimistic {
                 determinants,
                 complete,
             } => {
-                if self.phase != Phase::Locating {
+                if self.phase != Phase::Locating || !self.located.contains_key(&src) {
                     return;
                 }
-                if !complete {
-                    cx.emit(Action::Fail(Self::lost_with_holder(cx.rank, src)));
-                    return;
-                }
-                self.replay = determinants;
-                match generation {
-                    Some(generation) => {
-                        self.phase = Phase::Fetching;
-                        cx.emit(Action::Fetch {
-                            generation,
-                            holder: src,
-                        });
-                    }
-                    None => cx.emit(Action::Resume { generation: None }),
-                }
+                let answer = complete.then_some((generation, determinants));
+                self.located.insert(src, Some(answer));
+                self.try_decide(cx);
             }
             LogMsg::Recovering { hsr } => {
                 if self.phase == Phase::Done {
@@ -500,12 +507,60 @@ impl Pessimistic {
         }
     }
 
-    fn lost_with_holder(rank: Rank, holder: Rank) -> Error {
+    /// Once every holder still alive answered `Located`: restore the newest
+    /// generation a complete holder has, with every determinant they hold.
+    fn try_decide(&mut self, cx: &mut ProtocolCx<'_>) {
+        if self.located.values().any(Option::is_none) {
+            return; // waiting for an answer
+        }
+        let answers: Vec<(Rank, Option<u64>, Vec<Determinant>)> = self
+            .located
+            .iter()
+            .filter_map(|(&h, a)| a.clone().flatten().map(|(g, d)| (h, g, d)))
+            .collect();
+        let Some(newest) = answers.iter().map(|a| a.1).max() else {
+            let holders = Self::holders(cx);
+            cx.emit(Action::Fail(Self::lost_with_holders(cx.rank, &holders)));
+            return;
+        };
+        let mut dets: BTreeMap<u64, Determinant> = BTreeMap::new();
+        for (_, _, d) in &answers {
+            dets.extend(d.iter().map(|d| (d.rsn, *d)));
+        }
+        self.replay = dets.into_values().collect();
+        self.fetch_from = answers
+            .iter()
+            .filter(|a| a.1 == newest)
+            .map(|a| a.0)
+            .collect();
+        self.located.clear();
+        match newest {
+            Some(generation) => {
+                self.phase = Phase::Fetching;
+                self.fetch_next(generation, cx);
+            }
+            None => cx.emit(Action::Resume { generation: None }),
+        }
+    }
+
+    fn fetch_next(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        match self.fetch_from.pop() {
+            Some(holder) => {
+                self.fetching = Some((generation, holder));
+                cx.emit(Action::Fetch { generation, holder });
+            }
+            None => {
+                let holders = Self::holders(cx);
+                cx.emit(Action::Fail(Self::lost_with_holders(cx.rank, &holders)));
+            }
+        }
+    }
+
+    fn lost_with_holders(rank: Rank, holders: &[Rank]) -> Error {
         Error::Unrecoverable(
             format!(
-                "rank {rank}'s checkpoint and determinants were held by rank {holder}, which \
-                 failed before rank {rank}'s replacement fetched them; place ranks on several \
-                 failure domains (--nodes) so that a rank and its holder do not fail together"
+                "rank {rank}'s checkpoint and determinants were held by rank(s) {holders:?}, \
+                 which all failed before rank {rank}'s replacement fetched them"
             )
             .into(),
         )
@@ -565,6 +620,7 @@ impl Protocol for Pessimistic {
             Event::PieceStored { generation } => self.on_stored(generation, cx),
             Event::PieceRestored { generation } => {
                 if self.phase == Phase::Fetching {
+                    self.fetching = None;
                     cx.emit(Action::Resume {
                         generation: Some(generation),
                     });
@@ -576,7 +632,7 @@ impl Protocol for Pessimistic {
             } => self.on_log(src, m, cx),
             Event::Control { .. } => {}
             Event::PeerFailed { epoch, dead } => {
-                let holder = Self::holder(cx);
+                let holders = Self::holders(cx);
                 for &d in dead {
                     self.awaiting.insert(d);
                     self.suppress.remove(&d);
@@ -590,13 +646,29 @@ impl Protocol for Pessimistic {
                         Self::send(cx, d, LogMsg::Recovering { hsr });
                     }
                 }
-                if let Some(h) = holder.filter(|h| dead.contains(h)) {
-                    if self.phase != Phase::Done {
-                        cx.emit(Action::Fail(Self::lost_with_holder(cx.rank, h)));
-                        return;
-                    }
-                    // Only this rank has its determinants now.
+                for &h in holders.iter().filter(|h| dead.contains(h)) {
+                    self.dead_holders.insert(h);
+                }
+                if !holders.is_empty() && holders.iter().all(|h| self.dead_holders.contains(h)) {
+                    // No holder has our determinants any more: only this rank.
                     self.unacked = self.own.iter().map(|d| d.rsn).collect();
+                }
+                match self.phase {
+                    Phase::Locating => {
+                        for d in dead {
+                            self.located.remove(d);
+                        }
+                        self.try_decide(cx);
+                    }
+                    Phase::Fetching => {
+                        self.fetch_from.retain(|h| !dead.contains(h));
+                        if let Some(&(generation, holder)) = self.fetching.as_ref()
+                            && dead.contains(&holder)
+                        {
+                            self.fetch_next(generation, cx);
+                        }
+                    }
+                    Phase::Done => {}
                 }
                 cx.emit(Action::InRecovery(Some(epoch)));
             }
@@ -605,9 +677,13 @@ impl Protocol for Pessimistic {
                 self.since = epoch;
                 self.phase = Phase::Locating;
                 cx.emit(Action::InRecovery(Some(epoch)));
-                match Self::holder(cx) {
-                    Some(h) => Self::send(cx, h, LogMsg::Locate),
-                    None => cx.emit(Action::Resume { generation: None }),
+                let holders = Self::holders(cx);
+                if holders.is_empty() {
+                    cx.emit(Action::Resume { generation: None });
+                }
+                for h in holders {
+                    self.located.insert(h, None);
+                    Self::send(cx, h, LogMsg::Locate);
                 }
             }
             Event::Restored { .. } => {
@@ -771,7 +847,7 @@ mod tests {
 
     #[test]
     fn sends_wait_until_the_holder_acknowledges_determinants() {
-        let mut h = Harness::new(1); // holder: rank 2
+        let mut h = Harness::new(1); // holders: ranks 2 and 3
         let mut p = Pessimistic::new(0, None);
         let m = msg(3, 1, 1, 8);
         h.rsn = 1;
@@ -808,13 +884,22 @@ mod tests {
             },
         );
         assert!(a.is_empty() && p.send_ready());
-        // The holder died: only this rank has its determinants; sends wait
-        // until the replacement holder has them all again.
+        // One holder died: the other still has them.
         h.run(
             &mut p,
             Event::PeerFailed {
                 epoch: 1,
                 dead: &[2],
+            },
+        );
+        assert!(p.send_ready());
+        // Both died: only this rank has its determinants; sends wait until
+        // a replaced holder has them all again.
+        h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 2,
+                dead: &[3],
             },
         );
         assert!(!p.send_ready());
@@ -832,7 +917,7 @@ mod tests {
 
     #[test]
     fn a_replacement_locates_fetches_replays_and_asks_everyone() {
-        let h = Harness::new(3); // holder: rank 0
+        let h = Harness::new(3); // holders: ranks 0 and 1
         let mut p = Pessimistic::new(2, None);
         let a = h.run(
             &mut p,
@@ -841,10 +926,12 @@ mod tests {
                 replacement: true,
             },
         );
-        assert!(a.contains(&Action::Transmit {
-            dest: 0,
-            msg: Control::Log(LogMsg::Locate)
-        }));
+        for dest in [0, 1] {
+            assert!(a.contains(&Action::Transmit {
+                dest,
+                msg: Control::Log(LogMsg::Locate)
+            }));
+        }
         // A request served only after the restore.
         assert!(
             h.control(&mut p, 1, LogMsg::Recovering { hsr: 0 })
@@ -855,6 +942,17 @@ mod tests {
             src: 1,
             ssn: 9,
         };
+        // The second holder missed the newest piece; the newest is used.
+        let a = h.control(
+            &mut p,
+            1,
+            LogMsg::Located {
+                generation: Some(1),
+                determinants: Vec::new(),
+                complete: true,
+            },
+        );
+        assert!(a.is_empty(), "decided before every holder answered");
         let a = h.control(
             &mut p,
             0,
@@ -909,7 +1007,7 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_that_lost_its_state_makes_recovery_fail_clearly() {
+    fn holders_that_lost_their_state_make_recovery_fail_clearly() {
         let h = Harness::new(3);
         let mut p = Pessimistic::new(2, None);
         h.run(
@@ -919,18 +1017,24 @@ mod tests {
                 replacement: true,
             },
         );
-        let a = h.control(
-            &mut p,
-            0,
-            LogMsg::Located {
-                generation: None,
-                determinants: Vec::new(),
-                complete: false,
-            },
-        );
-        match a.as_slice() {
-            [Action::Fail(e)] => assert!(e.to_string().contains("held by rank 0"), "{e}"),
-            other => panic!("{other:?}"),
+        for holder in [0, 1] {
+            let a = h.control(
+                &mut p,
+                holder,
+                LogMsg::Located {
+                    generation: None,
+                    determinants: Vec::new(),
+                    complete: false,
+                },
+            );
+            if holder == 1 {
+                match a.as_slice() {
+                    [Action::Fail(e)] => {
+                        assert!(e.to_string().contains("rank(s) [0, 1]"), "{e}")
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
         }
     }
 }

@@ -300,6 +300,15 @@ impl MultiLevel {
         }
     }
 
+    /// Keep a second partner copy (message logging, see
+    /// [`PartnerStore::with_second_copy`]).
+    pub fn with_second_partner_copy(mut self) -> Self {
+        if self.partner_on {
+            self.partner = self.partner.with_second_copy();
+        }
+        self
+    }
+
     /// The disk directory, if a disk level is configured.
     pub fn disk_dir(&self) -> Option<&Path> {
         self.disk.as_ref().map(|d| d.dir.as_path())

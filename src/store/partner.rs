@@ -8,7 +8,7 @@
 //! other levels: it keeps this rank's own pieces and reports them stored at
 //! once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::{CheckpointStore, Inventory, Piece, StoreEvent, StoreMsg, StoreOut};
 use crate::topology::Placement;
@@ -18,13 +18,15 @@ use crate::{Error, Rank, Result};
 #[derive(Debug)]
 pub struct PartnerStore {
     rank: Rank,
-    partner: Option<Rank>,
+    /// Ranks holding copies of this rank's pieces.
+    partners: Vec<Rank>,
     /// The placement partners follow (`None`: local store only).
     placement: Option<Placement>,
     pieces: BTreeMap<(u64, Rank), Piece>,
     committed: Option<u64>,
     /// Generations whose partner copy is not yet acknowledged.
-    awaiting_ack: BTreeSet<u64>,
+    /// Per generation: copies not yet acknowledged.
+    awaiting_ack: BTreeMap<u64, usize>,
     /// Generation of our own piece being fetched back.
     fetching: Option<u64>,
 }
@@ -39,21 +41,35 @@ impl PartnerStore {
     /// A store for `rank` in `placement`.
     pub fn new(rank: Rank, placement: &Placement) -> Self {
         PartnerStore {
-            partner: placement.partner(rank),
+            partners: placement.partner(rank).into_iter().collect(),
             placement: Some(placement.clone()),
             ..Self::local(rank)
         }
+    }
+
+    /// Keep a second copy on [`Placement::second_partner`] as well (message
+    /// logging: a rank's checkpoint must survive its partner failing while
+    /// the rank's replacement is still fetching it).
+    pub fn with_second_copy(mut self) -> Self {
+        if let Some(q) = self
+            .placement
+            .as_ref()
+            .and_then(|pl| pl.second_partner(self.rank))
+        {
+            self.partners.push(q);
+        }
+        self
     }
 
     /// A store for `rank` that keeps its own pieces only (no partner copy).
     pub fn local(rank: Rank) -> Self {
         PartnerStore {
             rank,
-            partner: None,
+            partners: Vec::new(),
             placement: None,
             pieces: BTreeMap::new(),
             committed: None,
-            awaiting_ack: BTreeSet::new(),
+            awaiting_ack: BTreeMap::new(),
             fetching: None,
         }
     }
@@ -68,12 +84,13 @@ impl PartnerStore {
                 generation,
                 detail: "own piece missing when replicating".into(),
             })?;
-        match self.partner {
-            Some(p) => {
-                self.awaiting_ack.insert(generation);
-                out.sends.push((p, StoreMsg::Put(piece)));
+        if self.partners.is_empty() {
+            out.events.push(StoreEvent::Stored { generation });
+        } else {
+            self.awaiting_ack.insert(generation, self.partners.len());
+            for &p in &self.partners {
+                out.sends.push((p, StoreMsg::Put(piece.clone())));
             }
-            None => out.events.push(StoreEvent::Stored { generation }),
         }
         Ok(())
     }
@@ -100,8 +117,14 @@ impl CheckpointStore for PartnerStore {
                     .push((src, StoreMsg::PutAck { generation, owner }));
             }
             StoreMsg::PutAck { generation, owner } => {
-                if owner == self.rank && self.awaiting_ack.remove(&generation) {
-                    out.events.push(StoreEvent::Stored { generation });
+                if owner == self.rank
+                    && let Some(left) = self.awaiting_ack.get_mut(&generation)
+                {
+                    *left -= 1;
+                    if *left == 0 {
+                        self.awaiting_ack.remove(&generation);
+                        out.events.push(StoreEvent::Stored { generation });
+                    }
                 }
             }
             StoreMsg::Fetch { generation, owner } => {
@@ -146,7 +169,7 @@ impl CheckpointStore for PartnerStore {
     fn commit(&mut self, generation: u64) -> Result<()> {
         self.committed = Some(generation);
         self.pieces.retain(|&(g, _), _| g >= generation);
-        self.awaiting_ack.retain(|&g| g >= generation);
+        self.awaiting_ack.retain(|&g, _| g >= generation);
         Ok(())
     }
 
@@ -175,7 +198,7 @@ impl CheckpointStore for PartnerStore {
     fn retain_owner(&mut self, owner: Rank, keep: u64) {
         self.pieces.retain(|&(g, o), _| o != owner || g >= keep);
         if owner == self.rank {
-            self.awaiting_ack.retain(|&g| g >= keep);
+            self.awaiting_ack.retain(|&g, _| g >= keep);
         }
     }
 
