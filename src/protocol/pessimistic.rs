@@ -141,6 +141,11 @@ struct SavedState {
     next_generation: u64,
 }
 
+/// What a holder answered a replacement: `None` if it lost the
+/// replacement's state, else the newest generation it holds and the
+/// determinants.
+type HolderAnswer = Option<(Option<u64>, Vec<Determinant>)>;
+
 /// A replacement's recovery.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
@@ -189,7 +194,7 @@ pub struct Pessimistic {
     phase: Phase,
     /// Holders asked by this replacement, and what each answered (`None`:
     /// nothing yet; `Some(None)`: it lost our state).
-    located: BTreeMap<Rank, Option<Option<(Option<u64>, Vec<Determinant>)>>>,
+    located: BTreeMap<Rank, Option<HolderAnswer>>,
     /// Holders of the chosen generation not tried yet (if the fetch fails).
     fetch_from: Vec<Rank>,
     /// The generation being fetched, and from whom.
