@@ -358,16 +358,7 @@ impl Engine {
             None => self.ep.poll(timeout)?,
         };
         if let Some(inc) = inc {
-            // A survivor serving a recovery may be blocked on a receive the
-            // whole time: `R@recovery` kills land before and after each
-            // arrival it handles meanwhile.
-            if self.serving.is_some() {
-                self.fault()?;
-            }
-            self.on_incoming(inc)?;
-            if self.serving.is_some() && self.interrupt.is_none() {
-                self.fault()?;
-            }
+            self.handle_arrival(inc)?;
         }
         Ok(())
     }
@@ -382,7 +373,21 @@ impl Engine {
                     None => break,
                 },
             };
-            self.on_incoming(inc)?;
+            self.handle_arrival(inc)?;
+        }
+        Ok(())
+    }
+
+    /// Handle one arrival. A survivor serving a recovery may be blocked on
+    /// a receive the whole time: `R@recovery` kills land before and after
+    /// each arrival it handles meanwhile.
+    fn handle_arrival(&mut self, inc: Incoming) -> Result<()> {
+        if self.serving.is_some() {
+            self.fault()?;
+        }
+        self.on_incoming(inc)?;
+        if self.serving.is_some() && self.interrupt.is_none() {
+            self.fault()?;
         }
         Ok(())
     }

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender, select, unbounded};
 use serde::Serialize;
@@ -76,6 +76,10 @@ impl PeerState {
         }
     }
 }
+
+/// How long a live peer may stay unreachable before a send fails (a dead
+/// one is declared by the launcher well within its heartbeat timeout).
+const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// What the reading threads share with the endpoint.
 struct Shared {
@@ -327,26 +331,47 @@ impl Endpoint for ProcessEndpoint {
             let _ = self.self_tx.send(Incoming::Frame(frame));
             return Ok(());
         }
-        self.drain_control();
-        if let Some(PeerState::Respawning { queue, .. }) = self.peers.get_mut(dest) {
-            queue.push(frame);
-            return Ok(());
-        }
+        // A frame is never dropped while its peer may be alive: a failed
+        // connect or write is retried (on a new connection: a frame cut
+        // short is discarded by the receiver) until it goes through, or the
+        // launcher's notice says the peer died (then it waits for the
+        // replacement, or is lost with a peer that is gone for good).
         let max = self.sh.max_frame;
-        let res = match self.out(dest) {
-            Some(s) => write_msg(s, &WireMsg::Frame(frame), max),
-            None => return Ok(()), // lost, as on a real network
-        };
-        match res {
-            Ok(()) => Ok(()),
-            Err(WireError::Oversized { len, max }) => Err(Error::Driver(format!(
-                "a frame of {len} bytes to rank {dest} exceeds the transport's limit of {max} bytes"
-            ))),
-            Err(_) => {
-                // The peer died: the frame is lost, the notice will come.
-                self.drop_out(dest);
-                Ok(())
+        let msg = WireMsg::Frame(frame);
+        let deadline = Instant::now() + UNREACHABLE_LIMIT;
+        let mut backoff = Duration::from_micros(500);
+        loop {
+            self.drain_control();
+            match self.peers.get_mut(dest) {
+                Some(PeerState::Respawning { queue, .. }) => {
+                    if let WireMsg::Frame(f) = msg {
+                        queue.push(f);
+                    }
+                    return Ok(());
+                }
+                Some(PeerState::Gone { .. }) | None => return Ok(()),
+                Some(PeerState::Up { .. }) => {}
             }
+            match self.out(dest).map(|s| write_msg(s, &msg, max)) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(WireError::Oversized { len, max })) => {
+                    return Err(Error::Driver(format!(
+                        "a frame of {len} bytes to rank {dest} exceeds the transport's limit of \
+                         {max} bytes"
+                    )));
+                }
+                Some(Err(_)) => self.drop_out(dest),
+                None => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Driver(format!(
+                    "rank {dest} has been unreachable for {} s and the launcher has not \
+                     declared it dead",
+                    UNREACHABLE_LIMIT.as_secs()
+                )));
+            }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(20));
         }
     }
 
