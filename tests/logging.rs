@@ -156,3 +156,38 @@ fn storage_levels_other_than_partner_are_refused() {
     let e = cfg.validate().expect_err("xor under pessimistic");
     assert!(e.to_string().contains("uncoordinated"), "{e}");
 }
+
+/// 002 Table 1: library-level logging records every point-to-point piece of
+/// a collective. Our all-reduce is a binomial reduction and a binomial
+/// broadcast: 2(P − 1) messages, each logged once by its sender.
+#[test]
+fn pessimistic_logs_two_p_minus_one_records_per_allreduce() {
+    const ROUNDS: u64 = 10;
+    for backend in Backend::ALL {
+        for p in [2usize, 3, 4, 7] {
+            let cfg = common::config(backend, p)
+                .protocol(ProtocolKind::Pessimistic)
+                .checkpoint_every(0);
+            let r = lazarus::run(&cfg, |ctx| {
+                let world = ctx.world();
+                let mut x = world.rank() as u64;
+                for _ in 0..ROUNDS {
+                    x = world.all_reduce(x, lazarus::ReduceOp::Sum)? % 1_000_003;
+                }
+                Ok(x)
+            });
+            let values = r.outcome.expect("allreduce loop");
+            assert!(values.windows(2).all(|w| w[0] == w[1]), "{backend} P={p}");
+            let per = r.stats.log_records as f64 / ROUNDS as f64;
+            println!(
+                "{backend} P={p}: {per} log records per allreduce (2(P-1) = {})",
+                2 * (p - 1)
+            );
+            assert_eq!(
+                r.stats.log_records,
+                ROUNDS * 2 * (p as u64 - 1),
+                "{backend} P={p}"
+            );
+        }
+    }
+}

@@ -228,34 +228,35 @@ impl ProcessEndpoint {
         }
     }
 
-    /// This rank's connection to `dest`, opened if needed.
-    fn out(&mut self, dest: Rank) -> Option<&mut Stream> {
+    /// This rank's connection to `dest`, opened if needed: `Err(true)` if
+    /// nothing listens at its address any more (it exited or died),
+    /// `Err(false)` if the attempt failed otherwise (worth retrying).
+    fn out(&mut self, dest: Rank) -> std::result::Result<&mut Stream, bool> {
         let sh = self.sh.clone();
         let replies = self.replies_tx.clone();
-        let PeerState::Up {
+        let Some(PeerState::Up {
             addr,
             incarnation,
             out,
-        } = self.peers.get_mut(dest)?
+        }) = self.peers.get_mut(dest)
         else {
-            return None;
+            return Err(true);
         };
         if out.is_none() {
             match connect(&sh, addr, dest, *incarnation, replies) {
                 Ok(s) => *out = Some(s),
-                Err(e) => {
-                    // The peer died and the notice is on its way.
+                Err((e, gone)) => {
                     if std::env::var_os("LAZARUS_DEBUG").is_some() {
                         eprintln!(
                             "lazarus: rank {:?}: cannot reach rank {dest}: {e}",
                             sh.me.rank
                         );
                     }
-                    return None;
+                    return Err(gone);
                 }
             }
         }
-        out.as_mut()
+        out.as_mut().ok_or(false)
     }
 
     fn drop_out(&mut self, dest: Rank) {
@@ -274,15 +275,23 @@ fn connect(
     dest: Rank,
     incarnation: u64,
     replies: Sender<Reply>,
-) -> std::result::Result<Stream, String> {
-    let mut s = Stream::connect(addr).map_err(|e| e.to_string())?;
-    let peer = handshake(&mut s, &sh.secret, sh.me, Role::Connector).map_err(|e| e.to_string())?;
+) -> std::result::Result<Stream, (String, bool)> {
+    let retry = |e: String| (e, false);
+    let mut s = Stream::connect(addr).map_err(|e| {
+        let gone = matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+        );
+        (e.to_string(), gone)
+    })?;
+    let peer =
+        handshake(&mut s, &sh.secret, sh.me, Role::Connector).map_err(|e| retry(e.to_string()))?;
     if peer.rank != Some(dest) || peer.incarnation != incarnation {
-        return Err(format!(
+        return Err(retry(format!(
             "expected rank {dest} incarnation {incarnation}, reached {peer:?}"
-        ));
+        )));
     }
-    let mut rd = s.try_clone().map_err(|e| e.to_string())?;
+    let mut rd = s.try_clone().map_err(|e| retry(e.to_string()))?;
     let max = sh.max_frame;
     std::thread::Builder::new()
         .name(format!("rma-replies-{dest}"))
@@ -303,7 +312,7 @@ fn connect(
                 }
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| retry(e.to_string()))?;
     Ok(s)
 }
 
@@ -332,10 +341,11 @@ impl Endpoint for ProcessEndpoint {
             return Ok(());
         }
         // A frame is never dropped while its peer may be alive: a failed
-        // connect or write is retried (on a new connection: a frame cut
-        // short is discarded by the receiver) until it goes through, or the
-        // launcher's notice says the peer died (then it waits for the
-        // replacement, or is lost with a peer that is gone for good).
+        // connect, handshake or write is retried (on a new connection: a
+        // frame cut short is discarded by the receiver) until it goes
+        // through, or nothing listens at the peer's address any more (it
+        // died, and the launcher's notice is on its way, or it finished), or
+        // the notice says it died (then the frame waits for the replacement).
         let max = self.sh.max_frame;
         let msg = WireMsg::Frame(frame);
         let deadline = Instant::now() + UNREACHABLE_LIMIT;
@@ -353,15 +363,16 @@ impl Endpoint for ProcessEndpoint {
                 Some(PeerState::Up { .. }) => {}
             }
             match self.out(dest).map(|s| write_msg(s, &msg, max)) {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(WireError::Oversized { len, max })) => {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(WireError::Oversized { len, max })) => {
                     return Err(Error::Driver(format!(
                         "a frame of {len} bytes to rank {dest} exceeds the transport's limit of \
                          {max} bytes"
                     )));
                 }
-                Some(Err(_)) => self.drop_out(dest),
-                None => {}
+                Ok(Err(_)) => self.drop_out(dest),
+                Err(true) => return Ok(()), // lost with the peer, as on a real network
+                Err(false) => {}
             }
             if Instant::now() >= deadline {
                 return Err(Error::Driver(format!(
@@ -499,8 +510,8 @@ impl Endpoint for ProcessEndpoint {
             op,
         });
         let sent = match self.out(target) {
-            Some(s) => write_msg(s, &msg, max),
-            None => return Err(gone()),
+            Ok(s) => write_msg(s, &msg, max),
+            Err(_) => return Err(gone()),
         };
         match sent {
             Ok(()) => {}
