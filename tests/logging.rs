@@ -191,3 +191,37 @@ fn pessimistic_logs_two_p_minus_one_records_per_allreduce() {
         }
     }
 }
+
+/// A kill inside an uncoordinated checkpoint (before its piece is captured)
+/// and one right after it, on every backend.
+#[test]
+fn kills_inside_a_checkpoint_are_survived() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    for backend in Backend::ALL {
+        let base = common::config(backend, 4)
+            .protocol(ProtocolKind::Pessimistic)
+            .checkpoint_every(2);
+        let want = run_app(AppKind::Cg, &params, &base)
+            .outcome
+            .expect("reference");
+        for kill in ["1@checkpoint:3", "2@checkpoint:1"] {
+            let r = run_app(
+                AppKind::Cg,
+                &params,
+                &base.clone().kill(kill.parse().expect("valid kill")),
+            );
+            let v = r
+                .outcome
+                .unwrap_or_else(|e| panic!("{backend} {kill}: {e}"));
+            assert_eq!(v.value, want.value, "{backend} {kill}");
+            assert!(
+                r.stats.unfired_kills.is_empty(),
+                "{backend} {kill}: never fired"
+            );
+            assert_eq!(r.stats.ranks_rolled_back, 1, "{backend} {kill}");
+        }
+    }
+}

@@ -791,9 +791,10 @@ impl Engine {
         self.handle(Event::SafePoint {
             index: self.safe_points,
         })?;
-        if !self.released {
+        if !self.released || self.capture_due.is_some() {
             // The protocol is saving here: fault points inside the
-            // checkpoint let a kill land mid-checkpoint.
+            // checkpoint let a kill land mid-checkpoint (for a protocol that
+            // releases at once, before its piece is captured).
             self.checkpoints_entered += 1;
             self.in_checkpoint = Some(self.checkpoints_entered);
         }
