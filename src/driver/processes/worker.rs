@@ -509,9 +509,24 @@ impl Endpoint for ProcessEndpoint {
             window: id,
             op,
         });
-        let sent = match self.out(target) {
-            Ok(s) => write_msg(s, &msg, max),
-            Err(_) => return Err(gone()),
+        // Opening the connection is retried while the peer may be alive; a
+        // request is never written twice (operations are not idempotent).
+        let deadline = Instant::now() + UNREACHABLE_LIMIT;
+        let mut backoff = Duration::from_micros(500);
+        let sent = loop {
+            match self.out(target) {
+                Ok(s) => break write_msg(s, &msg, max),
+                Err(false) if Instant::now() < deadline => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(20));
+                    self.drain_control();
+                    if !matches!(self.peers.get(target), Some(PeerState::Up { incarnation: i, .. }) if *i == incarnation)
+                    {
+                        return Err(gone());
+                    }
+                }
+                Err(_) => return Err(gone()),
+            }
         };
         match sent {
             Ok(()) => {}
