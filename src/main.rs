@@ -902,8 +902,14 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     })
     .map_err(usage)?;
     println!(
-        "chaos {}: {} cases, {} failed, {:.1} s; every case must print {}",
-        report.app, report.cases, report.failed, report.wall_s, report.expected
+        "chaos {}: {} cases, {} failed ({} declared unrecoverable by the protocol), {:.1} s; \
+         every case must print {}",
+        report.app,
+        report.cases,
+        report.failed,
+        report.unrecoverable,
+        report.wall_s,
+        report.expected
     );
     if let Some(path) = &args.json {
         write_json(path, &report)?;

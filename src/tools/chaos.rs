@@ -55,8 +55,15 @@ pub enum Verdict {
         /// Its explanation.
         detail: String,
     },
+    /// The protocol declared the failures beyond what it can recover
+    /// (`Error::Unrecoverable`: for example a rank lost together with every
+    /// holder of its checkpoint under message logging), with a clear error.
+    Unrecoverable {
+        /// The error.
+        error: String,
+    },
     /// The job ended with an error (a hang detected by the simulator, a
-    /// panic, an unrecoverable failure).
+    /// panic, any other failure).
     Failed {
         /// The error.
         error: String,
@@ -95,8 +102,10 @@ pub struct ChaosReport {
     pub expected: String,
     /// Cases run.
     pub cases: usize,
-    /// Cases that failed.
+    /// Cases that did not pass (including the declared unrecoverable ones).
     pub failed: usize,
+    /// Of those, cases the protocol declared unrecoverable.
+    pub unrecoverable: usize,
     /// Wall time of the sweep, seconds.
     pub wall_s: f64,
     /// The failing cases.
@@ -192,6 +201,9 @@ fn run_case(
                 .map(|s| format!("{:016x}", s.trace_hash))
                 .unwrap_or_default();
             match run.outcome {
+                Err(e @ Error::Unrecoverable(_)) => Verdict::Unrecoverable {
+                    error: e.to_string(),
+                },
                 Err(e) => Verdict::Failed {
                     error: e.to_string(),
                 },
@@ -253,6 +265,10 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
         expected,
         cases,
         failed: failures.len(),
+        unrecoverable: failures
+            .iter()
+            .filter(|c| matches!(c.verdict, Verdict::Unrecoverable { .. }))
+            .count(),
         wall_s: t0.elapsed().as_secs_f64(),
         failures,
     })
