@@ -79,7 +79,43 @@ pub struct JobStats {
     /// Failures as the processes backend's launcher detected them.
     #[serde(default)]
     pub failure_detections: Vec<FailureDetection>,
+    /// Times the whole job started again from the beginning because the
+    /// protocol could not rebuild a lost rank (message logging, when a rank
+    /// died together with every holder of its checkpoint).
+    #[serde(default)]
+    pub job_restarts: u64,
 }
+
+impl JobStats {
+    /// Fold in the statistics of an earlier attempt of the same job (it
+    /// ended unrecoverably and the job started again).
+    fn add_earlier_attempt(&mut self, e: JobStats) {
+        self.wall_s += e.wall_s;
+        self.failures += e.failures;
+        self.ranks_killed += e.ranks_killed;
+        self.ranks_rolled_back += e.ranks_rolled_back;
+        self.ranks_restarted_from_scratch += e.ranks_restarted_from_scratch;
+        self.recovery_s += e.recovery_s;
+        self.checkpoints += e.checkpoints;
+        self.checkpoint_bytes += e.checkpoint_bytes;
+        self.checkpoint_s = self.checkpoint_s.max(e.checkpoint_s);
+        self.checkpoint_s_total += e.checkpoint_s_total;
+        self.peak_log_bytes = self.peak_log_bytes.max(e.peak_log_bytes);
+        self.peak_log_records = self.peak_log_records.max(e.peak_log_records);
+        self.log_records += e.log_records;
+        self.log_bytes += e.log_bytes;
+        self.determinants += e.determinants;
+        self.messages_resent += e.messages_resent;
+        self.job_restarts += e.job_restarts + 1;
+        let mut detections = e.failure_detections;
+        detections.append(&mut self.failure_detections);
+        self.failure_detections = detections;
+    }
+}
+
+/// How many times a job under message logging may start again from the
+/// beginning after an unrecoverable loss.
+const MAX_JOB_RESTARTS: u64 = 3;
 
 /// One failure event seen by the launcher of the processes backend.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -171,34 +207,79 @@ where
         Ok(x) => x,
         Err(e) => return JobReport::failed(e),
     };
-    let cfg = &cfg;
     let f: Arc<RankFn<T>> = Arc::new(f);
+    // Message logging cannot rebuild a rank whose checkpoint and
+    // determinants died with every holder: then the job starts again from
+    // the beginning (the kills that fired are not repeated), as coordinated
+    // checkpointing restarts from scratch when no generation survives.
+    let mut cfg = cfg;
+    let mut earlier: Option<JobStats> = None;
+    loop {
+        let attempt = run_backend(&cfg, placement.clone(), f.clone());
+        let (outcome, mut stats, sim, record) = attempt;
+        if let Some(e) = earlier.take() {
+            stats.add_earlier_attempt(e);
+        }
+        match &outcome {
+            Err(Error::Unrecoverable(why))
+                if cfg.protocol.logs_messages() && stats.job_restarts < MAX_JOB_RESTARTS =>
+            {
+                eprintln!("lazarus: {why}; the job starts again from the beginning");
+                cfg.kills = stats
+                    .unfired_kills
+                    .iter()
+                    .filter_map(|k| k.parse().ok())
+                    .collect();
+                earlier = Some(stats);
+            }
+            _ => {
+                if let Some((key, raw)) = record {
+                    remember_call(key, &raw, &stats);
+                }
+                return JobReport {
+                    outcome,
+                    stats,
+                    sim,
+                    rank: None,
+                };
+            }
+        }
+    }
+}
+
+/// What one attempt of a job returned: each rank's value, statistics, the
+/// simulator's report, and (processes backend, test harness) the call to
+/// remember with its encoded values.
+type Attempt<T> = (
+    Result<Vec<T>>,
+    JobStats,
+    Option<SimReport>,
+    Option<(Vec<String>, Result<Vec<Vec<u8>>>)>,
+);
+
+/// Run the job once on `cfg.backend`.
+fn run_backend<T>(
+    cfg: &Config,
+    placement: crate::topology::Placement,
+    f: Arc<RankFn<T>>,
+) -> Attempt<T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
     match cfg.backend {
         Backend::Threads => {
             let (outcome, stats) = threads::run(cfg, placement, f);
-            JobReport {
-                outcome,
-                stats,
-                sim: None,
-                rank: None,
-            }
+            (outcome, stats, None, None)
         }
         Backend::Sim => {
             let (outcome, stats, report) = sim::run(cfg, placement, f);
-            JobReport {
-                outcome,
-                stats,
-                sim: Some(report),
-                rank: None,
-            }
+            (outcome, stats, Some(report), None)
         }
         Backend::Processes => {
             let (spec, key) = launch_spec(cfg);
-            let (outcome, stats) = launcher::launch(&spec);
-            if let Some(key) = key {
-                remember_call(key, &outcome, &stats);
-            }
-            decoded_report((outcome, stats))
+            let (raw, stats) = launcher::launch(&spec);
+            let outcome = decoded(raw.clone());
+            (outcome, stats, None, key.map(|k| (k, raw)))
         }
     }
 }
@@ -219,17 +300,21 @@ fn remember_call(key: Vec<String>, outcome: &Result<Vec<Vec<u8>>>, stats: &JobSt
     }
 }
 
-/// The report of a processes-backend job (or of one replayed from the
-/// launcher's record): each rank's value decoded.
-fn decoded_report<T: DeserializeOwned>(job: processes::EarlierCall) -> JobReport<T> {
-    let (outcome, stats) = job;
-    let outcome = outcome.and_then(|all| {
+/// Each rank's value decoded from its postcard encoding.
+fn decoded<T: DeserializeOwned>(raw: Result<Vec<Vec<u8>>>) -> Result<Vec<T>> {
+    raw.and_then(|all| {
         all.iter()
             .map(|b| postcard::from_bytes::<T>(b).map_err(Error::from))
             .collect()
-    });
+    })
+}
+
+/// The report of a processes-backend job replayed from the launcher's
+/// record: each rank's value decoded.
+fn decoded_report<T: DeserializeOwned>(job: processes::EarlierCall) -> JobReport<T> {
+    let (outcome, stats) = job;
     JobReport {
-        outcome,
+        outcome: decoded(outcome),
         stats,
         sim: None,
         rank: None,

@@ -682,6 +682,17 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         st.checkpoint_bytes,
         st.checkpoint_s
     );
+    if st.log_records > 0 || st.job_restarts > 0 {
+        println!(
+            "log: {} messages ({} bytes) logged, peak {} bytes on one rank, {} determinants, {} resent; job restarts {}",
+            st.log_records,
+            st.log_bytes,
+            st.peak_log_bytes,
+            st.determinants,
+            st.messages_resent,
+            st.job_restarts
+        );
+    }
     if let Some(sim) = &summary.sim {
         println!(
             "sim: trace hash {:016x}, {} events in {:.3} s wall ({:.0} events/s), virtual time {:.6} s{}",

@@ -225,3 +225,32 @@ fn kills_inside_a_checkpoint_are_survived() {
         }
     }
 }
+
+/// Losing a rank together with both holders of its checkpoint (here: the
+/// holders' node, then the rank during its recovery) cannot be rebuilt by
+/// message logging; the job starts again from the beginning instead of
+/// failing, and says so.
+#[test]
+fn an_unrebuildable_loss_restarts_the_job_from_the_beginning() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    for backend in Backend::ALL {
+        let base = common::config(backend, 4)
+            .protocol(ProtocolKind::Pessimistic)
+            .nodes(2)
+            .checkpoint_every(2);
+        let want = run_app(AppKind::Cg, &params, &base)
+            .outcome
+            .expect("reference");
+        let cfg = base
+            .kill("node:1@37%".parse().expect("valid kill"))
+            .kill("1@recovery:1".parse().expect("valid kill"));
+        let r = run_app(AppKind::Cg, &params, &cfg);
+        let v = r.outcome.unwrap_or_else(|e| panic!("{backend}: {e}"));
+        assert_eq!(v.value, want.value, "{backend}");
+        assert_eq!(r.stats.job_restarts, 1, "{backend}");
+        assert_eq!(r.stats.failures, 2, "{backend}: the kills fire once");
+    }
+}

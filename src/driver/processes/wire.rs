@@ -215,6 +215,8 @@ pub enum RemoteError {
     App(String),
     /// Any other error, as text.
     Other(String),
+    /// `Error::Unrecoverable`.
+    Unrecoverable(String),
 }
 
 impl From<&crate::Error> for RemoteError {
@@ -240,6 +242,7 @@ impl From<&crate::Error> for RemoteError {
                 detail: detail.clone(),
             },
             E::App(m) => RemoteError::App(m.clone()),
+            E::Unrecoverable(m) => RemoteError::Unrecoverable(m.to_string()),
             other => RemoteError::Other(other.to_string()),
         }
     }
@@ -264,6 +267,7 @@ impl RemoteError {
             RemoteError::Config { option, detail } => E::Config { option, detail },
             RemoteError::App(m) => E::App(m),
             RemoteError::Other(m) => E::Driver(format!("rank {rank}: {m}")),
+            RemoteError::Unrecoverable(m) => E::Unrecoverable(m.into()),
         }
     }
 }
