@@ -130,46 +130,50 @@ impl Placement {
 mod tests {
     use super::*;
 
-    #[test]
-    fn partners_are_on_other_nodes() {
-        for ranks in 2..20 {
+    /// Call `f(placement, nodes, rank)` for every rank of every block
+    /// placement of `min..20` ranks on `1..=ranks` nodes.
+    fn each_rank_of_every_placement(min: usize, mut f: impl FnMut(&Placement, usize, Rank)) {
+        for ranks in min..20 {
             for nodes in 1..=ranks {
                 let pl = Placement::block(ranks, nodes).expect("valid");
-                for r in 0..ranks {
-                    let p = pl.partner(r).expect("partner");
-                    assert_ne!(p, r);
-                    if nodes > 1 {
-                        assert_ne!(pl.node_of(p), pl.node_of(r), "{ranks}/{nodes} r{r}");
-                    }
-                }
                 let total: usize = (0..nodes).map(|n| pl.ranks_on(n).len()).sum();
                 assert_eq!(total, ranks);
+                for r in 0..ranks {
+                    f(&pl, nodes, r);
+                }
             }
         }
     }
 
     #[test]
-    fn second_partners_differ_from_the_rank_and_its_partner() {
-        for ranks in 3..20 {
-            for nodes in 1..=ranks {
-                let pl = Placement::block(ranks, nodes).expect("valid");
-                for r in 0..ranks {
-                    let p = pl.partner(r).expect("partner");
-                    let q = pl.second_partner(r).expect("second partner");
-                    assert!(q != r && q != p, "{ranks}/{nodes} r{r}: {p} {q}");
-                    let occupied = (0..nodes).filter(|&n| !pl.ranks_on(n).is_empty()).count();
-                    if occupied >= 3 {
-                        // On a third node: two node failures leave a copy
-                        // or the rank itself.
-                        let n = [pl.node_of(r), pl.node_of(p), pl.node_of(q)];
-                        assert!(n[2] != n[0] && n[2] != n[1], "{ranks}/{nodes} r{r}: {n:?}");
-                    } else if pl.ranks_on(pl.node_of(p)).len() > 1 + usize::from(occupied == 1) {
-                        // Else on the partner's node when it hosts another rank.
-                        assert_eq!(pl.node_of(q), pl.node_of(p), "{ranks}/{nodes} r{r}");
-                    }
-                }
+    fn partners_are_on_other_nodes() {
+        each_rank_of_every_placement(2, |pl, nodes, r| {
+            let p = pl.partner(r).expect("partner");
+            assert_ne!(p, r);
+            if nodes > 1 {
+                assert_ne!(pl.node_of(p), pl.node_of(r), "{nodes} nodes, r{r}");
             }
-        }
+        });
+    }
+
+    #[test]
+    fn second_partners_differ_from_the_rank_and_its_partner() {
+        each_rank_of_every_placement(3, |pl, nodes, r| {
+            let what = format!("{} ranks on {nodes} nodes, r{r}", pl.ranks());
+            let p = pl.partner(r).expect("partner");
+            let q = pl.second_partner(r).expect("second partner");
+            assert!(q != r && q != p, "{what}: {p} {q}");
+            let occupied = (0..nodes).filter(|&n| !pl.ranks_on(n).is_empty()).count();
+            if occupied >= 3 {
+                // On a third node: two node failures leave a copy or the
+                // rank itself.
+                let n = [pl.node_of(r), pl.node_of(p), pl.node_of(q)];
+                assert!(n[2] != n[0] && n[2] != n[1], "{what}: {n:?}");
+            } else if pl.ranks_on(pl.node_of(p)).len() > 1 + usize::from(occupied == 1) {
+                // Else on the partner's node when it hosts another rank.
+                assert_eq!(pl.node_of(q), pl.node_of(p), "{what}");
+            }
+        });
         assert_eq!(
             Placement::block(2, 1).expect("valid").second_partner(0),
             None

@@ -192,36 +192,43 @@ fn pessimistic_logs_two_p_minus_one_records_per_allreduce() {
     }
 }
 
-/// A kill inside an uncoordinated checkpoint (before its piece is captured)
-/// and one right after it, on every backend.
-#[test]
-fn kills_inside_a_checkpoint_are_survived() {
+/// CG class S under `pessimistic` on `backend` over `nodes` nodes with
+/// `kills`: checks that it prints the failure-free value and that every
+/// kill fired, and returns its statistics.
+fn cg_s_survives(backend: Backend, nodes: usize, kills: &[&str]) -> lazarus::JobStats {
     let params = AppParams {
         class: Some('S'),
         ..AppParams::default()
     };
+    let base = common::config(backend, 4)
+        .protocol(ProtocolKind::Pessimistic)
+        .nodes(nodes)
+        .checkpoint_every(2);
+    let want = run_app(AppKind::Cg, &params, &base)
+        .outcome
+        .expect("reference");
+    let cfg = kills
+        .iter()
+        .fold(base, |c, k| c.kill(k.parse().expect("valid kill")));
+    let r = run_app(AppKind::Cg, &params, &cfg);
+    let what = format!("{backend} {kills:?}");
+    let v = r.outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(v.value, want.value, "{what}");
+    assert!(
+        r.stats.unfired_kills.is_empty(),
+        "{what}: a kill never fired"
+    );
+    r.stats
+}
+
+/// A kill inside an uncoordinated checkpoint (before its piece is
+/// captured), on every backend.
+#[test]
+fn kills_inside_a_checkpoint_are_survived() {
     for backend in Backend::ALL {
-        let base = common::config(backend, 4)
-            .protocol(ProtocolKind::Pessimistic)
-            .checkpoint_every(2);
-        let want = run_app(AppKind::Cg, &params, &base)
-            .outcome
-            .expect("reference");
         for kill in ["1@checkpoint:3", "2@checkpoint:1"] {
-            let r = run_app(
-                AppKind::Cg,
-                &params,
-                &base.clone().kill(kill.parse().expect("valid kill")),
-            );
-            let v = r
-                .outcome
-                .unwrap_or_else(|e| panic!("{backend} {kill}: {e}"));
-            assert_eq!(v.value, want.value, "{backend} {kill}");
-            assert!(
-                r.stats.unfired_kills.is_empty(),
-                "{backend} {kill}: never fired"
-            );
-            assert_eq!(r.stats.ranks_rolled_back, 1, "{backend} {kill}");
+            let st = cg_s_survives(backend, 1, &[kill]);
+            assert_eq!(st.ranks_rolled_back, 1, "{backend} {kill}");
         }
     }
 }
@@ -232,25 +239,9 @@ fn kills_inside_a_checkpoint_are_survived() {
 /// failing, and says so.
 #[test]
 fn an_unrebuildable_loss_restarts_the_job_from_the_beginning() {
-    let params = AppParams {
-        class: Some('S'),
-        ..AppParams::default()
-    };
     for backend in Backend::ALL {
-        let base = common::config(backend, 4)
-            .protocol(ProtocolKind::Pessimistic)
-            .nodes(2)
-            .checkpoint_every(2);
-        let want = run_app(AppKind::Cg, &params, &base)
-            .outcome
-            .expect("reference");
-        let cfg = base
-            .kill("node:1@37%".parse().expect("valid kill"))
-            .kill("1@recovery:1".parse().expect("valid kill"));
-        let r = run_app(AppKind::Cg, &params, &cfg);
-        let v = r.outcome.unwrap_or_else(|e| panic!("{backend}: {e}"));
-        assert_eq!(v.value, want.value, "{backend}");
-        assert_eq!(r.stats.job_restarts, 1, "{backend}");
-        assert_eq!(r.stats.failures, 2, "{backend}: the kills fire once");
+        let st = cg_s_survives(backend, 2, &["node:1@37%", "1@recovery:1"]);
+        assert_eq!(st.job_restarts, 1, "{backend}");
+        assert_eq!(st.failures, 2, "{backend}: the kills fire once");
     }
 }
