@@ -215,8 +215,7 @@ where
     let mut cfg = cfg;
     let mut earlier: Option<JobStats> = None;
     loop {
-        let attempt = run_backend(&cfg, placement.clone(), f.clone());
-        let (outcome, mut stats, sim, record) = attempt;
+        let (outcome, mut stats, sim, record) = run_backend(&cfg, placement.clone(), f.clone());
         if let Some(e) = earlier.take() {
             stats.add_earlier_attempt(e);
         }

@@ -122,8 +122,6 @@ pub enum Stat {
         /// rank function from the beginning.
         from_scratch: bool,
     },
-    /// Current bytes held in message logs by this rank.
-    LogBytes(usize),
     /// Message-logging counters of this rank: totals since the last report
     /// (`records` … `resent`) and the log held now.
     Log {

@@ -335,7 +335,6 @@ impl StatsBook {
                     self.victims_open = 0;
                 }
             }
-            Stat::LogBytes(b) => st.peak_log_bytes = st.peak_log_bytes.max(b as u64),
             Stat::Log {
                 records,
                 bytes,

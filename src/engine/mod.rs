@@ -64,7 +64,7 @@ pub struct Snapshot {
     pub unexpected: Vec<AppMessage>,
     /// Send sequence numbers per destination (only channels used).
     pub ssn_out: Vec<(Rank, u64)>,
-    /// Highest SSN arrived per source (HSR).
+    /// Highest SSN arrived per source (HSR; message logging only).
     pub ssn_in: Vec<(Rank, u64)>,
     /// Wildcard receptions so far (the last RSN).
     pub rsn: u64,
@@ -126,7 +126,8 @@ pub struct Engine {
     completed: HashMap<ReqId, AppMessage>,
     next_req: ReqId,
     ssn_out: BTreeMap<Rank, u64>,
-    /// Highest SSN arrived per source (HSR, 002 §3.1).
+    /// Highest SSN arrived per source (HSR, 002 §3.1); kept under message
+    /// logging only.
     ssn_in: BTreeMap<Rank, u64>,
     /// Wildcard-source receptions in this execution (RSN of the last one).
     rsn: u64,
@@ -473,19 +474,17 @@ impl Engine {
     }
 
     fn arrive(&mut self, msg: AppMessage) {
-        let hsr = self.ssn_in.entry(msg.envelope.src).or_insert(0);
         if self.logging {
             // A recovering rank's state is about to be replaced: the sender
             // resends from its log after the restore. Otherwise accept only
             // the channel's next SSN: lower is a duplicate (re-execution,
             // resend), higher follows a message dropped during recovery,
             // which the sender resends from its log with everything after it.
+            let hsr = self.ssn_in.entry(msg.envelope.src).or_insert(0);
             if self.recovering || msg.ssn != *hsr + 1 {
                 return;
             }
             *hsr = msg.ssn;
-        } else {
-            *hsr = (*hsr).max(msg.ssn);
         }
         self.app_arrived += 1;
         if let Some(i) = self.posted.iter().position(|(_, s)| self.accepts(s, &msg)) {
@@ -960,10 +959,6 @@ impl Engine {
         let arrived = std::mem::take(&mut self.unexpected);
         self.unexpected = snap.unexpected.into();
         self.ssn_in = snap.ssn_in.into_iter().collect();
-        for m in &arrived {
-            let h = self.ssn_in.entry(m.envelope.src).or_insert(0);
-            *h = (*h).max(m.ssn);
-        }
         self.unexpected.extend(arrived);
         self.ssn_out = snap.ssn_out.into_iter().collect();
         self.rsn = snap.rsn;

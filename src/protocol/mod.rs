@@ -402,7 +402,8 @@ pub struct ProtocolCx<'a> {
     /// Application messages that arrived at this rank in the current
     /// execution (matched or not).
     pub app_arrived: u64,
-    /// Highest SSN arrived per source (HSR, 002 §3.1), channels used only.
+    /// Highest SSN arrived per source (HSR, 002 §3.1), channels used only;
+    /// kept for protocols that log messages (empty otherwise).
     pub hsr: &'a BTreeMap<Rank, u64>,
     /// Wildcard receptions so far in this execution (the last RSN).
     pub rsn: u64,

@@ -24,8 +24,7 @@ pub struct PartnerStore {
     placement: Option<Placement>,
     pieces: BTreeMap<(u64, Rank), Piece>,
     committed: Option<u64>,
-    /// Generations whose partner copy is not yet acknowledged.
-    /// Per generation: copies not yet acknowledged.
+    /// Per generation: partner copies not yet acknowledged.
     awaiting_ack: BTreeMap<u64, usize>,
     /// Generation of our own piece being fetched back.
     fetching: Option<u64>,

@@ -81,6 +81,32 @@ impl PeerState {
 /// one is declared by the launcher well within its heartbeat timeout).
 const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
 
+/// Attempts at reaching a peer, with exponential backoff, until
+/// [`UNREACHABLE_LIMIT`] has passed.
+struct Retry {
+    deadline: Instant,
+    backoff: Duration,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Retry {
+            deadline: Instant::now() + UNREACHABLE_LIMIT,
+            backoff: Duration::from_micros(500),
+        }
+    }
+
+    /// Wait before the next attempt; `false` once the limit has passed.
+    fn wait(&mut self) -> bool {
+        if Instant::now() >= self.deadline {
+            return false;
+        }
+        std::thread::sleep(self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_millis(20));
+        true
+    }
+}
+
 /// What the reading threads share with the endpoint.
 struct Shared {
     me: Identity,
@@ -348,8 +374,7 @@ impl Endpoint for ProcessEndpoint {
         // the notice says it died (then the frame waits for the replacement).
         let max = self.sh.max_frame;
         let msg = WireMsg::Frame(frame);
-        let deadline = Instant::now() + UNREACHABLE_LIMIT;
-        let mut backoff = Duration::from_micros(500);
+        let mut retry = Retry::new();
         loop {
             self.drain_control();
             match self.peers.get_mut(dest) {
@@ -374,15 +399,13 @@ impl Endpoint for ProcessEndpoint {
                 Err(true) => return Ok(()), // lost with the peer, as on a real network
                 Err(false) => {}
             }
-            if Instant::now() >= deadline {
+            if !retry.wait() {
                 return Err(Error::Driver(format!(
                     "rank {dest} has been unreachable for {} s and the launcher has not \
                      declared it dead",
                     UNREACHABLE_LIMIT.as_secs()
                 )));
             }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(20));
         }
     }
 
@@ -511,14 +534,11 @@ impl Endpoint for ProcessEndpoint {
         });
         // Opening the connection is retried while the peer may be alive; a
         // request is never written twice (operations are not idempotent).
-        let deadline = Instant::now() + UNREACHABLE_LIMIT;
-        let mut backoff = Duration::from_micros(500);
+        let mut retry = Retry::new();
         let sent = loop {
             match self.out(target) {
                 Ok(s) => break write_msg(s, &msg, max),
-                Err(false) if Instant::now() < deadline => {
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(20));
+                Err(false) if retry.wait() => {
                     self.drain_control();
                     if !matches!(self.peers.get(target), Some(PeerState::Up { incarnation: i, .. }) if *i == incarnation)
                     {
@@ -629,8 +649,6 @@ fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Incoming>) {
     }
 }
 
-/// Run `f` as the rank this process was launched as. Returns the rank's
-/// outcome after reporting it to the launcher.
 /// Every received payload is a fresh buffer, and a logging protocol keeps
 /// them until receivers' checkpoints trim the logs. glibc would give large
 /// freed buffers back to the kernel (munmap, or trimming the heap top), so
@@ -648,6 +666,8 @@ fn keep_freed_memory() {
     }
 }
 
+/// Run `f` as the rank this process was launched as. Returns the rank's
+/// outcome after reporting it to the launcher.
 pub(crate) fn run_worker<T: Serialize>(
     env: &LaunchEnv,
     cfg: &Config,
