@@ -39,6 +39,12 @@ pub enum Error {
         /// The checkpoint generation restored, if any yet chosen.
         generation: Option<u64>,
     },
+    /// Internal to collectives: the current attempt at a collective was
+    /// interrupted (a member failed, or its result came from a log) and the
+    /// collective completes or starts again. Never returned to a rank
+    /// function.
+    #[error("collective interrupted by a failure (internal; retried)")]
+    CollectiveInterrupted,
     /// This rank was killed by fault injection; everything it held is lost.
     #[error("this rank was killed by fault injection")]
     Killed,

@@ -67,6 +67,9 @@ pub struct JobStats {
     /// Logged messages sent again to recovering ranks.
     #[serde(default)]
     pub messages_resent: u64,
+    /// Collectives completed from a logged result (ULML).
+    #[serde(default)]
+    pub collectives_from_log: u64,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,
@@ -106,6 +109,7 @@ impl JobStats {
         self.log_bytes += e.log_bytes;
         self.determinants += e.determinants;
         self.messages_resent += e.messages_resent;
+        self.collectives_from_log += e.collectives_from_log;
         self.job_restarts += e.job_restarts + 1;
         let mut detections = e.failure_detections;
         detections.append(&mut self.failure_detections);

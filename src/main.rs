@@ -684,12 +684,13 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     );
     if st.log_records > 0 || st.job_restarts > 0 {
         println!(
-            "log: {} messages ({} bytes) logged, peak {} bytes on one rank, {} determinants, {} resent; job restarts {}",
+            "log: {} records ({} bytes) logged, peak {} bytes on one rank, {} determinants, {} resent, {} collectives from the log; job restarts {}",
             st.log_records,
             st.log_bytes,
             st.peak_log_bytes,
             st.determinants,
             st.messages_resent,
+            st.collectives_from_log,
             st.job_restarts
         );
     }

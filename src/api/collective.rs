@@ -6,6 +6,14 @@
 //! lower relative ranks on the left), so a floating-point result is
 //! bit-identical on every run with the same number of ranks, under any
 //! protocol and failure schedule (DESIGN principle 5).
+//!
+//! Every call is numbered per communicator and its messages are tagged with
+//! its kind and number ([`collective_tag`]). Under a protocol that logs
+//! collective results (ULML, 002 §2.2), a collective whose result is the
+//! same at every member is bracketed by the engine: its messages are not
+//! logged, each rank logs the result instead, a substitute re-executing it
+//! takes the logged result, and an attempt that a failure interrupted is
+//! started again or completed from another member's log.
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -14,16 +22,17 @@ use serde::de::DeserializeOwned;
 use super::comm::{Communicator, Source, TagMatch};
 use super::datatype::{Equivalence, ReduceOp, slice_to_bytes, to_vec, vec_into_bytes};
 use crate::engine::frame::Tag;
+use crate::engine::{CollStart, collective_tag};
+use crate::protocol::Collective;
 use crate::{Error, Rank, Result};
 
-// One tag per collective kind (hygiene: all ranks call collectives in the
-// same order and channels are FIFO, so tags only separate kinds).
-const TAG_BARRIER: Tag = 1;
-const TAG_BCAST: Tag = 2;
-const TAG_REDUCE: Tag = 3;
-const TAG_GATHER: Tag = 4;
-const TAG_SCATTER: Tag = 5;
-const TAG_ALLTOALL: Tag = 6;
+/// One call of a collective: the tag of its messages and how they are sent.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    tag: Tag,
+    /// Its result is logged instead of its messages.
+    unlogged: bool,
+}
 
 /// Copy `src` into `dst`, which must have exactly its length.
 fn copy_exact<T: Equivalence>(src: &[u8], dst: &mut [T], what: &'static str) -> Result<()> {
@@ -48,13 +57,20 @@ fn decode<T: Equivalence>(b: &[u8], what: &'static str) -> Result<Vec<T>> {
 }
 
 impl Communicator {
-    fn csend(&self, dest: Rank, tag: Tag, data: Bytes) -> Result<()> {
-        self.send_in(self.coll, dest, tag, data)
+    fn csend(&self, call: Call, dest: Rank, data: Bytes) -> Result<()> {
+        if call.unlogged {
+            let dest = self.world_rank(dest)?;
+            self.engine
+                .borrow_mut()
+                .send_unlogged(dest, self.coll, call.tag, data)
+        } else {
+            self.send_in(self.coll, dest, call.tag, data)
+        }
     }
 
-    fn crecv(&self, src: Rank, tag: Tag) -> Result<Bytes> {
+    fn crecv(&self, call: Call, src: Rank) -> Result<Bytes> {
         Ok(self
-            .receive_in(self.coll, Source::Rank(src), TagMatch::Tag(tag))?
+            .receive_in(self.coll, Source::Rank(src), TagMatch::Tag(call.tag))?
             .payload)
     }
 
@@ -68,16 +84,92 @@ impl Communicator {
         Ok(())
     }
 
+    fn begin(&self, kind: Collective) -> Result<CollStart> {
+        let logged = self.engine.borrow().logs_collective_results();
+        let group: Vec<Rank> = if logged && kind.same_result_everywhere() {
+            (0..self.size())
+                .filter_map(|r| self.world_rank(r).ok())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.engine.borrow_mut().coll_begin(self.coll, kind, &group)
+    }
+
+    /// A collective whose result (`run`'s) is the same at every member and
+    /// ends with a broadcast from `root`: taken from a log when the engine
+    /// has it, and started again or completed from a log when a failure
+    /// interrupts an attempt. A rank that completes from a log still sends
+    /// the result down its broadcast subtree (receivers that have it drop
+    /// it), so no member waits for a message the log replaced.
+    fn same_result(
+        &self,
+        kind: Collective,
+        root: Rank,
+        run: impl Fn(Call) -> Result<Bytes>,
+    ) -> Result<Bytes> {
+        let (index, unlogged, logged) = match self.begin(kind)? {
+            CollStart::Logged { index, result } => (index, true, Some(result)),
+            CollStart::Run { index, unlogged } => (index, unlogged, None),
+        };
+        let call = Call {
+            tag: collective_tag(kind, index),
+            unlogged,
+        };
+        let result = match logged {
+            Some(result) => self.bcast_tree(call, root, result, true)?,
+            None => loop {
+                match run(call) {
+                    Ok(b) => break b,
+                    Err(Error::CollectiveInterrupted) => {
+                        let logged = self.engine.borrow_mut().coll_retry()?;
+                        if let Some(result) = logged {
+                            break self.bcast_tree(call, root, result, true)?;
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            },
+        };
+        self.engine
+            .borrow_mut()
+            .coll_end(self.coll, index, kind, Some(&result))?;
+        Ok(result)
+    }
+
+    /// A rooted or personalized collective: its messages are logged like
+    /// point-to-point ones (no other member holds a dead rank's result).
+    fn rooted<R>(&self, kind: Collective, run: impl FnOnce(Call) -> Result<R>) -> Result<R> {
+        let index = match self.begin(kind)? {
+            CollStart::Run { index, .. } | CollStart::Logged { index, .. } => index,
+        };
+        let r = run(Call {
+            tag: collective_tag(kind, index),
+            unlogged: false,
+        })?;
+        self.engine
+            .borrow_mut()
+            .coll_end(self.coll, index, kind, None)?;
+        Ok(r)
+    }
+
     /// Binomial-tree broadcast of a shared buffer (no copies on the way).
-    fn bcast_bytes(&self, root: Rank, tag: Tag, mut data: Bytes) -> Result<Bytes> {
-        self.check_root(root)?;
+    fn bcast_bytes(&self, call: Call, root: Rank, data: Bytes) -> Result<Bytes> {
+        self.bcast_tree(call, root, data, false)
+    }
+
+    /// Binomial-tree broadcast: `data` comes from the parent unless `have`
+    /// (or this rank is the root), then goes to the children.
+    fn bcast_tree(&self, call: Call, root: Rank, mut data: Bytes, have: bool) -> Result<Bytes> {
         let size = self.size();
         let vr = (self.rank() + size - root) % size;
         let mut mask = 1;
         while mask < size {
             if vr & mask != 0 {
-                let parent = (vr - mask + root) % size;
-                data = self.crecv(parent, tag)?;
+                if !have {
+                    let parent = (vr - mask + root) % size;
+                    data = self.crecv(call, parent)?;
+                }
                 break;
             }
             mask <<= 1;
@@ -85,7 +177,7 @@ impl Communicator {
         mask >>= 1;
         while mask > 0 {
             if vr + mask < size {
-                self.csend((vr + mask + root) % size, tag, data.clone())?;
+                self.csend(call, (vr + mask + root) % size, data.clone())?;
             }
             mask >>= 1;
         }
@@ -95,11 +187,11 @@ impl Communicator {
     /// Binomial-tree reduction to `root`; `Some(result)` at the root.
     fn reduce_vec<T: Equivalence>(
         &self,
+        call: Call,
         root: Rank,
         data: &[T],
         op: ReduceOp,
     ) -> Result<Option<Vec<T>>> {
-        self.check_root(root)?;
         let size = self.size();
         let vr = (self.rank() + size - root) % size;
         let mut acc = data.to_vec();
@@ -108,8 +200,7 @@ impl Communicator {
             if vr & mask == 0 {
                 let child = vr | mask;
                 if child < size {
-                    let got: Vec<T> =
-                        decode(&self.crecv((child + root) % size, TAG_REDUCE)?, "reduce")?;
+                    let got: Vec<T> = decode(&self.crecv(call, (child + root) % size)?, "reduce")?;
                     if got.len() != acc.len() {
                         return Err(Error::SizeMismatch {
                             expected: acc.len() * std::mem::size_of::<T>(),
@@ -123,7 +214,7 @@ impl Communicator {
                 }
             } else {
                 let parent = ((vr & !mask) + root) % size;
-                self.csend(parent, TAG_REDUCE, vec_into_bytes(acc))?;
+                self.csend(call, parent, vec_into_bytes(acc))?;
                 return Ok(None);
             }
             mask <<= 1;
@@ -131,21 +222,52 @@ impl Communicator {
         Ok(Some(acc))
     }
 
+    /// Gather to `root` in rank order: `Some((concatenation, counts))` there.
+    fn gather_in<T: Equivalence>(
+        &self,
+        call: Call,
+        root: Rank,
+        data: &[T],
+    ) -> Result<Option<(Vec<T>, Vec<usize>)>> {
+        if self.rank() != root {
+            self.csend(call, root, slice_to_bytes(data))?;
+            return Ok(None);
+        }
+        let mut all = Vec::new();
+        let mut counts = Vec::with_capacity(self.size());
+        for r in 0..self.size() {
+            if r == root {
+                all.extend_from_slice(data);
+                counts.push(data.len());
+            } else {
+                let got: Vec<T> = decode(&self.crecv(call, r)?, "gather")?;
+                counts.push(got.len());
+                all.extend(got);
+            }
+        }
+        Ok(Some((all, counts)))
+    }
+
     /// Block until every rank of the communicator has called it.
     pub fn barrier(&self) -> Result<()> {
-        self.reduce_vec::<u8>(0, &[], ReduceOp::NoOp)?;
-        self.bcast_bytes(0, TAG_BARRIER, Bytes::new())?;
+        self.same_result(Collective::Barrier, 0, |call| {
+            self.reduce_vec::<u8>(call, 0, &[], ReduceOp::NoOp)?;
+            self.bcast_bytes(call, 0, Bytes::new())
+        })?;
         Ok(())
     }
 
     /// Broadcast `buf` from `root` into every rank's `buf`.
     pub fn broadcast_into<T: Equivalence>(&self, root: Rank, buf: &mut [T]) -> Result<()> {
+        self.check_root(root)?;
         let data = if self.rank() == root {
             slice_to_bytes(buf)
         } else {
             Bytes::new()
         };
-        let got = self.bcast_bytes(root, TAG_BCAST, data)?;
+        let got = self.same_result(Collective::Broadcast, root, |call| {
+            self.bcast_bytes(call, root, data.clone())
+        })?;
         if self.rank() != root {
             copy_exact(&got, buf, "broadcast buffer")?;
         }
@@ -158,6 +280,7 @@ impl Communicator {
         root: Rank,
         value: Option<&V>,
     ) -> Result<V> {
+        self.check_root(root)?;
         let data = match (self.rank() == root, value) {
             (true, Some(v)) => Bytes::from(postcard::to_allocvec(v)?),
             (true, None) => {
@@ -165,7 +288,9 @@ impl Communicator {
             }
             (false, _) => Bytes::new(),
         };
-        let got = self.bcast_bytes(root, TAG_BCAST, data)?;
+        let got = self.same_result(Collective::Broadcast, root, |call| {
+            self.bcast_bytes(call, root, data.clone())
+        })?;
         Ok(postcard::from_bytes(&got)?)
     }
 
@@ -176,7 +301,10 @@ impl Communicator {
         data: &[T],
         op: ReduceOp,
     ) -> Result<Option<Vec<T>>> {
-        self.reduce_vec(root, data, op)
+        self.check_root(root)?;
+        self.rooted(Collective::Reduce, |call| {
+            self.reduce_vec(call, root, data, op)
+        })
     }
 
     /// Reduce to every rank (reduce to rank 0, then broadcast: every rank
@@ -194,18 +322,14 @@ impl Communicator {
                 what: "all_reduce_into output length".into(),
             });
         }
-        let r = self.reduce_vec(0, data, op)?;
-        match r {
-            Some(v) => {
-                self.bcast_bytes(0, TAG_BCAST, slice_to_bytes(&v))?;
-                out.copy_from_slice(&v);
-            }
-            None => {
-                let got = self.bcast_bytes(0, TAG_BCAST, Bytes::new())?;
-                copy_exact(&got, out, "all_reduce result")?;
-            }
-        }
-        Ok(())
+        let got = self.same_result(Collective::AllReduce, 0, |call| {
+            let mine = match self.reduce_vec(call, 0, data, op)? {
+                Some(v) => vec_into_bytes(v),
+                None => Bytes::new(),
+            };
+            self.bcast_bytes(call, 0, mine)
+        })?;
+        copy_exact(&got, out, "all_reduce result")
     }
 
     /// Reduce one value to every rank.
@@ -223,23 +347,7 @@ impl Communicator {
         data: &[T],
     ) -> Result<Option<(Vec<T>, Vec<usize>)>> {
         self.check_root(root)?;
-        if self.rank() != root {
-            self.csend(root, TAG_GATHER, slice_to_bytes(data))?;
-            return Ok(None);
-        }
-        let mut all = Vec::new();
-        let mut counts = Vec::with_capacity(self.size());
-        for r in 0..self.size() {
-            if r == root {
-                all.extend_from_slice(data);
-                counts.push(data.len());
-            } else {
-                let got: Vec<T> = decode(&self.crecv(r, TAG_GATHER)?, "gather")?;
-                counts.push(got.len());
-                all.extend(got);
-            }
-        }
-        Ok(Some((all, counts)))
+        self.rooted(Collective::Gather, |call| self.gather_in(call, root, data))
     }
 
     /// Gather equal contributions to `root`, in rank order.
@@ -250,21 +358,22 @@ impl Communicator {
     /// Every rank gets every rank's (variable-length) contribution, in rank
     /// order, with the counts.
     pub fn all_gather_varcount<T: Equivalence>(&self, data: &[T]) -> Result<(Vec<T>, Vec<usize>)> {
-        let g = self.gather_varcount(0, data)?;
-        let payload = match g {
-            Some((all, counts)) => {
-                let counts64: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
-                let mut buf = Vec::with_capacity(
-                    8 + counts64.len() * 8 + all.len() * std::mem::size_of::<T>(),
-                );
-                buf.extend_from_slice(&(counts64.len() as u64).to_le_bytes());
-                buf.extend_from_slice(bytemuck::cast_slice(&counts64));
-                buf.extend_from_slice(bytemuck::cast_slice(&all));
-                Bytes::from(buf)
-            }
-            None => Bytes::new(),
-        };
-        let got = self.bcast_bytes(0, TAG_BCAST, payload)?;
+        let got = self.same_result(Collective::AllGather, 0, |call| {
+            let payload = match self.gather_in(call, 0, data)? {
+                Some((all, counts)) => {
+                    let counts64: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
+                    let mut buf = Vec::with_capacity(
+                        8 + counts64.len() * 8 + all.len() * std::mem::size_of::<T>(),
+                    );
+                    buf.extend_from_slice(&(counts64.len() as u64).to_le_bytes());
+                    buf.extend_from_slice(bytemuck::cast_slice(&counts64));
+                    buf.extend_from_slice(bytemuck::cast_slice(&all));
+                    Bytes::from(buf)
+                }
+                None => Bytes::new(),
+            };
+            self.bcast_bytes(call, 0, payload)
+        })?;
         let bad = || Error::SizeMismatch {
             expected: 8,
             got: got.len(),
@@ -304,16 +413,16 @@ impl Communicator {
                     what: "scatter send buffer (elements)".into(),
                 });
             }
-            for r in (0..self.size()).filter(|&r| r != root) {
-                self.csend(
-                    r,
-                    TAG_SCATTER,
-                    slice_to_bytes(&data[r * count..(r + 1) * count]),
-                )?;
-            }
-            Ok(data[root * count..(root + 1) * count].to_vec())
+            self.rooted(Collective::Scatter, |call| {
+                for r in (0..self.size()).filter(|&r| r != root) {
+                    self.csend(call, r, slice_to_bytes(&data[r * count..(r + 1) * count]))?;
+                }
+                Ok(data[root * count..(root + 1) * count].to_vec())
+            })
         } else {
-            decode(&self.crecv(root, TAG_SCATTER)?, "scatter")
+            self.rooted(Collective::Scatter, |call| {
+                decode(&self.crecv(call, root)?, "scatter")
+            })
         }
     }
 
@@ -329,30 +438,28 @@ impl Communicator {
             });
         }
         let chunk = data.len() / size;
-        for j in (0..size).filter(|&j| j != self.rank()) {
-            self.csend(
-                j,
-                TAG_ALLTOALL,
-                slice_to_bytes(&data[j * chunk..(j + 1) * chunk]),
-            )?;
-        }
-        let mut out = Vec::with_capacity(data.len());
-        for i in 0..size {
-            if i == self.rank() {
-                out.extend_from_slice(&data[i * chunk..(i + 1) * chunk]);
-            } else {
-                let got: Vec<T> = decode(&self.crecv(i, TAG_ALLTOALL)?, "all_to_all")?;
-                if got.len() != chunk {
-                    return Err(Error::SizeMismatch {
-                        expected: chunk,
-                        got: got.len(),
-                        what: "all_to_all block".into(),
-                    });
-                }
-                out.extend(got);
+        self.rooted(Collective::AllToAll, |call| {
+            for j in (0..size).filter(|&j| j != self.rank()) {
+                self.csend(call, j, slice_to_bytes(&data[j * chunk..(j + 1) * chunk]))?;
             }
-        }
-        Ok(out)
+            let mut out = Vec::with_capacity(data.len());
+            for i in 0..size {
+                if i == self.rank() {
+                    out.extend_from_slice(&data[i * chunk..(i + 1) * chunk]);
+                } else {
+                    let got: Vec<T> = decode(&self.crecv(call, i)?, "all_to_all")?;
+                    if got.len() != chunk {
+                        return Err(Error::SizeMismatch {
+                            expected: chunk,
+                            got: got.len(),
+                            what: "all_to_all block".into(),
+                        });
+                    }
+                    out.extend(got);
+                }
+            }
+            Ok(out)
+        })
     }
 
     /// Agree on `count` fresh context ids (collective): the largest next

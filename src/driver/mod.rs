@@ -133,6 +133,10 @@ pub enum Stat {
         determinants: u64,
         /// Logged messages sent again to a recovering rank.
         resent: u64,
+        /// Collectives completed from a logged result instead of their
+        /// messages (ULML: a substitute re-executing, or a survivor whose
+        /// attempt a failure interrupted).
+        collectives_from_log: u64,
         /// Messages in the log now.
         log_records: usize,
         /// Payload bytes in the log now.

@@ -340,9 +340,11 @@ impl StatsBook {
                 bytes,
                 determinants,
                 resent,
+                collectives_from_log,
                 log_records,
                 log_bytes,
             } => {
+                st.collectives_from_log += collectives_from_log;
                 st.log_records += records;
                 st.log_bytes += bytes;
                 st.determinants += determinants;

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
-use crate::protocol::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
+use crate::protocol::{Action, Collective, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::store::{CheckpointStore, Piece, StoreEvent, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -70,6 +70,59 @@ pub struct Snapshot {
     pub rsn: u64,
     /// Window memories by window id.
     pub windows: Vec<(WinId, serde_bytes::ByteBuf)>,
+    /// Collectives completed per collective context.
+    pub collectives: Vec<(ContextId, u64)>,
+}
+
+/// How a collective call proceeds (see [`Engine::coll_begin`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CollStart {
+    /// Run the collective's algorithm with messages tagged by
+    /// [`collective_tag`]`(kind, index)`; `unlogged`: its messages carry no
+    /// SSN and are not logged (the result is logged instead).
+    Run {
+        /// Collective number on its context.
+        index: u64,
+        /// Send with [`Engine::send_unlogged`].
+        unlogged: bool,
+    },
+    /// The result is already known from a log (a substitute re-executing a
+    /// collective the others completed, 002 §3.3): no message is exchanged.
+    Logged {
+        /// Collective number on its context.
+        index: u64,
+        /// The result.
+        result: Bytes,
+    },
+}
+
+/// Why the current collective attempt stops early.
+#[derive(Debug)]
+enum CollOutcome {
+    /// Start it again.
+    Restart,
+    /// Complete it with this logged result.
+    Result(Bytes),
+}
+
+/// Collective numbers are kept in tags modulo this (3 bits hold the kind).
+const COLL_INDEX_MOD: u64 = 1 << 28;
+
+/// The tag of the messages of collective number `index` of `kind` on its
+/// context: all messages of one call share it (each rank receives at most
+/// once per source in one call), and a message is never matched by another
+/// call, so a duplicate left by a restarted attempt cannot be.
+pub fn collective_tag(kind: Collective, index: u64) -> Tag {
+    let kind_id = Collective::ALL.iter().position(|&k| k == kind).unwrap_or(0) as Tag;
+    kind_id | (((index % COLL_INDEX_MOD) as Tag) << 3)
+}
+
+/// Whether collective number `index` (from a tag) is at or before `done`,
+/// modulo the tag's range.
+fn coll_index_done(tag: Tag, done: u64) -> bool {
+    let index = (tag as u64 >> 3) % COLL_INDEX_MOD;
+    let behind = (done % COLL_INDEX_MOD + COLL_INDEX_MOD - index) % COLL_INDEX_MOD;
+    behind < COLL_INDEX_MOD / 2
 }
 
 /// Per-window bookkeeping of the origin side (epochs, locks).
@@ -178,6 +231,15 @@ pub struct Engine {
     windows: BTreeMap<WinId, WinLocal>,
     next_context: ContextId,
     stats: RankStats,
+
+    /// The protocol logs collectives with the same result everywhere as
+    /// results (ULML).
+    coll_results: bool,
+    /// Collectives begun per collective context.
+    coll_seq: BTreeMap<ContextId, u64>,
+    /// The collective in progress whose result is logged: `(context, index)`.
+    coll_current: Option<(ContextId, u64)>,
+    coll_outcome: Option<CollOutcome>,
 }
 
 /// The first context id free for `dup`/`split`/windows (0 and 1 are the
@@ -194,6 +256,7 @@ impl Engine {
     ) -> Self {
         let (rank, size, epoch) = (ep.rank(), ep.size(), ep.start_epoch());
         let logging = !proto.rolls_back_survivors();
+        let coll_results = proto.logs_collective_results();
         Engine {
             ep,
             proto,
@@ -239,6 +302,10 @@ impl Engine {
             windows: BTreeMap::new(),
             next_context: FIRST_FREE_CONTEXT,
             stats: RankStats::default(),
+            coll_results,
+            coll_seq: BTreeMap::new(),
+            coll_current: None,
+            coll_outcome: None,
         }
     }
 
@@ -480,11 +547,26 @@ impl Engine {
             // the channel's next SSN: lower is a duplicate (re-execution,
             // resend), higher follows a message dropped during recovery,
             // which the sender resends from its log with everything after it.
-            let hsr = self.ssn_in.entry(msg.envelope.src).or_insert(0);
-            if self.recovering || msg.ssn != *hsr + 1 {
+            if self.recovering {
                 return;
             }
-            *hsr = msg.ssn;
+            if msg.ssn == 0 {
+                // An unlogged collective message: drop it if its collective
+                // is over here (a duplicate from a restarted attempt).
+                let ctx = msg.envelope.context;
+                if self
+                    .coll_done(ctx)
+                    .is_some_and(|d| coll_index_done(msg.envelope.tag, d))
+                {
+                    return;
+                }
+            } else {
+                let hsr = self.ssn_in.entry(msg.envelope.src).or_insert(0);
+                if msg.ssn != *hsr + 1 {
+                    return;
+                }
+                *hsr = msg.ssn;
+            }
         }
         self.app_arrived += 1;
         if let Some(i) = self.posted.iter().position(|(_, s)| self.accepts(s, &msg)) {
@@ -614,6 +696,20 @@ impl Engine {
                 Action::Checkpointed { generation } => self.committed_now = Some(generation),
                 Action::Replay { determinants } => self.load_replay(determinants)?,
                 Action::InRecovery(e) => self.serving = e,
+                Action::CollectiveResult {
+                    context,
+                    index,
+                    result,
+                } => {
+                    if self.coll_current == Some((context, index)) {
+                        self.coll_outcome = Some(CollOutcome::Result(result));
+                    }
+                }
+                Action::CollectiveRestart => {
+                    if self.coll_current.is_some() && self.coll_outcome.is_none() {
+                        self.coll_outcome = Some(CollOutcome::Restart);
+                    }
+                }
             }
         }
         Ok(())
@@ -623,6 +719,29 @@ impl Engine {
 
     /// Send `payload` to world rank `dest` (eager; completes at once).
     pub fn send(&mut self, dest: Rank, context: ContextId, tag: Tag, payload: Bytes) -> Result<()> {
+        self.send_message(dest, context, tag, payload, true)
+    }
+
+    /// Send a message of a collective whose result is logged instead
+    /// ([`CollStart::Run`] with `unlogged`): no SSN, never logged.
+    pub fn send_unlogged(
+        &mut self,
+        dest: Rank,
+        context: ContextId,
+        tag: Tag,
+        payload: Bytes,
+    ) -> Result<()> {
+        self.send_message(dest, context, tag, payload, false)
+    }
+
+    fn send_message(
+        &mut self,
+        dest: Rank,
+        context: ContextId,
+        tag: Tag,
+        payload: Bytes,
+        sequenced: bool,
+    ) -> Result<()> {
         self.enter()?;
         if dest >= self.size {
             return Err(Error::RankOutOfRange {
@@ -630,9 +749,13 @@ impl Engine {
                 size: self.size,
             });
         }
-        let ssn = self.ssn_out.entry(dest).or_insert(0);
-        *ssn += 1;
-        let ssn = *ssn;
+        let ssn = if sequenced {
+            let ssn = self.ssn_out.entry(dest).or_insert(0);
+            *ssn += 1;
+            *ssn
+        } else {
+            0
+        };
         self.app_sent += 1;
         let msg = AppMessage {
             envelope: Envelope {
@@ -698,6 +821,10 @@ impl Engine {
             if let Some(m) = self.completed.remove(&id) {
                 return Ok(m);
             }
+            if self.coll_outcome.is_some() {
+                self.cancel(id);
+                return Err(Error::CollectiveInterrupted);
+            }
             if !self.posted.iter().any(|(p, _)| *p == id) {
                 return Err(Error::InvalidRequest(format!(
                     "receive request {id} is not pending"
@@ -749,6 +876,98 @@ impl Engine {
     /// After agreement: the ids `[base, base + count)` are taken.
     pub fn take_contexts(&mut self, base: ContextId, count: u64) {
         self.next_context = self.next_context.max(base + count);
+    }
+
+    // ----- collectives --------------------------------------------------
+
+    /// Whether collectives with the same result everywhere are logged as
+    /// results (the caller then passes the group to [`Engine::coll_begin`]).
+    pub fn logs_collective_results(&self) -> bool {
+        self.coll_results
+    }
+
+    /// Collectives completed on `context` (`None`: none begun).
+    fn coll_done(&self, context: ContextId) -> Option<u64> {
+        let begun = *self.coll_seq.get(&context)?;
+        let current = self.coll_current.is_some_and(|(c, _)| c == context);
+        Some(begun - u64::from(current))
+    }
+
+    /// Begin a collective of `kind` on collective context `context` over
+    /// the world ranks `group` (needed only when
+    /// [`Engine::logs_collective_results`]).
+    pub fn coll_begin(
+        &mut self,
+        context: ContextId,
+        kind: Collective,
+        group: &[Rank],
+    ) -> Result<CollStart> {
+        self.check()?;
+        let index = {
+            let n = self.coll_seq.entry(context).or_insert(0);
+            *n += 1;
+            *n
+        };
+        if !(self.coll_results && kind.same_result_everywhere()) {
+            return Ok(CollStart::Run {
+                index,
+                unlogged: false,
+            });
+        }
+        self.coll_current = Some((context, index));
+        self.coll_outcome = None;
+        self.handle(Event::CollectiveBegin {
+            context,
+            index,
+            kind,
+            group,
+        })?;
+        if let Some(CollOutcome::Result(result)) = self.coll_outcome.take() {
+            return Ok(CollStart::Logged { index, result });
+        }
+        Ok(CollStart::Run {
+            index,
+            unlogged: true,
+        })
+    }
+
+    /// After [`Error::CollectiveInterrupted`]: the logged result to complete
+    /// with, or `None` to start the attempt again.
+    pub fn coll_retry(&mut self) -> Result<Option<Bytes>> {
+        self.check()?;
+        Ok(match self.coll_outcome.take() {
+            Some(CollOutcome::Result(b)) => Some(b),
+            Some(CollOutcome::Restart) | None => None,
+        })
+    }
+
+    /// A collective completed on this rank with `result` (for kinds with
+    /// the same result everywhere).
+    pub fn coll_end(
+        &mut self,
+        context: ContextId,
+        index: u64,
+        kind: Collective,
+        result: Option<&Bytes>,
+    ) -> Result<()> {
+        if !self.coll_results {
+            return Ok(());
+        }
+        if self.coll_current.take().is_some() {
+            self.coll_outcome = None;
+            // Duplicates left by restarted attempts will never be matched.
+            self.unexpected.retain(|m| {
+                !(m.ssn == 0
+                    && m.envelope.context == context
+                    && coll_index_done(m.envelope.tag, index))
+            });
+        }
+        self.handle(Event::CollectiveEnd {
+            context,
+            index,
+            kind,
+            result,
+        })
     }
 
     // ----- safe points and checkpoints ----------------------------------
@@ -854,6 +1073,7 @@ impl Engine {
             ssn_in: self.ssn_in.iter().map(|(&r, &n)| (r, n)).collect(),
             rsn: self.rsn,
             windows,
+            collectives: self.coll_seq.iter().map(|(&c, &n)| (c, n)).collect(),
         };
         let mut piece = postcard::to_allocvec(&snap)?;
         self.proto.save_state(&mut piece)?;
@@ -888,6 +1108,9 @@ impl Engine {
         self.progress = 0.0;
         self.restore_app = None;
         self.restore_windows.clear();
+        self.coll_seq.clear();
+        self.coll_current = None;
+        self.coll_outcome = None;
     }
 
     /// Run the protocol's recovery until it says resume (or a new failure
@@ -962,6 +1185,7 @@ impl Engine {
         self.unexpected.extend(arrived);
         self.ssn_out = snap.ssn_out.into_iter().collect();
         self.rsn = snap.rsn;
+        self.coll_seq = snap.collectives.into_iter().collect();
         self.proto.load_state(protocol_state)?;
         self.restore_windows = snap
             .windows

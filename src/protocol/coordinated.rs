@@ -325,7 +325,7 @@ impl Coordinated {
                 self.try_stored(generation, cx);
             }
             Control::Commit { generation, every } => self.on_commit(generation, every, cx),
-            Control::Marker { .. } | Control::Log(_) => {}
+            Control::Marker { .. } | Control::Log(_) | Control::Collective(_) => {}
             Control::Inventory {
                 committed,
                 held,
@@ -466,6 +466,8 @@ impl Protocol for Coordinated {
             Event::AppSend { .. }
             | Event::AppDeliver { .. }
             | Event::Restored { .. }
+            | Event::CollectiveBegin { .. }
+            | Event::CollectiveEnd { .. }
             | Event::Finish => {}
         }
     }

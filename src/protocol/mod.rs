@@ -16,7 +16,7 @@
 //! | [`coordinated`] | 004 §2.2, 003 §3.1 | implemented |
 //! | `chandy_lamport` | 000 | planned |
 //! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (message passing; not RMA) |
-//! | `ulml` | 002 | planned |
+//! | [`ulml`] | 002 | implemented (message passing; not RMA) |
 //! | `correlated` | 004 §3 | planned |
 //! | `rma` | 003 §3–§6 | planned |
 //! | `proactive` | 001 | planned |
@@ -24,6 +24,7 @@
 pub mod coordinated;
 pub mod none;
 pub mod pessimistic;
+pub mod ulml;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,7 +33,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::frame::AppMessage;
+use bytes::Bytes;
+
+use crate::engine::frame::{AppMessage, ContextId};
 use crate::store::CheckpointStore;
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -47,14 +50,18 @@ pub enum ProtocolKind {
     /// Pessimistic sender-based message logging with uncoordinated
     /// checkpoints: only failed ranks roll back.
     Pessimistic,
+    /// User-level message logging (002): point-to-point logged as under
+    /// `pessimistic`, collectives logged as one result per rank.
+    Ulml,
 }
 
 impl ProtocolKind {
     /// All protocols that exist.
-    pub const ALL: [ProtocolKind; 3] = [
+    pub const ALL: [ProtocolKind; 4] = [
         ProtocolKind::None,
         ProtocolKind::Coordinated,
         ProtocolKind::Pessimistic,
+        ProtocolKind::Ulml,
     ];
 
     /// The name used on the command line.
@@ -63,6 +70,7 @@ impl ProtocolKind {
             ProtocolKind::None => "none",
             ProtocolKind::Coordinated => "coordinated",
             ProtocolKind::Pessimistic => "pessimistic",
+            ProtocolKind::Ulml => "ulml",
         }
     }
 
@@ -84,6 +92,7 @@ impl ProtocolKind {
             ProtocolKind::Pessimistic => {
                 Box::new(pessimistic::Pessimistic::new(checkpoint_every, log_budget))
             }
+            ProtocolKind::Ulml => Box::new(ulml::Ulml::new(checkpoint_every, log_budget)),
         }
     }
 
@@ -96,7 +105,7 @@ impl ProtocolKind {
     /// Whether the protocol keeps sender-based message logs (survivors keep
     /// their progress and replay what a recovering rank needs).
     pub fn logs_messages(self) -> bool {
-        matches!(self, ProtocolKind::Pessimistic)
+        matches!(self, ProtocolKind::Pessimistic | ProtocolKind::Ulml)
     }
 
     /// Whether the driver starts a replacement for a dead rank.
@@ -204,6 +213,73 @@ pub enum Control {
     Go,
     /// Message logging (pessimistic, ulml, correlated).
     Log(pessimistic::LogMsg),
+    /// User-level logging of collectives (ulml).
+    Collective(ulml::CollMsg),
+}
+
+/// The kinds of collective operation (MPI chapter 5), for the per-kind
+/// collective counters of 002 §3.1 ("statistics of collectives").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Collective {
+    /// `barrier`.
+    Barrier,
+    /// `broadcast_into`, `broadcast_value`.
+    Broadcast,
+    /// `all_reduce_into`, `all_reduce`.
+    AllReduce,
+    /// `all_gather`, `all_gather_varcount`.
+    AllGather,
+    /// `reduce` (to a root).
+    Reduce,
+    /// `gather`, `gather_varcount` (to a root).
+    Gather,
+    /// `scatter`.
+    Scatter,
+    /// `all_to_all`.
+    AllToAll,
+}
+
+impl Collective {
+    /// Every kind, in counter order.
+    pub const ALL: [Collective; 8] = [
+        Collective::Barrier,
+        Collective::Broadcast,
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::Reduce,
+        Collective::Gather,
+        Collective::Scatter,
+        Collective::AllToAll,
+    ];
+
+    /// Whether every member ends with the same result (a barrier's is
+    /// empty). Such a collective can be logged as a whole result (002 §2.2)
+    /// and any member that completed it can hand the result to another; a
+    /// rooted or personalized one cannot (no other rank holds a dead rank's
+    /// part), so its messages are logged point-to-point.
+    pub fn same_result_everywhere(self) -> bool {
+        matches!(
+            self,
+            Collective::Barrier
+                | Collective::Broadcast
+                | Collective::AllReduce
+                | Collective::AllGather
+        )
+    }
+
+    /// The kind's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::Barrier => "barrier",
+            Collective::Broadcast => "broadcast",
+            Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::Reduce => "reduce",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
+            Collective::AllToAll => "all_to_all",
+        }
+    }
 }
 
 /// A determinant (004 §2.2, event logging): the outcome of one
@@ -287,6 +363,32 @@ pub enum Event<'a> {
     },
     /// The rank function returned; the rank is finalizing.
     Finish,
+    /// The application entered collective number `index` of communicator
+    /// context `context` (counted per context), one whose result is the
+    /// same everywhere, under a protocol that logs collective results.
+    CollectiveBegin {
+        /// Collective context of the communicator.
+        context: ContextId,
+        /// Collectives begun on that context so far, this one included.
+        index: u64,
+        /// Kind.
+        kind: Collective,
+        /// World ranks of the communicator.
+        group: &'a [Rank],
+    },
+    /// A collective completed on this rank (every kind, for the counters;
+    /// `result` only for kinds whose result is the same everywhere, under a
+    /// protocol that logs them).
+    CollectiveEnd {
+        /// Collective context of the communicator.
+        context: ContextId,
+        /// Its number on that context.
+        index: u64,
+        /// Kind.
+        kind: Collective,
+        /// The result (shared with the application's copy source).
+        result: Option<&'a Bytes>,
+    },
 }
 
 /// What the protocol asks the engine to do.
@@ -383,6 +485,19 @@ pub enum Action {
     /// (`None`: no longer), for fault injection at `R@recovery` (a
     /// survivor serving logs to a recovering rank under message logging).
     InRecovery(Option<u64>),
+    /// The result of collective `index` on `context`, from a log: if the
+    /// rank is inside that collective, it completes with this result.
+    CollectiveResult {
+        /// Collective context.
+        context: ContextId,
+        /// Collective number.
+        index: u64,
+        /// The logged result.
+        result: Bytes,
+    },
+    /// Abandon the attempt at the current collective and start it again
+    /// (a member failed during it: messages it was owed may be lost).
+    CollectiveRestart,
 }
 
 /// Read-only facts and the action sink handed to a protocol with each event.
@@ -445,6 +560,13 @@ pub trait Protocol: Send {
     /// stored (004 §2.2: no unlogged nondeterministic event precedes a send).
     fn send_ready(&self) -> bool {
         true
+    }
+    /// Whether collectives whose result is the same everywhere are logged
+    /// as one result per rank (002 §2.2) instead of as their point-to-point
+    /// messages. Their internal messages then carry no SSN and are never
+    /// logged; the engine brackets them with `CollectiveBegin`/`End`.
+    fn logs_collective_results(&self) -> bool {
+        false
     }
     /// Append the protocol's own state to a checkpoint piece being built (a
     /// logging protocol's sender log: 004 §2.2, sender-based data is part of

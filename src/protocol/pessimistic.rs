@@ -123,6 +123,7 @@ struct Counters {
     bytes: u64,
     determinants: u64,
     resent: u64,
+    collectives_from_log: u64,
 }
 
 /// [`SavedState`] as written, borrowing the log (same encoding).
@@ -270,8 +271,34 @@ impl Pessimistic {
         });
     }
 
+    /// Whether `r` died and its replacement has not asked for its messages
+    /// yet (sends to it wait in the log).
+    pub(crate) fn awaits(&self, r: Rank) -> bool {
+        self.awaiting.contains(&r)
+    }
+
+    /// Count a record of `bytes` kept outside the channel logs (ULML's
+    /// collective results): logged now and held.
+    pub(crate) fn count_logged(&mut self, bytes: usize) {
+        self.counters.records += 1;
+        self.counters.bytes += bytes as u64;
+        self.log_records += 1;
+        self.log_bytes += bytes;
+    }
+
+    /// Records kept outside the channel logs were dropped.
+    pub(crate) fn count_dropped(&mut self, records: usize, bytes: usize) {
+        self.log_records -= records;
+        self.log_bytes -= bytes;
+    }
+
+    /// Count a collective completed from a logged result.
+    pub(crate) fn count_collective_from_log(&mut self) {
+        self.counters.collectives_from_log += 1;
+    }
+
     /// Report counters that changed since the last report.
-    fn report(&mut self, cx: &mut ProtocolCx<'_>) {
+    pub(crate) fn report(&mut self, cx: &mut ProtocolCx<'_>) {
         let c = self.counters;
         let r = self.reported;
         if c == r && self.log_bytes == self.reported_bytes {
@@ -282,6 +309,7 @@ impl Pessimistic {
             bytes: c.bytes - r.bytes,
             determinants: c.determinants - r.determinants,
             resent: c.resent - r.resent,
+            collectives_from_log: c.collectives_from_log - r.collectives_from_log,
             log_records: self.log_records,
             log_bytes: self.log_bytes,
         }));
@@ -585,6 +613,31 @@ impl Pessimistic {
             .into(),
         )
     }
+    /// Restore what `save_state` wrote at the start of `state`; returns the
+    /// rest (state a protocol built on this one appended).
+    pub(crate) fn load_prefix<'s>(&mut self, state: &'s [u8]) -> Result<&'s [u8]> {
+        let (st, rest): (SavedState, &[u8]) = postcard::take_from_bytes(state)?;
+
+        self.log = st
+            .log
+            .into_iter()
+            .map(|(d, v)| {
+                let bytes = v.iter().map(|m| m.payload.len()).sum();
+                (
+                    d,
+                    ChannelLog {
+                        msgs: v.into(),
+                        bytes,
+                    },
+                )
+            })
+            .collect();
+        self.log_bytes = self.log.values().map(|c| c.bytes).sum();
+        self.log_records = self.log.values().map(|c| c.msgs.len()).sum();
+        self.trimmed = st.trimmed.into_iter().collect();
+        self.next_generation = st.next_generation;
+        Ok(rest)
+    }
 }
 
 impl Protocol for Pessimistic {
@@ -611,26 +664,7 @@ impl Protocol for Pessimistic {
     }
 
     fn load_state(&mut self, state: &[u8]) -> Result<()> {
-        let st: SavedState = postcard::from_bytes(state)?;
-        self.log = st
-            .log
-            .into_iter()
-            .map(|(d, v)| {
-                let bytes = v.iter().map(|m| m.payload.len()).sum();
-                (
-                    d,
-                    ChannelLog {
-                        msgs: v.into(),
-                        bytes,
-                    },
-                )
-            })
-            .collect();
-        self.log_bytes = self.log.values().map(|c| c.bytes).sum();
-        self.log_records = self.log.values().map(|c| c.msgs.len()).sum();
-        self.trimmed = st.trimmed.into_iter().collect();
-        self.next_generation = st.next_generation;
-        Ok(())
+        self.load_prefix(state).map(|_| ())
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
@@ -739,6 +773,8 @@ impl Protocol for Pessimistic {
                 }
             }
             Event::Finish => self.report(cx),
+            // Collectives are logged by their point-to-point messages here.
+            Event::CollectiveBegin { .. } | Event::CollectiveEnd { .. } => {}
         }
     }
 }

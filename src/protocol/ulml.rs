@@ -1,0 +1,905 @@
+//! Protocol `ulml`: user-level message logging (002, Liu et al.).
+//!
+//! **Point-to-point** messages are logged exactly as under
+//! [`pessimistic`](super::pessimistic) (002 §3.1): the sender keeps the
+//! payload by reference with its SSN, the receiver keeps the highest SSN it
+//! received (HSR), a restored rank tells every rank its HSR so that each
+//! resends its logged messages above it (the HSD of 002 §3.3), duplicates
+//! are dropped by SSN, and wildcard receptions are replayed from their
+//! determinants. This protocol is built on that one and adds the part that
+//! makes it user-level:
+//!
+//! **Collectives are logged as whole results** (002 §2.2, Table 1). A
+//! collective whose result is the same at every member (barrier, broadcast,
+//! all-reduce, all-gather) sends its internal messages without SSN and
+//! without logging them; when it completes, each rank keeps its result (the
+//! very buffer the application copies from) and counts it in the per-kind
+//! collective counters. An all-reduce over P ranks thus costs P log records
+//! instead of the 2(P−1) of library-level logging. Rooted and personalized
+//! collectives (reduce, gather, scatter, all-to-all) have no result another
+//! member could hand over for a dead rank, so their messages are logged
+//! point-to-point.
+//!
+//! **Recovery** (002 §3.2–§3.3). The dead rank's substitute restores its
+//! checkpoint, with its collective counters, and re-executes. When it
+//! enters a collective whose result it does not have, it asks the other
+//! members (`ResultRequest`); a member that completed that collective sends
+//! its logged results from there on (`Results`), so the substitute replays
+//! the following collectives without a message: barriers are skipped and
+//! the others become receptions of the logged result. A member that has not
+//! completed the collective yet answers when it does. Survivors that were
+//! inside a collective when a member died may have been owed messages that
+//! died with it: they abandon the attempt (`CollectiveRestart`, the revoke of
+//! 002 §3.2), ask the other members for the result, and start the attempt
+//! again; duplicates of restarted attempts are dropped by the engine (every
+//! message carries its collective's number). A rank asks at each collective
+//! on a communicator from a failure (or its restore) until one completes
+//! there by a real attempt undisturbed by a failure. Unlogged messages to a
+//! dead rank wait until its substitute asks for its messages.
+//!
+//! Each rank's logged results are dropped once every rank's stored
+//! checkpoint is past them (`Checkpointed`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::pessimistic::{LogMsg, Pessimistic};
+use super::{Action, Collective, Control, Event, Protocol, ProtocolCx};
+use crate::engine::frame::{AppMessage, ContextId};
+use crate::{Error, Rank, Result};
+
+/// Control messages of user-level collective logging.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CollMsg {
+    /// "I need the result of collective `index` on `context`."
+    ResultRequest {
+        /// Collective context.
+        context: ContextId,
+        /// Collective number.
+        index: u64,
+    },
+    /// Logged results of collectives `from`, `from + 1`, ... on `context`.
+    Results {
+        /// Collective context.
+        context: ContextId,
+        /// Number of the first.
+        from: u64,
+        /// The results, in order.
+        results: Vec<Bytes>,
+        /// The sender completed collective `from` after the request came
+        /// (so the requester was taking part in it, not re-executing
+        /// history).
+        on_completion: bool,
+    },
+    /// The sender's stored checkpoint holds its collectives up to these
+    /// numbers: results up to the minimum over all ranks are not needed.
+    Checkpointed {
+        /// `(context, collectives completed)`.
+        counts: Vec<(ContextId, u64)>,
+    },
+}
+
+/// The collective in progress (one whose result is logged).
+#[derive(Debug)]
+struct Current {
+    context: ContextId,
+    index: u64,
+    group: Vec<Rank>,
+    /// A member died during it.
+    disturbed: bool,
+    /// Completed from a logged result.
+    from_log: bool,
+    /// That result was sent on the sender's completion of this very
+    /// collective: the rank is caught up, as after a real attempt.
+    caught_up: bool,
+    /// Asked the other members for the result.
+    requested: bool,
+}
+
+/// What a checkpoint piece holds of this protocol (after the point-to-point
+/// part).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SavedState {
+    done: Vec<(ContextId, u64)>,
+    per_kind: Vec<u64>,
+}
+
+/// State of the ULML protocol on one rank.
+#[derive(Debug)]
+pub struct Ulml {
+    p2p: Pessimistic,
+    /// Results of collectives by context and number: this rank's own, and
+    /// those other members sent for collectives it has not reached.
+    results: BTreeMap<ContextId, BTreeMap<u64, Bytes>>,
+    /// Collectives with a logged result completed, per context.
+    done: BTreeMap<ContextId, u64>,
+    current: Option<Current>,
+    /// Asking for results at each collective (since a failure or restore)
+    /// except on these contexts, where a real attempt completed since.
+    asking: bool,
+    settled: BTreeSet<ContextId>,
+    /// Requests for results this rank does not have yet.
+    pending: BTreeMap<(ContextId, u64), BTreeSet<Rank>>,
+    /// Unlogged messages to dead ranks, sent when the substitute asks.
+    withheld: BTreeMap<Rank, Vec<AppMessage>>,
+    /// Completed collectives by kind (002 §3.1 "statistics of
+    /// collectives"), in [`Collective::ALL`] order.
+    per_kind: [u64; 8],
+    /// Captured, not yet stored checkpoints: generation → collective counts.
+    capturing: BTreeMap<u64, Vec<(ContextId, u64)>>,
+    /// Each rank's newest stored checkpoint's collective counts.
+    stored_counts: BTreeMap<Rank, BTreeMap<ContextId, u64>>,
+    /// Results up to this number were dropped, per context.
+    trimmed: BTreeMap<ContextId, u64>,
+}
+
+impl Ulml {
+    /// Checkpoint every `every` safe points (0: only when asked); with
+    /// `log_budget`, ask receivers to checkpoint once the log passes half of
+    /// it.
+    pub fn new(every: u64, log_budget: Option<usize>) -> Self {
+        Ulml {
+            p2p: Pessimistic::new(every, log_budget),
+            results: BTreeMap::new(),
+            done: BTreeMap::new(),
+            current: None,
+            asking: false,
+            settled: BTreeSet::new(),
+            pending: BTreeMap::new(),
+            withheld: BTreeMap::new(),
+            per_kind: [0; 8],
+            capturing: BTreeMap::new(),
+            stored_counts: BTreeMap::new(),
+            trimmed: BTreeMap::new(),
+        }
+    }
+
+    /// Completed collectives by kind.
+    pub fn collective_counts(&self) -> Vec<(Collective, u64)> {
+        Collective::ALL.into_iter().zip(self.per_kind).collect()
+    }
+
+    fn send(cx: &mut ProtocolCx<'_>, dest: Rank, msg: CollMsg) {
+        cx.emit(Action::Transmit {
+            dest,
+            msg: Control::Collective(msg),
+        });
+    }
+
+    /// Keep a result (counted as a log record).
+    fn keep(&mut self, context: ContextId, index: u64, result: &Bytes) {
+        if index <= self.trimmed.get(&context).copied().unwrap_or(0) {
+            return;
+        }
+        let log = self.results.entry(context).or_default();
+        if !log.contains_key(&index) {
+            log.insert(index, result.clone());
+            self.p2p.count_logged(result.len());
+        }
+    }
+
+    /// Ask the members of the current collective (alive, or restored) for
+    /// its result.
+    fn request(&mut self, cx: &mut ProtocolCx<'_>) {
+        let Some(cur) = &mut self.current else { return };
+        if cur.requested {
+            return;
+        }
+        cur.requested = true;
+        let (context, index) = (cur.context, cur.index);
+        let dests: Vec<Rank> = cur
+            .group
+            .iter()
+            .copied()
+            .filter(|&r| r != cx.rank && !self.p2p.awaits(r))
+            .collect();
+        for d in dests {
+            Self::send(cx, d, CollMsg::ResultRequest { context, index });
+        }
+    }
+
+    /// Complete the current collective from `result` if it is the one.
+    fn offer(&mut self, context: ContextId, index: u64, cx: &mut ProtocolCx<'_>) {
+        let Some(cur) = &mut self.current else { return };
+        if (cur.context, cur.index) != (context, index) || cur.from_log {
+            return;
+        }
+        let Some(result) = self.results.get(&context).and_then(|l| l.get(&index)) else {
+            return;
+        };
+        cur.from_log = true;
+        cx.emit(Action::CollectiveResult {
+            context,
+            index,
+            result: result.clone(),
+        });
+    }
+
+    fn on_begin(
+        &mut self,
+        context: ContextId,
+        index: u64,
+        group: &[Rank],
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        self.current = Some(Current {
+            context,
+            index,
+            group: group.to_vec(),
+            disturbed: false,
+            from_log: false,
+            caught_up: false,
+            requested: false,
+        });
+        self.offer(context, index, cx);
+        let from_log = self.current.as_ref().is_some_and(|c| c.from_log);
+        if !from_log && self.asking && !self.settled.contains(&context) {
+            self.request(cx);
+        }
+    }
+
+    fn on_end(
+        &mut self,
+        context: ContextId,
+        index: u64,
+        kind: Collective,
+        result: Option<&Bytes>,
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        if let Some(i) = Collective::ALL.iter().position(|&k| k == kind) {
+            self.per_kind[i] += 1;
+        }
+        let Some(result) = result else { return };
+        let cur = self.current.take();
+        if let Some(c) = &cur {
+            if c.from_log {
+                self.p2p.count_collective_from_log();
+            }
+            if c.caught_up || (!c.from_log && !c.disturbed) {
+                self.settled.insert(context);
+            }
+        }
+        self.done.insert(context, index);
+        self.keep(context, index, result);
+        if let Some(requesters) = self.pending.remove(&(context, index)) {
+            for r in requesters {
+                Self::send(
+                    cx,
+                    r,
+                    CollMsg::Results {
+                        context,
+                        from: index,
+                        results: vec![result.clone()],
+                        on_completion: true,
+                    },
+                );
+            }
+        }
+        self.p2p.report(cx);
+    }
+
+    fn on_request(&mut self, src: Rank, context: ContextId, index: u64, cx: &mut ProtocolCx<'_>) {
+        if index <= self.trimmed.get(&context).copied().unwrap_or(0) {
+            cx.emit(Action::Fail(Error::Unrecoverable(
+                format!(
+                    "rank {src} re-executes collective {index} of context {context}, but every \
+                     rank's stored checkpoint had passed it, so its result was dropped: the \
+                     checkpoint rank {src} restored from is older than the one it stored last"
+                )
+                .into(),
+            )));
+            return;
+        }
+        // The results from `index` on, up to the first gap.
+        let run: Vec<Bytes> = match self.results.get(&context) {
+            Some(l) if l.contains_key(&index) => {
+                let mut out = Vec::new();
+                let mut next = index;
+                for (&i, b) in l.range(index..) {
+                    if i != next {
+                        break;
+                    }
+                    out.push(b.clone());
+                    next += 1;
+                }
+                out
+            }
+            _ => Vec::new(),
+        };
+        if run.is_empty() {
+            self.pending
+                .entry((context, index))
+                .or_default()
+                .insert(src);
+        } else {
+            Self::send(
+                cx,
+                src,
+                CollMsg::Results {
+                    context,
+                    from: index,
+                    results: run,
+                    on_completion: false,
+                },
+            );
+        }
+    }
+
+    fn on_results(
+        &mut self,
+        context: ContextId,
+        from: u64,
+        results: Vec<Bytes>,
+        on_completion: bool,
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        let done = self.done.get(&context).copied().unwrap_or(0);
+        if let Some(cur) = &mut self.current
+            && on_completion
+            && (cur.context, cur.index) == (context, from)
+            && !cur.from_log
+        {
+            cur.caught_up = true;
+        }
+        for (i, b) in (from..).zip(results) {
+            if i > done {
+                self.keep(context, i, &b);
+            }
+        }
+        if let Some((c, i)) = self.current.as_ref().map(|c| (c.context, c.index)) {
+            self.offer(c, i, cx);
+        }
+        self.p2p.report(cx);
+    }
+
+    /// Drop results every rank's stored checkpoint has passed.
+    fn trim(&mut self, cx: &ProtocolCx<'_>) {
+        let contexts: Vec<ContextId> = self.results.keys().copied().collect();
+        for context in contexts {
+            let upto = (0..cx.size)
+                .map(|r| {
+                    self.stored_counts
+                        .get(&r)
+                        .and_then(|c| c.get(&context))
+                        .copied()
+                        .unwrap_or(0)
+                })
+                .min()
+                .unwrap_or(0);
+            let Some(log) = self.results.get_mut(&context) else {
+                continue;
+            };
+            let keep = log.split_off(&(upto + 1));
+            let dropped = std::mem::replace(log, keep);
+            let bytes = dropped.values().map(Bytes::len).sum();
+            self.p2p.count_dropped(dropped.len(), bytes);
+            let t = self.trimmed.entry(context).or_insert(0);
+            *t = (*t).max(upto);
+        }
+    }
+
+    fn counts(&self) -> Vec<(ContextId, u64)> {
+        self.done.iter().map(|(&c, &n)| (c, n)).collect()
+    }
+}
+
+impl Protocol for Ulml {
+    fn name(&self) -> &'static str {
+        "ulml"
+    }
+
+    fn rolls_back_survivors(&self) -> bool {
+        false
+    }
+
+    fn send_ready(&self) -> bool {
+        self.p2p.send_ready()
+    }
+
+    fn logs_collective_results(&self) -> bool {
+        true
+    }
+
+    fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+        self.p2p.save_state(piece)?;
+        let st = SavedState {
+            done: self.counts(),
+            per_kind: self.per_kind.to_vec(),
+        };
+        *piece = postcard::to_extend(&st, std::mem::take(piece))?;
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<()> {
+        let rest = self.p2p.load_prefix(state)?;
+        let st: SavedState = postcard::from_bytes(rest)?;
+        self.done = st.done.into_iter().collect();
+        for (slot, n) in self.per_kind.iter_mut().zip(st.per_kind) {
+            *slot = n;
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        match event {
+            Event::AppSend { msg } if msg.ssn == 0 => {
+                // An unlogged collective message: nothing to log; a dead
+                // destination gets it once its substitute asks.
+                let dest = msg.envelope.dest;
+                if self.p2p.awaits(dest) {
+                    self.withheld.entry(dest).or_default().push(msg.clone());
+                    cx.emit(Action::Withhold);
+                }
+            }
+            Event::CollectiveBegin {
+                context,
+                index,
+                group,
+                ..
+            } => self.on_begin(context, index, group, cx),
+            Event::CollectiveEnd {
+                context,
+                index,
+                kind,
+                result,
+            } => self.on_end(context, index, kind, result, cx),
+            Event::Control {
+                src,
+                msg: Control::Collective(m),
+            } => match m {
+                CollMsg::ResultRequest { context, index } => {
+                    self.on_request(src, context, index, cx)
+                }
+                CollMsg::Results {
+                    context,
+                    from,
+                    results,
+                    on_completion,
+                } => self.on_results(context, from, results, on_completion, cx),
+                CollMsg::Checkpointed { counts } => {
+                    self.stored_counts.insert(src, counts.into_iter().collect());
+                    self.trim(cx);
+                }
+            },
+            Event::Control {
+                src,
+                msg: Control::Log(LogMsg::Recovering { hsr }),
+            } => {
+                self.p2p.handle(
+                    Event::Control {
+                        src,
+                        msg: Control::Log(LogMsg::Recovering { hsr }),
+                    },
+                    cx,
+                );
+                if !self.p2p.awaits(src) {
+                    for msg in self.withheld.remove(&src).unwrap_or_default() {
+                        cx.emit(Action::Resend { msg });
+                    }
+                }
+            }
+            Event::SafePoint { index } => {
+                let before = cx.actions.len();
+                self.p2p.handle(Event::SafePoint { index }, cx);
+                let captured = cx.actions[before..].iter().find_map(|a| match a {
+                    Action::Capture { generation } => Some(*generation),
+                    _ => None,
+                });
+                if let Some(generation) = captured {
+                    self.capturing.insert(generation, self.counts());
+                }
+            }
+            Event::PieceStored { generation } => {
+                self.p2p.handle(Event::PieceStored { generation }, cx);
+                if let Some(counts) = self.capturing.remove(&generation) {
+                    self.capturing.retain(|&g, _| g > generation);
+                    let me = cx.rank;
+                    for d in (0..cx.size).filter(|&d| d != me) {
+                        Self::send(
+                            cx,
+                            d,
+                            CollMsg::Checkpointed {
+                                counts: counts.clone(),
+                            },
+                        );
+                    }
+                    self.stored_counts
+                        .insert(cx.rank, counts.into_iter().collect());
+                    self.trim(cx);
+                }
+            }
+            Event::PeerFailed { epoch, dead } => {
+                self.p2p.handle(Event::PeerFailed { epoch, dead }, cx);
+                self.asking = true;
+                self.settled.clear();
+                for set in self.pending.values_mut() {
+                    set.retain(|r| !dead.contains(r));
+                }
+                self.pending.retain(|_, s| !s.is_empty());
+                if let Some(cur) = &mut self.current
+                    && !cur.from_log
+                    && cur.group.iter().any(|r| dead.contains(r))
+                {
+                    // Messages owed to this attempt may have died with the
+                    // member: start again, and ask whoever completed it.
+                    cur.disturbed = true;
+                    cur.requested = false;
+                    cx.emit(Action::CollectiveRestart);
+                    self.request(cx);
+                }
+            }
+            Event::Restored { generation } => {
+                self.p2p.handle(Event::Restored { generation }, cx);
+                self.asking = true;
+                self.settled.clear();
+            }
+            other => self.p2p.handle(other, cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::frame::Envelope;
+    use crate::store::partner::PartnerStore;
+    use crate::topology::Placement;
+    use std::time::Duration;
+
+    fn run(rank: Rank, p: &mut Ulml, ev: Event<'_>) -> Vec<Action> {
+        let pl = Placement::block(4, 1).expect("valid");
+        let store = PartnerStore::new(rank, &pl);
+        let hsr = BTreeMap::new();
+        let mut cx = ProtocolCx {
+            rank,
+            size: 4,
+            placement: &pl,
+            store: &store,
+            now: Duration::ZERO,
+            app_sent: 0,
+            app_arrived: 0,
+            hsr: &hsr,
+            rsn: 0,
+            actions: Vec::new(),
+        };
+        p.handle(ev, &mut cx);
+        cx.actions
+    }
+
+    fn control(rank: Rank, p: &mut Ulml, src: Rank, m: CollMsg) -> Vec<Action> {
+        run(
+            rank,
+            p,
+            Event::Control {
+                src,
+                msg: Control::Collective(m),
+            },
+        )
+    }
+
+    const GROUP: [Rank; 4] = [0, 1, 2, 3];
+
+    fn complete(rank: Rank, p: &mut Ulml, index: u64, result: &Bytes) -> Vec<Action> {
+        let mut a = run(
+            rank,
+            p,
+            Event::CollectiveBegin {
+                context: 1,
+                index,
+                kind: Collective::AllReduce,
+                group: &GROUP,
+            },
+        );
+        a.extend(run(
+            rank,
+            p,
+            Event::CollectiveEnd {
+                context: 1,
+                index,
+                kind: Collective::AllReduce,
+                result: Some(result),
+            },
+        ));
+        a
+    }
+
+    fn requests(a: &[Action]) -> Vec<Rank> {
+        a.iter()
+            .filter_map(|x| match x {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Collective(CollMsg::ResultRequest { .. }),
+                } => Some(*dest),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_record_per_collective_by_reference_and_no_request_without_failure() {
+        let mut p = Ulml::new(0, None);
+        let r = Bytes::from(vec![7u8; 16]);
+        let a = complete(0, &mut p, 1, &r);
+        assert!(requests(&a).is_empty());
+        assert_eq!(
+            p.results[&1][&1].as_ptr(),
+            r.as_ptr(),
+            "logged by reference"
+        );
+        assert_eq!(
+            p.collective_counts()[2],
+            (Collective::AllReduce, 1),
+            "per-kind counter"
+        );
+    }
+
+    #[test]
+    fn a_survivor_inside_a_collective_restarts_it_asks_and_completes_from_a_log() {
+        let mut p = Ulml::new(0, None);
+        run(
+            1,
+            &mut p,
+            Event::CollectiveBegin {
+                context: 1,
+                index: 5,
+                kind: Collective::AllReduce,
+                group: &GROUP,
+            },
+        );
+        let a = run(
+            1,
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[3],
+            },
+        );
+        assert!(a.contains(&Action::CollectiveRestart));
+        assert_eq!(requests(&a), vec![0, 2], "the dead rank is not asked");
+        let r = Bytes::from_static(b"result");
+        let a = control(
+            1,
+            &mut p,
+            0,
+            CollMsg::Results {
+                context: 1,
+                from: 5,
+                results: vec![r.clone()],
+                on_completion: false,
+            },
+        );
+        assert!(a.contains(&Action::CollectiveResult {
+            context: 1,
+            index: 5,
+            result: r.clone()
+        }));
+        run(
+            1,
+            &mut p,
+            Event::CollectiveEnd {
+                context: 1,
+                index: 5,
+                kind: Collective::AllReduce,
+                result: Some(&r),
+            },
+        );
+        // Still asking at the next collective (no undisturbed real attempt
+        // yet); settled after one.
+        let a = run(
+            1,
+            &mut p,
+            Event::CollectiveBegin {
+                context: 1,
+                index: 6,
+                kind: Collective::AllReduce,
+                group: &GROUP,
+            },
+        );
+        assert_eq!(requests(&a), vec![0, 2]);
+        run(
+            1,
+            &mut p,
+            Event::CollectiveEnd {
+                context: 1,
+                index: 6,
+                kind: Collective::AllReduce,
+                result: Some(&r),
+            },
+        );
+        let a = complete(1, &mut p, 7, &r);
+        assert!(requests(&a).is_empty());
+    }
+
+    #[test]
+    fn a_member_answers_with_its_results_from_the_index_on_or_when_it_has_it() {
+        let mut p = Ulml::new(0, None);
+        for i in 1..=3u64 {
+            complete(0, &mut p, i, &Bytes::from(vec![i as u8]));
+        }
+        let a = control(
+            0,
+            &mut p,
+            2,
+            CollMsg::ResultRequest {
+                context: 1,
+                index: 2,
+            },
+        );
+        assert_eq!(
+            a,
+            vec![Action::Transmit {
+                dest: 2,
+                msg: Control::Collective(CollMsg::Results {
+                    context: 1,
+                    from: 2,
+                    results: vec![Bytes::from(vec![2u8]), Bytes::from(vec![3u8])],
+                    on_completion: false,
+                })
+            }]
+        );
+        // Not reached yet: answered on completion.
+        assert!(
+            control(
+                0,
+                &mut p,
+                2,
+                CollMsg::ResultRequest {
+                    context: 1,
+                    index: 4
+                }
+            )
+            .is_empty()
+        );
+        let a = complete(0, &mut p, 4, &Bytes::from(vec![4u8]));
+        assert!(a.contains(&Action::Transmit {
+            dest: 2,
+            msg: Control::Collective(CollMsg::Results {
+                context: 1,
+                from: 4,
+                results: vec![Bytes::from(vec![4u8])],
+                on_completion: true,
+            })
+        }));
+    }
+
+    #[test]
+    fn a_substitute_replays_collectives_from_received_results_without_asking_again() {
+        let mut p = Ulml::new(0, None);
+        run(
+            2,
+            &mut p,
+            Event::Restored {
+                generation: Some(1),
+            },
+        );
+        let a = run(
+            2,
+            &mut p,
+            Event::CollectiveBegin {
+                context: 1,
+                index: 1,
+                kind: Collective::Barrier,
+                group: &GROUP,
+            },
+        );
+        assert_eq!(requests(&a), vec![0, 1, 3]);
+        let results: Vec<Bytes> = (1..=3u8).map(|i| Bytes::from(vec![i])).collect();
+        let a = control(
+            2,
+            &mut p,
+            0,
+            CollMsg::Results {
+                context: 1,
+                from: 1,
+                results: results.clone(),
+                on_completion: false,
+            },
+        );
+        assert!(matches!(
+            a.as_slice(),
+            [Action::CollectiveResult { index: 1, .. }, ..]
+        ));
+        run(
+            2,
+            &mut p,
+            Event::CollectiveEnd {
+                context: 1,
+                index: 1,
+                kind: Collective::Barrier,
+                result: Some(&results[0]),
+            },
+        );
+        let a = run(
+            2,
+            &mut p,
+            Event::CollectiveBegin {
+                context: 1,
+                index: 2,
+                kind: Collective::AllReduce,
+                group: &GROUP,
+            },
+        );
+        assert_eq!(
+            a,
+            vec![Action::CollectiveResult {
+                context: 1,
+                index: 2,
+                result: results[1].clone()
+            }],
+            "taken from the received results, no request"
+        );
+    }
+
+    #[test]
+    fn unlogged_messages_to_a_dead_rank_wait_for_its_substitute() {
+        let mut p = Ulml::new(0, None);
+        run(
+            0,
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[2],
+            },
+        );
+        let m = AppMessage {
+            envelope: Envelope {
+                src: 0,
+                dest: 2,
+                context: 1,
+                tag: 0,
+            },
+            ssn: 0,
+            payload: Bytes::from_static(b"x"),
+        };
+        assert_eq!(
+            run(0, &mut p, Event::AppSend { msg: &m }),
+            vec![Action::Withhold]
+        );
+        let a = run(
+            0,
+            &mut p,
+            Event::Control {
+                src: 2,
+                msg: Control::Log(LogMsg::Recovering { hsr: 0 }),
+            },
+        );
+        assert!(a.contains(&Action::Resend { msg: m }));
+    }
+
+    #[test]
+    fn results_are_dropped_once_every_stored_checkpoint_passed_them() {
+        let mut p = Ulml::new(0, None);
+        for i in 1..=4u64 {
+            complete(0, &mut p, i, &Bytes::from(vec![0u8; 10]));
+        }
+        for (r, n) in [(0, 3), (1, 2), (2, 3), (3, 4)] {
+            control(
+                0,
+                &mut p,
+                r,
+                CollMsg::Checkpointed {
+                    counts: vec![(1, n)],
+                },
+            );
+        }
+        assert_eq!(
+            p.results[&1].keys().copied().collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+        let a = control(
+            0,
+            &mut p,
+            1,
+            CollMsg::ResultRequest {
+                context: 1,
+                index: 2,
+            },
+        );
+        assert!(matches!(
+            a.as_slice(),
+            [Action::Fail(Error::Unrecoverable(_))]
+        ));
+    }
+}
