@@ -58,6 +58,21 @@ impl FromStr for Backend {
     }
 }
 
+/// What a failure does to the ranks that survive it (MPI's error handlers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureHandling {
+    /// The protocol handles it; under `none` the run ends with
+    /// [`Error::ProcessFailed`] (MPI_ERRORS_ARE_FATAL).
+    #[default]
+    Fatal,
+    /// The program handles it (MPI_ERRORS_RETURN with ULFM, 002 §3.2): an
+    /// operation that involves a failed rank returns
+    /// [`Error::ProcessFailed`], one on a revoked communicator
+    /// [`Error::Revoked`], and the program acknowledges, revokes, agrees,
+    /// shrinks or respawns (`api::ulfm`). Protocol `none` only.
+    Return,
+}
+
 /// Configuration of one job.
 ///
 /// | field | CLI | default |
@@ -72,6 +87,7 @@ impl FromStr for Backend {
 /// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
 /// | `log_budget` | `--log-budget BYTES` (message logging) | none |
+/// | `failure_handling` | (set by the program) | fatal |
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
@@ -107,6 +123,9 @@ pub struct Config {
     /// Message logging: a sender whose log passes half of this many bytes
     /// asks its largest receiver to checkpoint (trimming the log).
     pub log_budget: Option<usize>,
+    /// Whether failures end the run (or are recovered by the protocol), or
+    /// are reported to the program (ULFM).
+    pub failure_handling: FailureHandling,
     /// Mean time between failures: when set, the checkpoint interval is
     /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
     pub mtbf: Option<std::time::Duration>,
@@ -147,6 +166,7 @@ impl Default for Config {
             restart: None,
             restart_generation: None,
             log_budget: None,
+            failure_handling: FailureHandling::Fatal,
             seed: 1,
             iterations: None,
             progress_bar: false,
@@ -198,6 +218,12 @@ impl Config {
         self
     }
 
+    /// Report failures to the program instead of ending the run (ULFM).
+    pub fn failure_handling(mut self, h: FailureHandling) -> Self {
+        self.failure_handling = h;
+        self
+    }
+
     /// Seed.
     pub fn seed(mut self, s: u64) -> Self {
         self.seed = s;
@@ -216,6 +242,15 @@ impl Config {
             return Err(Error::config(
                 "--restart",
                 "restarting from a checkpoint needs a checkpointing protocol (--protocol coordinated)",
+            ));
+        }
+        if self.failure_handling == FailureHandling::Return && self.protocol != ProtocolKind::None {
+            return Err(Error::config(
+                "failure_handling",
+                format!(
+                    "failures are reported to the program (ULFM) only under protocol `none`;                      protocol `{}` recovers them itself",
+                    self.protocol
+                ),
             ));
         }
         for k in &self.kills {

@@ -39,6 +39,14 @@ pub enum Error {
         /// The checkpoint generation restored, if any yet chosen.
         generation: Option<u64>,
     },
+    /// The communicator was revoked (ULFM, 002 §3.2): every pending and
+    /// later operation on it fails. Shrink it or respawn its failed members
+    /// to go on.
+    #[error("the communicator (context {context}) was revoked after a failure")]
+    Revoked {
+        /// Its point-to-point or collective context.
+        context: u64,
+    },
     /// Internal to collectives: the current attempt at a collective was
     /// interrupted (a member failed, or its result came from a log) and the
     /// collective completes or starts again. Never returned to a rank

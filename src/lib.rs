@@ -48,7 +48,15 @@
 //! - **SSN**: send sequence number, per channel (002 §3.1).
 //! - **determinant**: the logged outcome of a nondeterministic reception
 //!   (004 §2; logging protocols).
-//! - **replacement**: the new incarnation of a dead rank, with its number.
+//! - **HSR / HSD**: highest SSN received from a sender (kept by the
+//!   receiver); the HSR a restored rank announces is what each sender has
+//!   delivered (HSD) and resends above (002 §3.3).
+//! - **collective result log**: under `ulml`, each rank keeps the result of
+//!   every barrier, broadcast, all-reduce and all-gather instead of their
+//!   internal messages (002 §2.2); collectives are numbered per
+//!   communicator.
+//! - **replacement** (substitute, 002): the new incarnation of a dead rank,
+//!   with its number.
 //!
 //! ## Layers
 //!
@@ -77,7 +85,7 @@ pub use api::Ctx;
 pub use api::comm::{Communicator, Message, ReceiveRequest, Request, Source, Status, TagMatch};
 pub use api::datatype::{DType, Equivalence, ReduceOp};
 pub use api::window::Window;
-pub use config::{Backend, Config};
+pub use config::{Backend, Config, FailureHandling};
 pub use driver::LockType;
 pub use engine::frame::Tag;
 pub use error::{Error, Result};

@@ -558,6 +558,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         restart: job.restart.clone(),
         restart_generation: None,
         log_budget: job.log_budget,
+        failure_handling: lazarus::FailureHandling::Fatal,
         seed: job.seed,
         iterations: Some(n),
         progress_bar: std::io::stdout().is_terminal(),

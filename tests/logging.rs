@@ -1,6 +1,7 @@
-//! Message logging (`pessimistic`), on every backend: only the dead ranks
-//! roll back; a wildcard-receive application replays its receptions in the
-//! logged order; a log budget keeps logs small by forcing checkpoints.
+//! Message logging (`pessimistic` and `ulml`), on every backend: only the
+//! dead ranks roll back; a wildcard-receive application replays its
+//! receptions in the logged order; a log budget keeps logs small by forcing
+//! checkpoints; an all-reduce costs the log records of 002 Table 1.
 
 mod common;
 
@@ -59,12 +60,15 @@ fn wildcard_app(ctx: &mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
     Ok((st.chain, st.arrivals))
 }
 
-fn check_wildcard(backend: Backend, kill: &str) {
+/// The protocols that log messages.
+const LOGGING: [ProtocolKind; 2] = [ProtocolKind::Pessimistic, ProtocolKind::Ulml];
+
+fn check_wildcard(protocol: ProtocolKind, backend: Backend, kill: &str) {
     let cfg = common::config(backend, 4)
-        .protocol(ProtocolKind::Pessimistic)
+        .protocol(protocol)
         .checkpoint_every(3)
         .kill(kill.parse().expect("valid kill"));
-    let what = format!("wildcard app on {backend}, kill {kill}");
+    let what = format!("wildcard app under {protocol} on {backend}, kill {kill}");
     let report = lazarus::run(&cfg, wildcard_app);
     let ranks = report
         .outcome
@@ -101,10 +105,12 @@ fn check_wildcard(backend: Backend, kill: &str) {
 
 #[test]
 fn wildcard_receptions_replay_in_the_logged_order() {
-    for backend in Backend::ALL {
-        // The wildcard receiver dies; then a sender.
-        check_wildcard(backend, "0@55%");
-        check_wildcard(backend, "2@55%");
+    for protocol in LOGGING {
+        for backend in Backend::ALL {
+            // The wildcard receiver dies; then a sender.
+            check_wildcard(protocol, backend, "0@55%");
+            check_wildcard(protocol, backend, "2@55%");
+        }
     }
 }
 
@@ -114,8 +120,12 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
         class: Some('S'),
         ..AppParams::default()
     };
-    for backend in Backend::ALL {
-        let base = common::config(backend, 4).protocol(ProtocolKind::Pessimistic);
+    for (protocol, backend) in LOGGING
+        .into_iter()
+        .flat_map(|p| Backend::ALL.map(|b| (p, b)))
+    {
+        let base = common::config(backend, 4).protocol(protocol);
+        let backend = format!("{protocol} on {backend}");
         // Without periodic checkpoints the logs only grow.
         let free = run_app(AppKind::Cg, &params, &base.clone().checkpoint_every(0));
         let unbounded = free.stats.peak_log_bytes;
@@ -149,24 +159,31 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
 
 #[test]
 fn storage_levels_other_than_partner_are_refused() {
-    let cfg = Config {
-        storage: vec!["xor".parse().expect("level")],
-        ..Config::new(4).protocol(ProtocolKind::Pessimistic)
-    };
-    let e = cfg.validate().expect_err("xor under pessimistic");
-    assert!(e.to_string().contains("uncoordinated"), "{e}");
+    for protocol in LOGGING {
+        let cfg = Config {
+            storage: vec!["xor".parse().expect("level")],
+            ..Config::new(4).protocol(protocol)
+        };
+        let e = cfg.validate().expect_err("xor under message logging");
+        assert!(e.to_string().contains("uncoordinated"), "{e}");
+    }
 }
 
-/// 002 Table 1: library-level logging records every point-to-point piece of
-/// a collective. Our all-reduce is a binomial reduction and a binomial
-/// broadcast: 2(P − 1) messages, each logged once by its sender.
+/// 002 Table 1: library-level logging (`pessimistic`) records every
+/// point-to-point piece of a collective; our all-reduce is a binomial
+/// reduction and a binomial broadcast, 2(P − 1) messages, each logged once
+/// by its sender. User-level logging (`ulml`) records the result once per
+/// rank: P records.
 #[test]
-fn pessimistic_logs_two_p_minus_one_records_per_allreduce() {
+fn log_records_per_allreduce_follow_002_table_1() {
     const ROUNDS: u64 = 10;
-    for backend in Backend::ALL {
+    for (protocol, backend) in LOGGING
+        .into_iter()
+        .flat_map(|p| Backend::ALL.map(|b| (p, b)))
+    {
         for p in [2usize, 3, 4, 7] {
             let cfg = common::config(backend, p)
-                .protocol(ProtocolKind::Pessimistic)
+                .protocol(protocol)
                 .checkpoint_every(0);
             let r = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
@@ -179,29 +196,37 @@ fn pessimistic_logs_two_p_minus_one_records_per_allreduce() {
             let values = r.outcome.expect("allreduce loop");
             assert!(values.windows(2).all(|w| w[0] == w[1]), "{backend} P={p}");
             let per = r.stats.log_records as f64 / ROUNDS as f64;
+            let (expected, formula) = match protocol {
+                ProtocolKind::Ulml => (p as u64, "P"),
+                _ => (2 * (p as u64 - 1), "2(P-1)"),
+            };
             println!(
-                "{backend} P={p}: {per} log records per allreduce (2(P-1) = {})",
-                2 * (p - 1)
+                "{protocol} on {backend} P={p}: {per} log records per allreduce ({formula} = {expected})"
             );
             assert_eq!(
                 r.stats.log_records,
-                ROUNDS * 2 * (p as u64 - 1),
-                "{backend} P={p}"
+                ROUNDS * expected,
+                "{protocol} on {backend} P={p}"
             );
         }
     }
 }
 
-/// CG class S under `pessimistic` on `backend` over `nodes` nodes with
+/// CG class S under `protocol` on `backend` over `nodes` nodes with
 /// `kills`: checks that it prints the failure-free value and that every
 /// kill fired, and returns its statistics.
-fn cg_s_survives(backend: Backend, nodes: usize, kills: &[&str]) -> lazarus::JobStats {
+fn cg_s_survives(
+    protocol: ProtocolKind,
+    backend: Backend,
+    nodes: usize,
+    kills: &[&str],
+) -> lazarus::JobStats {
     let params = AppParams {
         class: Some('S'),
         ..AppParams::default()
     };
     let base = common::config(backend, 4)
-        .protocol(ProtocolKind::Pessimistic)
+        .protocol(protocol)
         .nodes(nodes)
         .checkpoint_every(2);
     let want = run_app(AppKind::Cg, &params, &base)
@@ -211,7 +236,7 @@ fn cg_s_survives(backend: Backend, nodes: usize, kills: &[&str]) -> lazarus::Job
         .iter()
         .fold(base, |c, k| c.kill(k.parse().expect("valid kill")));
     let r = run_app(AppKind::Cg, &params, &cfg);
-    let what = format!("{backend} {kills:?}");
+    let what = format!("{protocol} on {backend} {kills:?}");
     let v = r.outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(v.value, want.value, "{what}");
     assert!(
@@ -225,10 +250,12 @@ fn cg_s_survives(backend: Backend, nodes: usize, kills: &[&str]) -> lazarus::Job
 /// captured), on every backend.
 #[test]
 fn kills_inside_a_checkpoint_are_survived() {
-    for backend in Backend::ALL {
-        for kill in ["1@checkpoint:3", "2@checkpoint:1"] {
-            let st = cg_s_survives(backend, 1, &[kill]);
-            assert_eq!(st.ranks_rolled_back, 1, "{backend} {kill}");
+    for protocol in LOGGING {
+        for backend in Backend::ALL {
+            for kill in ["1@checkpoint:3", "2@checkpoint:1"] {
+                let st = cg_s_survives(protocol, backend, 1, &[kill]);
+                assert_eq!(st.ranks_rolled_back, 1, "{protocol} on {backend} {kill}");
+            }
         }
     }
 }
@@ -239,9 +266,14 @@ fn kills_inside_a_checkpoint_are_survived() {
 /// failing, and says so.
 #[test]
 fn an_unrebuildable_loss_restarts_the_job_from_the_beginning() {
-    for backend in Backend::ALL {
-        let st = cg_s_survives(backend, 2, &["node:1@37%", "1@recovery:1"]);
-        assert_eq!(st.job_restarts, 1, "{backend}");
-        assert_eq!(st.failures, 2, "{backend}: the kills fire once");
+    for protocol in LOGGING {
+        for backend in Backend::ALL {
+            let st = cg_s_survives(protocol, backend, 2, &["node:1@37%", "1@recovery:1"]);
+            assert_eq!(st.job_restarts, 1, "{protocol} on {backend}");
+            assert_eq!(
+                st.failures, 2,
+                "{protocol} on {backend}: the kills fire once"
+            );
+        }
     }
 }

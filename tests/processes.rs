@@ -184,16 +184,22 @@ fn external_kill_9_of_a_random_rank_is_survived() {
     let mut latencies = Vec::new();
     // Message logging does not cover RMA (dht): coordinated only there.
     let runs = APPS.iter().flat_map(|&app| {
-        let logging = (app[0] != "dht").then_some("pessimistic");
+        let logging: &[&str] = if app[0] == "dht" {
+            &[]
+        } else {
+            &["pessimistic", "ulml"]
+        };
         std::iter::once("coordinated")
-            .chain(logging)
+            .chain(logging.iter().copied())
             .map(move |p| (app, p))
     });
     for (app, protocol) in runs {
         let (want, wall) = reference(app);
         let seeds = match (app == ["cg", "--class", "W"], protocol) {
             (true, "coordinated") => 20,
-            (true, _) => 10,
+            (true, "pessimistic") => 10,
+            (true, _) => 5,
+            (false, "ulml") => 3,
             _ => 5,
         };
         for seed in 1..=seeds {
@@ -226,7 +232,7 @@ fn external_kill_9_of_a_random_rank_is_survived() {
                 let _ = std::fs::remove_dir_all(&dir);
                 if hit && s["failures"].as_u64() == Some(1) {
                     let rolled_back = s["ranks_rolled_back"].as_u64();
-                    let expected = if protocol == "pessimistic" { 1 } else { 4 };
+                    let expected = if protocol == "coordinated" { 4 } else { 1 };
                     assert_eq!(rolled_back, Some(expected), "{what}: ranks rolled back");
                     let notified = s["failure_detections"][0]["notified_unix_s"]
                         .as_f64()

@@ -153,7 +153,11 @@ fn check_app(
 }
 
 /// Protocols that recover message-passing applications.
-const MESSAGE_PASSING: &[ProtocolKind] = &[ProtocolKind::Coordinated, ProtocolKind::Pessimistic];
+const MESSAGE_PASSING: &[ProtocolKind] = &[
+    ProtocolKind::Coordinated,
+    ProtocolKind::Pessimistic,
+    ProtocolKind::Ulml,
+];
 
 #[test]
 fn cg_class_s_survives_every_scenario() {

@@ -8,6 +8,7 @@
 pub mod collective;
 pub mod comm;
 pub mod datatype;
+pub mod ulfm;
 pub mod window;
 
 use std::cell::RefCell;
@@ -112,6 +113,25 @@ impl Ctx {
     pub fn compute(&self, seconds: f64) -> Result<()> {
         let d = std::time::Duration::from_secs_f64(seconds.max(0.0));
         self.engine.borrow_mut().compute(d)
+    }
+
+    /// Whether this incarnation was respawned by the survivors (ULFM,
+    /// [`Communicator::respawn`]): it starts from the beginning of the rank
+    /// function and gets its communicator from [`Ctx::join`].
+    pub fn is_respawned(&self) -> bool {
+        self.engine.borrow().is_respawned()
+    }
+
+    /// A respawned rank (ULFM): wait for the survivors' `respawn` and return
+    /// the communicator they repaired, in which this rank has its old number.
+    pub fn join(&self) -> Result<Communicator> {
+        let (context, group) = self.engine.borrow_mut().wait_join()?;
+        let comm = self
+            .world
+            .with_group(group, context)
+            .ok_or_else(|| Error::app("join: this rank is not in the repaired communicator"))?;
+        comm.barrier()?;
+        Ok(comm)
     }
 
     /// Failure events seen so far (the world epoch).

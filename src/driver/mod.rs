@@ -194,4 +194,11 @@ pub trait Endpoint {
     fn record(&mut self, stat: Stat);
     /// Report this rank's progress (0..=1), for progress bars.
     fn report_progress(&mut self, fraction: f64);
+    /// ULFM respawn: start a new incarnation of the dead rank `rank`, with
+    /// its number, at the current epoch; its rank function starts from the
+    /// beginning.
+    fn respawn(&mut self, rank: Rank) -> Result<()>;
+    /// ULFM respawn: `rank` is being started again; frames for it wait for
+    /// the new incarnation instead of being dropped.
+    fn await_respawn(&mut self, rank: Rank);
 }

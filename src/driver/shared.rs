@@ -419,6 +419,9 @@ pub(crate) fn rank_body<T>(
     if cfg.restart.is_some() {
         engine.start_in_recovery();
     }
+    if cfg.failure_handling == crate::config::FailureHandling::Return {
+        engine.report_failures();
+    }
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rank(engine, f))).unwrap_or_else(
         |p| {
             let msg = p
@@ -435,6 +438,11 @@ pub(crate) fn rank_body<T>(
 pub(crate) struct Finals<T> {
     finals: Vec<Option<Result<T>>>,
     aborted: bool,
+    /// Ranks that died for good (not replaced).
+    dead: Vec<bool>,
+    /// Failures are reported to the program (ULFM): a rank that died and
+    /// was not respawned has no value, and the job goes on without it.
+    reporting: bool,
 }
 
 /// What the driver must do after an exit.
@@ -450,6 +458,31 @@ impl<T> Finals<T> {
         Finals {
             finals: (0..size).map(|_| None).collect(),
             aborted: false,
+            dead: vec![false; size],
+            reporting: false,
+        }
+    }
+
+    /// Under ULFM (`FailureHandling::Return`): ranks that die without a
+    /// replacement are left out of the job's values instead of failing it.
+    pub fn reporting_failures(mut self, on: bool) -> Self {
+        self.set_reporting(on);
+        self
+    }
+
+    /// See [`Finals::reporting_failures`].
+    pub fn set_reporting(&mut self, on: bool) {
+        self.reporting = on;
+    }
+
+    /// A new incarnation of `rank` was started (ULFM respawn): its earlier
+    /// death is not final.
+    pub fn reopen(&mut self, rank: Rank) {
+        if let Some(f) = self.finals.get_mut(rank) {
+            *f = None;
+        }
+        if let Some(d) = self.dead.get_mut(rank) {
+            *d = false;
         }
     }
 
@@ -483,6 +516,9 @@ impl<T> Finals<T> {
                 reason: e.to_string(),
             };
         }
+        if let Some(d) = self.dead.get_mut(rank) {
+            *d = killed;
+        }
         if let Some(slot) = self.finals.get_mut(rank) {
             *slot = Some(outcome.map_err(|e| match e {
                 Error::Killed => Error::ProcessFailed {
@@ -500,7 +536,13 @@ impl<T> Finals<T> {
     pub fn finish(self) -> Result<Vec<T>> {
         let mut results = Vec::with_capacity(self.finals.len());
         let mut first_err: Option<Error> = None;
-        for r in self.finals.into_iter().flatten() {
+        let reporting = self.reporting;
+        let finals = self
+            .finals
+            .into_iter()
+            .zip(self.dead)
+            .filter_map(|(f, dead)| if reporting && dead { None } else { f });
+        for r in finals {
             match r {
                 Ok(v) => results.push(v),
                 Err(e) => {

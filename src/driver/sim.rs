@@ -375,7 +375,7 @@ impl<T: Send + 'static> SimWorld<T> {
         let mut s = self.sched();
         s.entities[entity].st = St::Exited;
         s.entities[entity].inbox.clear();
-        let superseded = self.replaces && s.current[rank] != entity;
+        let superseded = s.current[rank] != entity;
         if let ExitAction::Abort { rank, reason } =
             s.finals
                 .on_exit(rank, outcome, superseded, self.cfg.protocol.name())
@@ -629,6 +629,26 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
     }
 
     fn report_progress(&mut self, _fraction: f64) {}
+
+    fn respawn(&mut self, rank: Rank) -> Result<()> {
+        self.slot.alive()?;
+        let world = self.world.clone();
+        let mut s = world.sched();
+        let Some(&e) = s.current.get(rank) else {
+            return Err(Error::RankOutOfRange {
+                rank,
+                size: world.size,
+            });
+        };
+        let slot = Slot::new(s.entities[e].slot.incarnation + 1);
+        let epoch = s.epoch;
+        world.spawn(&mut s, rank, slot, epoch);
+        s.finals.reopen(rank);
+        mix(&mut s.trace, 0x5ba3 ^ rank as u64);
+        Ok(())
+    }
+
+    fn await_respawn(&mut self, _rank: Rank) {}
 }
 
 /// Memory mappings one rank thread costs (stack, guard page, signal stack
@@ -722,7 +742,8 @@ pub(crate) fn run<T: Send + 'static>(
             epoch: 0,
             plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
             stats: StatsBook::new(cfg.protocol),
-            finals: Finals::new(size),
+            finals: Finals::new(size)
+                .reporting_failures(cfg.failure_handling == crate::config::FailureHandling::Return),
             hung: false,
             finished: false,
             token: 0,

@@ -107,6 +107,33 @@ impl World {
     }
 }
 
+impl World {
+    /// Start a new incarnation of the dead rank `v` (ULFM respawn).
+    fn respawn(&self, v: Rank) -> Result<()> {
+        let ks = lock(&self.kills);
+        let mut slots = lock(&self.slots);
+        let mut inboxes = self.inboxes.write().unwrap_or_else(|e| e.into_inner());
+        let (Some(old), Some(inbox)) = (slots.get(v), inboxes.get_mut(v)) else {
+            return Err(Error::RankOutOfRange {
+                rank: v,
+                size: self.size,
+            });
+        };
+        let slot = Slot::new(old.incarnation + 1);
+        let (tx, rx) = unbounded();
+        *inbox = tx;
+        slots[v] = slot.clone();
+        self.sup
+            .send(SupMsg::Spawn {
+                rank: v,
+                slot,
+                inbox: rx,
+                epoch: ks.epoch,
+            })
+            .map_err(|_| Error::Driver("the supervisor is gone".into()))
+    }
+}
+
 struct ThreadEndpoint {
     world: Arc<World>,
     rank: Rank,
@@ -230,6 +257,13 @@ impl Endpoint for ThreadEndpoint {
                 .store(fraction.to_bits(), Ordering::Relaxed);
         }
     }
+
+    fn respawn(&mut self, rank: Rank) -> Result<()> {
+        self.slot.alive()?;
+        self.world.respawn(rank)
+    }
+
+    fn await_respawn(&mut self, _rank: Rank) {}
 }
 
 /// Run `f` on `cfg.ranks` threads; returns each rank's result (or the job's
@@ -302,7 +336,11 @@ pub(crate) fn run<T: Send + 'static>(
 
     let bar = progress_bar(cfg.progress_bar);
 
-    let mut finals = Finals::new(size);
+    let mut finals = Finals::new(size)
+        .reporting_failures(cfg.failure_handling == crate::config::FailureHandling::Return);
+    // Incarnation of the newest thread started per rank: an older one's
+    // exit is not final.
+    let mut started = vec![0u64; size];
     while !finals.done() {
         match sup_rx.recv_timeout(Duration::from_millis(100)) {
             Ok(SupMsg::Spawn {
@@ -310,7 +348,11 @@ pub(crate) fn run<T: Send + 'static>(
                 slot,
                 inbox,
                 epoch,
-            }) => handles.push(spawn(rank, slot, inbox, epoch)),
+            }) => {
+                started[rank] = slot.incarnation;
+                finals.reopen(rank);
+                handles.push(spawn(rank, slot, inbox, epoch));
+            }
             Ok(SupMsg::Exited {
                 rank,
                 incarnation,
@@ -320,8 +362,7 @@ pub(crate) fn run<T: Send + 'static>(
                     Ok(o) => *o,
                     Err(_) => Err(Error::Driver("rank outcome of unexpected type".into())),
                 };
-                let current = lock(&world.slots)[rank].incarnation;
-                let superseded = world.replaces && incarnation < current;
+                let superseded = incarnation < started[rank];
                 if let ExitAction::Abort { rank, reason } =
                     finals.on_exit(rank, outcome, superseded, cfg.protocol.name())
                 {

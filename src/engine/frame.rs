@@ -46,6 +46,30 @@ pub struct AppMessage {
     pub payload: Bytes,
 }
 
+/// A contribution to, or the outcome of, a fault-tolerant agreement
+/// (ULFM's agree and shrink): flags are and-ed, failed ranks united, and the
+/// largest next free context id taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgreeValue {
+    /// And of the members' flags.
+    pub flag: bool,
+    /// World ranks known to have failed, sorted.
+    pub failed: Vec<Rank>,
+    /// Largest next free context id.
+    pub context: ContextId,
+}
+
+impl AgreeValue {
+    /// Fold another contribution in.
+    pub fn combine(&mut self, o: &AgreeValue) {
+        self.flag &= o.flag;
+        self.failed.extend(&o.failed);
+        self.failed.sort_unstable();
+        self.failed.dedup();
+        self.context = self.context.max(o.context);
+    }
+}
+
 /// Runtime-level messages that are not the protocol's business.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RuntimeMsg {
@@ -53,6 +77,40 @@ pub enum RuntimeMsg {
     Done,
     /// Every rank finished: leave (finalize, phase 2).
     Exit,
+    /// ULFM: these contexts are revoked.
+    Revoke {
+        /// The communicator's contexts.
+        contexts: Vec<ContextId>,
+    },
+    /// ULFM agreement number `seq` on the communicator of `context`: the
+    /// sender's contribution, to the coordinator.
+    AgreeOffer {
+        /// Point-to-point context of the communicator.
+        context: ContextId,
+        /// Agreement number on it.
+        seq: u64,
+        /// The contribution.
+        value: AgreeValue,
+    },
+    /// The decided outcome of that agreement.
+    AgreeDecided {
+        /// Point-to-point context of the communicator.
+        context: ContextId,
+        /// Agreement number on it.
+        seq: u64,
+        /// The outcome.
+        value: AgreeValue,
+    },
+    /// ULFM respawn: to a new incarnation of a failed rank, the
+    /// communicator it joins.
+    Join {
+        /// Its point-to-point context (the collective one follows).
+        context: ContextId,
+        /// Its world ranks.
+        group: Vec<Rank>,
+        /// World ranks that are dead (not respawned).
+        failed: Vec<Rank>,
+    },
 }
 
 /// What a frame carries.

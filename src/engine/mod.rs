@@ -23,7 +23,7 @@ use crate::protocol::{Action, Collective, Control, Determinant, Event, Protocol,
 use crate::store::{CheckpointStore, Piece, StoreEvent, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
-use frame::{AppMessage, Body, ContextId, Envelope, Frame, Incoming, RuntimeMsg, Tag};
+use frame::{AgreeValue, AppMessage, Body, ContextId, Envelope, Frame, Incoming, RuntimeMsg, Tag};
 
 /// Identifier of a nonblocking receive request.
 pub type ReqId = u64;
@@ -240,6 +240,46 @@ pub struct Engine {
     /// The collective in progress whose result is logged: `(context, index)`.
     coll_current: Option<(ContextId, u64)>,
     coll_outcome: Option<CollOutcome>,
+
+    /// ULFM: failures are reported to the program (FailureHandling::Return).
+    ulfm: Option<Box<Ulfm>>,
+}
+
+/// ULFM state of a rank (failures reported to the program, 002 §3.2).
+#[derive(Debug, Default)]
+struct Ulfm {
+    /// World ranks that died (and were not respawned since).
+    failed: BTreeSet<Rank>,
+    /// Failures the program acknowledged.
+    acked: BTreeSet<Rank>,
+    /// Revoked contexts.
+    revoked: BTreeSet<ContextId>,
+    /// Agreements begun per communicator (by point-to-point context).
+    agree_seq: BTreeMap<ContextId, u64>,
+    /// Contributions received as coordinator: `(context, seq)` → member → value.
+    offers: BTreeMap<(ContextId, u64), BTreeMap<Rank, AgreeValue>>,
+    /// Decided agreements (the two newest per communicator are kept, with
+    /// their group, to hand to a new coordinator if the old one dies).
+    decided: BTreeMap<(ContextId, u64), (Vec<Rank>, AgreeValue)>,
+    /// Respawned incarnation: the communicator it was told to join.
+    join: Option<(ContextId, Vec<Rank>)>,
+}
+
+impl Ulfm {
+    /// The coordinator of an agreement over `group`: its first live member.
+    fn coordinator(&self, group: &[Rank]) -> Option<Rank> {
+        group.iter().copied().find(|r| !self.failed.contains(r))
+    }
+
+    fn remember(&mut self, key: (ContextId, u64), group: &[Rank], value: AgreeValue) {
+        self.decided
+            .entry(key)
+            .or_insert_with(|| (group.to_vec(), value));
+        self.offers.remove(&key);
+        let (context, seq) = key;
+        self.decided
+            .retain(|&(c, s), _| c != context || s + 2 > seq);
+    }
 }
 
 /// The first context id free for `dup`/`split`/windows (0 and 1 are the
@@ -306,7 +346,26 @@ impl Engine {
             coll_seq: BTreeMap::new(),
             coll_current: None,
             coll_outcome: None,
+            ulfm: None,
         }
+    }
+
+    /// Report failures to the program instead of handing them to the
+    /// protocol (ULFM, `FailureHandling::Return`).
+    pub fn report_failures(&mut self) {
+        self.ulfm = Some(Box::default());
+    }
+
+    /// Whether this incarnation starts by recovering (a replacement under a
+    /// recovering protocol, or a whole-job restart), as opposed to a rank
+    /// respawned by the program (ULFM), which starts fresh.
+    pub fn starts_in_recovery(&self) -> bool {
+        self.replacement && self.ulfm.is_none()
+    }
+
+    /// Whether this incarnation was respawned by the program (ULFM).
+    pub fn is_respawned(&self) -> bool {
+        self.replacement && self.ulfm.is_some()
     }
 
     /// This rank (world).
@@ -479,7 +538,7 @@ impl Engine {
                     return Ok(());
                 }
                 self.epoch = epoch;
-                if self.logging {
+                if self.logging || self.ulfm.is_some() {
                     for &d in &dead {
                         self.incarnations.insert(d, epoch);
                     }
@@ -489,7 +548,11 @@ impl Engine {
                 } else {
                     self.rollback_floor = epoch;
                 }
-                self.handle(Event::PeerFailed { epoch, dead: &dead })?;
+                if self.ulfm.is_some() {
+                    self.ulfm_failed(&dead)?;
+                } else {
+                    self.handle(Event::PeerFailed { epoch, dead: &dead })?;
+                }
                 if self.logging && self.sent_done && dead.contains(&0) && self.rank != 0 {
                     self.transmit(0, Body::Runtime(RuntimeMsg::Done))?;
                 }
@@ -534,6 +597,7 @@ impl Engine {
                         self.done_from.insert(f.src);
                     }
                     RuntimeMsg::Exit => self.exit_received = true,
+                    m => self.on_ulfm_msg(f.src, m)?,
                 }
                 Ok(())
             }
@@ -541,6 +605,11 @@ impl Engine {
     }
 
     fn arrive(&mut self, msg: AppMessage) {
+        if let Some(u) = &self.ulfm
+            && u.revoked.contains(&msg.envelope.context)
+        {
+            return;
+        }
         if self.logging {
             // A recovering rank's state is about to be replaced: the sender
             // resends from its log after the restore. Otherwise accept only
@@ -749,6 +818,9 @@ impl Engine {
                 size: self.size,
             });
         }
+        if let Some(e) = self.ulfm_send_failure(dest, context) {
+            return Err(e);
+        }
         let ssn = if sequenced {
             let ssn = self.ssn_out.entry(dest).or_insert(0);
             *ssn += 1;
@@ -825,6 +897,15 @@ impl Engine {
                 self.cancel(id);
                 return Err(Error::CollectiveInterrupted);
             }
+            if let Some(e) = self
+                .posted
+                .iter()
+                .find(|(p, _)| *p == id)
+                .and_then(|(_, spec)| self.ulfm_receive_failure(spec))
+            {
+                self.cancel(id);
+                return Err(e);
+            }
             if !self.posted.iter().any(|(p, _)| *p == id) {
                 return Err(Error::InvalidRequest(format!(
                     "receive request {id} is not pending"
@@ -861,6 +942,9 @@ impl Engine {
         loop {
             if let Some(x) = self.iprobe(spec)? {
                 return Ok(x);
+            }
+            if let Some(e) = self.ulfm_receive_failure(&spec) {
+                return Err(e);
             }
             self.progress(None)?;
             self.check()?;
@@ -1230,18 +1314,382 @@ impl Engine {
         self.check()?;
         self.handle(Event::Finish)?;
         self.sent_done = true;
-        self.transmit(0, Body::Runtime(RuntimeMsg::Done))?;
+        let mut told = None;
         loop {
             self.check()?;
-            if self.rank == 0 {
-                if self.done_from.len() >= self.size {
-                    for d in 1..self.size {
+            // Rank 0 leads, or under ULFM the first rank alive (a survivor
+            // re-sends `Done` when the leader it told dies).
+            let leader = match &self.ulfm {
+                Some(u) => u.coordinator(&(0..self.size).collect::<Vec<_>>()),
+                None => Some(0),
+            }
+            .unwrap_or(self.rank);
+            if told != Some(leader) {
+                told = Some(leader);
+                self.transmit(leader, Body::Runtime(RuntimeMsg::Done))?;
+            }
+            if self.rank == leader {
+                let alive: Vec<Rank> = (0..self.size)
+                    .filter(|r| self.ulfm.as_ref().is_none_or(|u| !u.failed.contains(r)))
+                    .collect();
+                if alive.iter().all(|r| self.done_from.contains(r)) {
+                    let me = self.rank;
+                    for d in alive.into_iter().filter(|&d| d != me) {
                         self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
                     }
                     return Ok(());
                 }
             } else if self.exit_received {
                 return Ok(());
+            }
+            self.progress(None)?;
+        }
+    }
+
+    // ----- ULFM (failures reported to the program, 002 §3.2) -------------
+
+    fn ulfm_process_failed(ranks: Vec<Rank>, why: &str) -> Error {
+        Error::ProcessFailed {
+            ranks,
+            protocol: "none".into(),
+            why: why.into(),
+        }
+    }
+
+    fn ulfm_send_failure(&self, dest: Rank, context: ContextId) -> Option<Error> {
+        let u = self.ulfm.as_ref()?;
+        if u.revoked.contains(&context) {
+            return Some(Error::Revoked { context });
+        }
+        u.failed
+            .contains(&dest)
+            .then(|| Self::ulfm_process_failed(vec![dest], "the destination rank failed"))
+    }
+
+    /// Why a receive (or probe) matching `spec` cannot complete under ULFM:
+    /// its communicator was revoked, its source failed, or (wildcard
+    /// source) a failure is not acknowledged yet.
+    fn ulfm_receive_failure(&self, spec: &MatchSpec) -> Option<Error> {
+        let u = self.ulfm.as_ref()?;
+        if u.revoked.contains(&spec.context) {
+            return Some(Error::Revoked {
+                context: spec.context,
+            });
+        }
+        match spec.source {
+            Some(s) if u.failed.contains(&s) => {
+                Some(Self::ulfm_process_failed(vec![s], "the source rank failed"))
+            }
+            Some(_) => None,
+            None => {
+                let unacked: Vec<Rank> = u.failed.difference(&u.acked).copied().collect();
+                (!unacked.is_empty()).then(|| {
+                    Self::ulfm_process_failed(
+                        unacked,
+                        "a wildcard receive fails while failures are not acknowledged \
+                         (Communicator::ack_failed)",
+                    )
+                })
+            }
+        }
+    }
+
+    fn ulfm_mut(&mut self) -> Result<&mut Ulfm> {
+        self.ulfm.as_deref_mut().ok_or_else(|| {
+            Error::config(
+                "failure_handling",
+                "ULFM operations need failures reported to the program \
+                 (Config::failure_handling(FailureHandling::Return))",
+            )
+        })
+    }
+
+    /// `dead` failed: remember it, and hand agreements whose coordinator
+    /// died to the new coordinator (a decision some members already have
+    /// must be the one everybody gets).
+    fn ulfm_failed(&mut self, dead: &[Rank]) -> Result<()> {
+        let me = self.rank;
+        let Some(u) = self.ulfm.as_deref_mut() else {
+            return Ok(());
+        };
+        let before = u.failed.clone();
+        u.failed.extend(dead);
+        let mut sends = Vec::new();
+        for (&(context, seq), (group, value)) in &u.decided {
+            let old = group.iter().copied().find(|r| !before.contains(r));
+            let new = u.coordinator(group);
+            if old == new {
+                continue;
+            }
+            let msg = RuntimeMsg::AgreeDecided {
+                context,
+                seq,
+                value: value.clone(),
+            };
+            match new {
+                Some(c) if c == me => {
+                    for &r in group.iter().filter(|&&r| r != me && !u.failed.contains(&r)) {
+                        sends.push((r, msg.clone()));
+                    }
+                }
+                Some(c) => sends.push((c, msg)),
+                None => {}
+            }
+        }
+        for (dest, m) in sends {
+            self.transmit(dest, Body::Runtime(m))?;
+        }
+        Ok(())
+    }
+
+    fn on_ulfm_msg(&mut self, src: Rank, m: RuntimeMsg) -> Result<()> {
+        let Some(u) = self.ulfm.as_deref_mut() else {
+            return Ok(()); // not reporting failures: nothing to do with these
+        };
+        match m {
+            RuntimeMsg::Revoke { contexts } => {
+                u.revoked.extend(contexts);
+                let revoked = &u.revoked;
+                self.unexpected
+                    .retain(|m| !revoked.contains(&m.envelope.context));
+            }
+            RuntimeMsg::AgreeOffer {
+                context,
+                seq,
+                value,
+            } => {
+                if let Some((_, d)) = u.decided.get(&(context, seq)) {
+                    // A late offer: the member missed the decision.
+                    let reply = RuntimeMsg::AgreeDecided {
+                        context,
+                        seq,
+                        value: d.clone(),
+                    };
+                    return self.transmit(src, Body::Runtime(reply));
+                }
+                u.offers
+                    .entry((context, seq))
+                    .or_default()
+                    .insert(src, value);
+            }
+            RuntimeMsg::AgreeDecided {
+                context,
+                seq,
+                value,
+            } => {
+                u.offers.remove(&(context, seq));
+                u.decided
+                    .entry((context, seq))
+                    .or_insert_with(|| (Vec::new(), value));
+            }
+            RuntimeMsg::Join {
+                context,
+                group,
+                failed,
+            } => {
+                u.failed = failed.into_iter().collect();
+                u.join = Some((context, group));
+            }
+            RuntimeMsg::Done | RuntimeMsg::Exit => {}
+        }
+        Ok(())
+    }
+
+    /// World ranks that failed (and were not respawned), as this rank knows.
+    pub fn failed_ranks(&self) -> Vec<Rank> {
+        self.ulfm
+            .as_ref()
+            .map(|u| u.failed.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Acknowledge every failure known now (wildcard receives work again);
+    /// returns the acknowledged world ranks.
+    pub fn ack_failed(&mut self) -> Result<Vec<Rank>> {
+        self.enter()?;
+        self.drain()?;
+        let u = self.ulfm_mut()?;
+        u.acked = u.failed.clone();
+        Ok(u.acked.iter().copied().collect())
+    }
+
+    /// Revoke `contexts` here and at every live rank: pending and later
+    /// operations on them fail with [`Error::Revoked`].
+    pub fn revoke(&mut self, contexts: &[ContextId]) -> Result<()> {
+        self.enter()?;
+        let (me, size) = (self.rank, self.size);
+        let u = self.ulfm.as_deref_mut().ok_or_else(|| {
+            Error::config(
+                "failure_handling",
+                "revoke needs failures reported to the program \
+                 (Config::failure_handling(FailureHandling::Return))",
+            )
+        })?;
+        u.revoked.extend(contexts);
+        let revoked = &u.revoked;
+        self.unexpected
+            .retain(|m| !revoked.contains(&m.envelope.context));
+        let live: Vec<Rank> = (0..size)
+            .filter(|&r| r != me && !u.failed.contains(&r))
+            .collect();
+        for r in live {
+            self.transmit(
+                r,
+                Body::Runtime(RuntimeMsg::Revoke {
+                    contexts: contexts.to_vec(),
+                }),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether `context` was revoked.
+    pub fn is_revoked(&self, context: ContextId) -> bool {
+        self.ulfm
+            .as_ref()
+            .is_some_and(|u| u.revoked.contains(&context))
+    }
+
+    /// A fault-tolerant agreement among the live members of `group` (world
+    /// ranks, in communicator order) of the communicator whose point-to-
+    /// point context is `context`; works on a revoked communicator. The
+    /// first live member coordinates: it waits for a contribution from
+    /// every member still alive (fewer as failures are learned), combines
+    /// them with the failures it knows, and sends the outcome to all. If it
+    /// dies, members send their contribution (or a decision they already
+    /// have) to the next one, so every survivor returns the same outcome
+    /// (the failure detector here is perfect: a rank declared dead is dead).
+    pub fn agree(
+        &mut self,
+        context: ContextId,
+        group: &[Rank],
+        mut value: AgreeValue,
+    ) -> Result<AgreeValue> {
+        self.enter()?;
+        let me = self.rank;
+        let seq = {
+            let u = self.ulfm_mut()?;
+            value
+                .failed
+                .extend(group.iter().filter(|r| u.failed.contains(r)));
+            value.failed.sort_unstable();
+            value.failed.dedup();
+            let n = u.agree_seq.entry(context).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let key = (context, seq);
+        let mut offered_to = None;
+        loop {
+            self.check()?;
+            let u = self.ulfm_mut()?;
+            if let Some((_, d)) = u.decided.get(&key) {
+                let d = d.clone();
+                u.decided.remove(&key);
+                u.remember(key, group, d.clone());
+                return Ok(d);
+            }
+            let coordinator = u.coordinator(group).unwrap_or(me);
+            if coordinator == me {
+                let offers = u.offers.get(&key);
+                let all_in = group.iter().all(|r| {
+                    *r == me || u.failed.contains(r) || offers.is_some_and(|o| o.contains_key(r))
+                });
+                if all_in {
+                    let mut d = value.clone();
+                    for v in offers.into_iter().flat_map(|o| o.values()) {
+                        d.combine(v);
+                    }
+                    let known = AgreeValue {
+                        flag: true,
+                        failed: group
+                            .iter()
+                            .copied()
+                            .filter(|r| u.failed.contains(r))
+                            .collect(),
+                        context: 0,
+                    };
+                    d.combine(&known);
+                    let live: Vec<Rank> = group
+                        .iter()
+                        .copied()
+                        .filter(|&r| r != me && !u.failed.contains(&r))
+                        .collect();
+                    u.remember(key, group, d.clone());
+                    for r in live {
+                        self.transmit(
+                            r,
+                            Body::Runtime(RuntimeMsg::AgreeDecided {
+                                context,
+                                seq,
+                                value: d.clone(),
+                            }),
+                        )?;
+                    }
+                    return Ok(d);
+                }
+            } else if offered_to != Some(coordinator) {
+                offered_to = Some(coordinator);
+                self.transmit(
+                    coordinator,
+                    Body::Runtime(RuntimeMsg::AgreeOffer {
+                        context,
+                        seq,
+                        value: value.clone(),
+                    }),
+                )?;
+            }
+            self.progress(None)?;
+        }
+    }
+
+    /// Treat `ranks` as failed (an agreement said so before this rank's own
+    /// notice came).
+    pub fn mark_failed(&mut self, ranks: &[Rank]) -> Result<()> {
+        self.ulfm_mut()?.failed.extend(ranks);
+        Ok(())
+    }
+
+    /// Start new incarnations of the dead `ranks` (only the caller's
+    /// driver call starts them; `start` is false on the other survivors,
+    /// which just stop dropping frames for them), and count them alive.
+    pub fn respawn(&mut self, ranks: &[Rank], start: bool) -> Result<()> {
+        self.enter()?;
+        for &r in ranks {
+            self.ep.await_respawn(r);
+            if start {
+                self.ep.respawn(r)?;
+            }
+        }
+        let u = self.ulfm_mut()?;
+        for r in ranks {
+            u.failed.remove(r);
+            u.acked.remove(r);
+        }
+        Ok(())
+    }
+
+    /// Tell a respawned rank the communicator it joins.
+    pub fn send_join(&mut self, rank: Rank, context: ContextId, group: &[Rank]) -> Result<()> {
+        let failed = self.failed_ranks();
+        self.transmit(
+            rank,
+            Body::Runtime(RuntimeMsg::Join {
+                context,
+                group: group.to_vec(),
+                failed,
+            }),
+        )
+    }
+
+    /// A respawned rank: wait to be told the communicator it joins.
+    pub fn wait_join(&mut self) -> Result<(ContextId, Vec<Rank>)> {
+        self.enter()?;
+        loop {
+            self.check()?;
+            if let Some(j) = self.ulfm_mut()?.join.take() {
+                self.take_contexts(j.0, 2);
+                return Ok(j);
             }
             self.progress(None)?;
         }

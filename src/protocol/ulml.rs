@@ -173,9 +173,10 @@ impl Ulml {
         if index <= self.trimmed.get(&context).copied().unwrap_or(0) {
             return;
         }
-        let log = self.results.entry(context).or_default();
-        if !log.contains_key(&index) {
-            log.insert(index, result.clone());
+        if let std::collections::btree_map::Entry::Vacant(e) =
+            self.results.entry(context).or_default().entry(index)
+        {
+            e.insert(result.clone());
             self.p2p.count_logged(result.len());
         }
     }
@@ -294,18 +295,11 @@ impl Ulml {
         }
         // The results from `index` on, up to the first gap.
         let run: Vec<Bytes> = match self.results.get(&context) {
-            Some(l) if l.contains_key(&index) => {
-                let mut out = Vec::new();
-                let mut next = index;
-                for (&i, b) in l.range(index..) {
-                    if i != next {
-                        break;
-                    }
-                    out.push(b.clone());
-                    next += 1;
-                }
-                out
-            }
+            Some(l) => (index..)
+                .zip(l.range(index..))
+                .take_while(|(next, (i, _))| *i == next)
+                .map(|(_, (_, b))| b.clone())
+                .collect(),
             _ => Vec::new(),
         };
         if run.is_empty() {

@@ -495,9 +495,11 @@ impl<'a> Launcher<'a> {
                 addr,
                 replaces,
                 protocol,
+                reports_failures,
                 ..
             } => {
                 self.replaces = Some(replaces);
+                self.finals.set_reporting(reports_failures);
                 self.protocol = protocol;
                 let p = &mut self.procs[rank];
                 p.addr = Some(addr.clone());
@@ -550,6 +552,13 @@ impl<'a> Launcher<'a> {
                             spec.unwrap_or_else(|| format!("kill #{index}"))
                         ),
                     );
+                }
+            }
+            WireMsg::Respawn { rank: r } => {
+                if self.procs.get(r).is_some_and(|p| p.status == Status::Dead) {
+                    self.finals.reopen(r);
+                    let incarnation = self.procs[r].incarnation + 1;
+                    self.start_replacement(r, incarnation);
                 }
             }
             WireMsg::Exited(outcome) => {
@@ -715,26 +724,30 @@ impl<'a> Launcher<'a> {
                 continue;
             }
             if respawn {
-                let incarnation = inc + 1;
-                match self.spawn(r, incarnation, self.epoch) {
-                    Ok(child) => {
-                        let now = Instant::now();
-                        self.procs[r] = RankProc {
-                            incarnation,
-                            child: Some(child),
-                            ctl: None,
-                            addr: None,
-                            status: Status::Starting,
-                            told: self.epoch,
-                            last_seen: now,
-                            started: now,
-                        };
-                    }
-                    Err(e) => self.settle(r, Err(e)),
-                }
+                self.start_replacement(r, inc + 1);
             } else {
                 self.settle(r, Err(Error::Killed));
             }
+        }
+    }
+
+    /// Start incarnation `incarnation` of rank `r` in the current epoch.
+    fn start_replacement(&mut self, r: Rank, incarnation: u64) {
+        match self.spawn(r, incarnation, self.epoch) {
+            Ok(child) => {
+                let now = Instant::now();
+                self.procs[r] = RankProc {
+                    incarnation,
+                    child: Some(child),
+                    ctl: None,
+                    addr: None,
+                    status: Status::Starting,
+                    told: self.epoch,
+                    last_seen: now,
+                    started: now,
+                };
+            }
+            Err(e) => self.settle(r, Err(e)),
         }
     }
 

@@ -127,6 +127,15 @@ pub enum WireMsg {
         replaces: bool,
         /// The rank's protocol (for error messages).
         protocol: String,
+        /// Failures are reported to the program (ULFM): a rank that dies
+        /// and is not respawned is left out of the job's values.
+        reports_failures: bool,
+    },
+    /// Worker → launcher: start a new incarnation of the dead `rank` (ULFM
+    /// respawn).
+    Respawn {
+        /// The rank.
+        rank: Rank,
     },
     /// Worker → launcher: still alive.
     Heartbeat,

@@ -596,6 +596,23 @@ impl Endpoint for ProcessEndpoint {
             let _ = send_ctl(&self.ctl, &WireMsg::Progress(fraction), self.sh.max_frame);
         }
     }
+
+    fn respawn(&mut self, rank: Rank) -> Result<()> {
+        send_ctl(&self.ctl, &WireMsg::Respawn { rank }, self.sh.max_frame)
+            .map_err(|e| Error::Driver(format!("asking the launcher to respawn rank {rank}: {e}")))
+    }
+
+    fn await_respawn(&mut self, rank: Rank) {
+        self.drain_control();
+        if let Some(p) = self.peers.get_mut(rank)
+            && let PeerState::Gone { after } = *p
+        {
+            *p = PeerState::Respawning {
+                after,
+                queue: Vec::new(),
+            };
+        }
+    }
 }
 
 /// Serve one accepted connection: authenticate, then deliver frames and
@@ -721,6 +738,7 @@ pub(crate) fn run_worker<T: Serialize>(
             pid: std::process::id(),
             replaces: cfg.protocol.replaces_failed_ranks(),
             protocol: cfg.protocol.name().into(),
+            reports_failures: cfg.failure_handling == crate::config::FailureHandling::Return,
         },
         env.max_frame,
     )

@@ -1,0 +1,136 @@
+//! Failure handling by the program (ULFM, User Level Failure Mitigation;
+//! 002 §3.2), with `Config::failure_handling(FailureHandling::Return)` under
+//! protocol `none`.
+//!
+//! A failure then does not end the run. An operation that involves a failed
+//! rank returns [`Error::ProcessFailed`]: a send to it, a receive from it, a
+//! wildcard receive while a failure is not acknowledged, and so a collective
+//! with it. The program repairs its communicator the way 002's error handler
+//! does: [`Communicator::revoke`] it so that every member's pending and
+//! later operations on it fail with [`Error::Revoked`] (nobody stays blocked
+//! in a collective the dead rank will never join), then either
+//! [`Communicator::shrink`] it to the survivors and carry on with fewer
+//! ranks, or [`Communicator::respawn`] the failed members: new incarnations
+//! with the same numbers start the rank function from the beginning
+//! ([`crate::Ctx::is_respawned`]), [`crate::Ctx::join`] the repaired
+//! communicator, and get their state from the survivors.
+//! [`Communicator::agree`] is the fault-tolerant agreement both are built
+//! on; it works on a revoked communicator and gives every survivor the same
+//! outcome.
+//!
+//! Names follow the MPI proposal: `MPIX_Comm_revoke`, `MPIX_Comm_shrink`,
+//! `MPIX_Comm_agree`, `MPIX_Comm_failure_ack`/`get_acked` (here
+//! [`Communicator::ack_failed`]) and `MPIX_Comm_get_failed`
+//! ([`Communicator::failed_ranks`]).
+
+use super::comm::Communicator;
+use crate::engine::frame::AgreeValue;
+use crate::{Error, Rank, Result};
+
+impl Communicator {
+    /// World ranks of the members, in communicator order.
+    fn members(&self) -> Vec<Rank> {
+        (0..self.size())
+            .filter_map(|r| self.world_rank(r).ok())
+            .collect()
+    }
+
+    /// Members (communicator ranks) known to have failed.
+    pub fn failed_ranks(&self) -> Vec<Rank> {
+        let failed = self.engine.borrow().failed_ranks();
+        (0..self.size())
+            .filter(|&r| self.world_rank(r).is_ok_and(|w| failed.contains(&w)))
+            .collect()
+    }
+
+    /// Acknowledge every failure known now: wildcard receives no longer fail
+    /// because of them. Returns the acknowledged members (communicator
+    /// ranks).
+    pub fn ack_failed(&self) -> Result<Vec<Rank>> {
+        let acked = self.engine.borrow_mut().ack_failed()?;
+        Ok((0..self.size())
+            .filter(|&r| self.world_rank(r).is_ok_and(|w| acked.contains(&w)))
+            .collect())
+    }
+
+    /// Revoke the communicator at every member: their pending and later
+    /// operations on it fail with [`Error::Revoked`].
+    pub fn revoke(&self) -> Result<()> {
+        self.engine.borrow_mut().revoke(&[self.p2p, self.coll])
+    }
+
+    /// Whether the communicator was revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.engine.borrow().is_revoked(self.p2p)
+    }
+
+    fn agreement(&self, flag: bool) -> Result<AgreeValue> {
+        let group = self.members();
+        let mut e = self.engine.borrow_mut();
+        let value = AgreeValue {
+            flag,
+            failed: Vec::new(),
+            context: e.next_context(),
+        };
+        e.agree(self.p2p, &group, value)
+    }
+
+    /// Fault-tolerant agreement: the and of every surviving member's `flag`,
+    /// the same at every survivor even if members die during it (works on a
+    /// revoked communicator).
+    pub fn agree(&self, flag: bool) -> Result<bool> {
+        Ok(self.agreement(flag)?.flag)
+    }
+
+    /// A new communicator of the surviving members, in the same order
+    /// (collective over the survivors; works on a revoked communicator).
+    /// Every survivor leaves out the same failed members.
+    pub fn shrink(&self) -> Result<Communicator> {
+        let d = self.agreement(true)?;
+        let mut e = self.engine.borrow_mut();
+        e.take_contexts(d.context, 2);
+        e.mark_failed(&d.failed)?;
+        drop(e);
+        let survivors = self
+            .members()
+            .into_iter()
+            .filter(|r| !d.failed.contains(r))
+            .collect();
+        self.with_group(survivors, d.context)
+            .ok_or_else(|| Error::app("shrink: this rank is not among the survivors"))
+    }
+
+    /// Replace the failed members with new incarnations that take their
+    /// numbers (002 §3.2: spawn a substitute, merge, reorder), and return
+    /// the repaired communicator: the same group, a new context. Collective
+    /// over the survivors; the new incarnations take part through
+    /// [`crate::Ctx::join`]. Returns the communicator ranks that were
+    /// respawned too, whose state the survivors must hand over.
+    pub fn respawn(&self) -> Result<(Communicator, Vec<Rank>)> {
+        let d = self.agreement(true)?;
+        let group = self.members();
+        let me = self.engine.borrow().rank();
+        // The first survivor starts the new incarnations and tells them
+        // the communicator; everybody stops treating them as dead.
+        let first = group.iter().copied().find(|r| !d.failed.contains(r));
+        let starter = first == Some(me);
+        {
+            let mut e = self.engine.borrow_mut();
+            e.take_contexts(d.context, 2);
+            e.respawn(&d.failed, starter)?;
+            if starter {
+                for &f in &d.failed {
+                    e.send_join(f, d.context, &group)?;
+                }
+            }
+        }
+        let comm = self
+            .with_group(group, d.context)
+            .ok_or_else(|| Error::app("respawn: this rank is not in the communicator"))?;
+        comm.barrier()?;
+        let respawned = (0..self.size())
+            .filter(|&r| self.world_rank(r).is_ok_and(|w| d.failed.contains(&w)))
+            .collect();
+        Ok((comm, respawned))
+    }
+}
