@@ -55,6 +55,9 @@
 //!   every barrier, broadcast, all-reduce and all-gather instead of their
 //!   internal messages (002 §2.2); collectives are numbered per
 //!   communicator.
+//! - **revoke / shrink / agree / respawn**: ULFM's operations for programs
+//!   that handle failures themselves (`FailureHandling::Return`,
+//!   [`api::ulfm`]).
 //! - **replacement** (substitute, 002): the new incarnation of a dead rank,
 //!   with its number.
 //!

@@ -292,6 +292,17 @@ impl Pessimistic {
         self.log_bytes -= bytes;
     }
 
+    /// Whether the log (channel logs and records counted with
+    /// [`Pessimistic::count_logged`]) is past half the log budget.
+    pub(crate) fn over_half_budget(&self) -> bool {
+        self.log_budget.is_some_and(|b| self.log_bytes > b / 2)
+    }
+
+    /// Checkpoint at the next safe point.
+    pub(crate) fn force_checkpoint(&mut self) {
+        self.forced = true;
+    }
+
     /// Count a collective completed from a logged result.
     pub(crate) fn count_collective_from_log(&mut self) {
         self.counters.collectives_from_log += 1;

@@ -133,6 +133,9 @@ pub struct Ulml {
     stored_counts: BTreeMap<Rank, BTreeMap<ContextId, u64>>,
     /// Results up to this number were dropped, per context.
     trimmed: BTreeMap<ContextId, u64>,
+    /// Ranks asked to checkpoint (log budget) whose checkpoint has not been
+    /// announced since.
+    asked: BTreeSet<Rank>,
 }
 
 impl Ulml {
@@ -153,6 +156,41 @@ impl Ulml {
             capturing: BTreeMap::new(),
             stored_counts: BTreeMap::new(),
             trimmed: BTreeMap::new(),
+            asked: BTreeSet::new(),
+        }
+    }
+
+    /// Log budget: results are dropped only once every rank's checkpoint
+    /// passed them, so past half the budget the ranks whose stored
+    /// checkpoint is oldest on `context` (this one included) are asked to
+    /// checkpoint at their next safe point.
+    fn enforce_budget(&mut self, context: ContextId, cx: &mut ProtocolCx<'_>) {
+        if !self.p2p.over_half_budget() {
+            return;
+        }
+        let count = |r: Rank| {
+            self.stored_counts
+                .get(&r)
+                .and_then(|c| c.get(&context))
+                .copied()
+                .unwrap_or(0)
+        };
+        let Some(oldest) = (0..cx.size).map(count).min() else {
+            return;
+        };
+        let laggards: Vec<Rank> = (0..cx.size)
+            .filter(|&r| count(r) == oldest && !self.asked.contains(&r))
+            .collect();
+        for r in laggards {
+            self.asked.insert(r);
+            if r == cx.rank {
+                self.p2p.force_checkpoint();
+            } else {
+                cx.emit(Action::Transmit {
+                    dest: r,
+                    msg: Control::Log(LogMsg::CheckpointRequest),
+                });
+            }
         }
     }
 
@@ -264,6 +302,7 @@ impl Ulml {
         }
         self.done.insert(context, index);
         self.keep(context, index, result);
+        self.enforce_budget(context, cx);
         if let Some(requesters) = self.pending.remove(&(context, index)) {
             for r in requesters {
                 Self::send(
@@ -454,6 +493,7 @@ impl Protocol for Ulml {
                 } => self.on_results(context, from, results, on_completion, cx),
                 CollMsg::Checkpointed { counts } => {
                     self.stored_counts.insert(src, counts.into_iter().collect());
+                    self.asked.remove(&src);
                     self.trim(cx);
                 }
             },
@@ -501,6 +541,7 @@ impl Protocol for Ulml {
                     }
                     self.stored_counts
                         .insert(cx.rank, counts.into_iter().collect());
+                    self.asked.remove(&cx.rank);
                     self.trim(cx);
                 }
             }
