@@ -612,14 +612,17 @@ impl Engine {
         }
         if self.logging {
             // A recovering rank's state is about to be replaced: the sender
-            // resends from its log after the restore. Otherwise accept only
+            // resends logged messages after the restore. Otherwise accept only
             // the channel's next SSN: lower is a duplicate (re-execution,
             // resend), higher follows a message dropped during recovery,
             // which the sender resends from its log with everything after it.
-            if self.recovering {
+            if self.recovering && msg.ssn != 0 {
                 return;
             }
             if msg.ssn == 0 {
+                // (Kept while recovering: an unlogged message is never sent
+                // again, and another replacement that never saw this rank
+                // die sends it without waiting; the restore keeps arrivals.)
                 // An unlogged collective message: drop it if its collective
                 // is over here (a duplicate from a restarted attempt).
                 let ctx = msg.envelope.context;
@@ -890,12 +893,15 @@ impl Engine {
         self.enter()?;
         loop {
             self.check()?;
-            if let Some(m) = self.completed.remove(&id) {
-                return Ok(m);
-            }
+            // An interrupted collective attempt consumes nothing more: a
+            // message a sender will not send again (it arrived after the
+            // failure) must be left to the restarted attempt.
             if self.coll_outcome.is_some() {
                 self.cancel(id);
                 return Err(Error::CollectiveInterrupted);
+            }
+            if let Some(m) = self.completed.remove(&id) {
+                return Ok(m);
             }
             if let Some(e) = self
                 .posted
