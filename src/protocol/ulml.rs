@@ -38,7 +38,9 @@
 //! dead rank wait until its substitute asks for its messages.
 //!
 //! Each rank's logged results are dropped once every rank's stored
-//! checkpoint is past them (`Checkpointed`).
+//! checkpoint is past them: ranks announce their stored checkpoints'
+//! collective counts to rank 0 (`Checkpointed`), which tells everyone how
+//! far to drop (`Trim`), O(P) messages per checkpoint round.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -73,13 +75,26 @@ pub enum CollMsg {
         /// history).
         on_completion: bool,
     },
-    /// The sender's stored checkpoint holds its collectives up to these
-    /// numbers: results up to the minimum over all ranks are not needed.
+    /// To the trim coordinator (rank 0): the sender's stored checkpoint
+    /// holds its collectives up to these numbers.
     Checkpointed {
         /// `(context, collectives completed)`.
         counts: Vec<(ContextId, u64)>,
     },
+    /// From the trim coordinator: every rank's stored checkpoint is past
+    /// these numbers; drop the results up to them.
+    Trim {
+        /// `(context, last collective not needed)`.
+        counts: Vec<(ContextId, u64)>,
+    },
+    /// To the trim coordinator: the sender's log passed half its budget;
+    /// ask the ranks whose stored checkpoint is oldest to checkpoint.
+    TrimPressure,
 }
+
+/// The rank that collects stored checkpoints' collective counts and says
+/// how far everyone may drop results.
+const TRIM_COORDINATOR: Rank = 0;
 
 /// The collective in progress (one whose result is logged).
 #[derive(Debug)]
@@ -134,8 +149,11 @@ pub struct Ulml {
     /// Results up to this number were dropped, per context.
     trimmed: BTreeMap<ContextId, u64>,
     /// Ranks asked to checkpoint (log budget) whose checkpoint has not been
-    /// announced since.
+    /// announced since (trim coordinator).
     asked: BTreeSet<Rank>,
+    /// This rank told the coordinator its log is past half the budget, and
+    /// no `Trim` came since.
+    pressed: bool,
 }
 
 impl Ulml {
@@ -157,32 +175,46 @@ impl Ulml {
             stored_counts: BTreeMap::new(),
             trimmed: BTreeMap::new(),
             asked: BTreeSet::new(),
+            pressed: false,
         }
     }
 
     /// Log budget: results are dropped only once every rank's checkpoint
     /// passed them, so past half the budget the ranks whose stored
-    /// checkpoint is oldest on `context` (this one included) are asked to
-    /// checkpoint at their next safe point.
-    fn enforce_budget(&mut self, context: ContextId, cx: &mut ProtocolCx<'_>) {
+    /// checkpoint is oldest are asked to checkpoint at their next safe
+    /// point (by the trim coordinator, which knows them).
+    fn enforce_budget(&mut self, cx: &mut ProtocolCx<'_>) {
         if !self.p2p.over_half_budget() {
             return;
         }
-        let count = |r: Rank| {
+        if cx.rank == TRIM_COORDINATOR {
+            self.ask_laggards(cx);
+        } else if !self.pressed {
+            self.pressed = true;
+            Self::send(cx, TRIM_COORDINATOR, CollMsg::TrimPressure);
+        }
+    }
+
+    /// Trim coordinator: ask the ranks whose stored checkpoint is oldest on
+    /// some communicator to checkpoint.
+    fn ask_laggards(&mut self, cx: &mut ProtocolCx<'_>) {
+        let count = |r: Rank, context: ContextId| {
             self.stored_counts
                 .get(&r)
                 .and_then(|c| c.get(&context))
                 .copied()
                 .unwrap_or(0)
         };
-        let Some(oldest) = (0..cx.size).map(count).min() else {
-            return;
-        };
-        let laggards: Vec<Rank> = (0..cx.size)
-            .filter(|&r| count(r) == oldest && !self.asked.contains(&r))
-            .collect();
+        let mut laggards = BTreeSet::new();
+        for &context in self.done.keys() {
+            if let Some(oldest) = (0..cx.size).map(|r| count(r, context)).min() {
+                laggards.extend((0..cx.size).filter(|&r| count(r, context) == oldest));
+            }
+        }
         for r in laggards {
-            self.asked.insert(r);
+            if !self.asked.insert(r) {
+                continue;
+            }
             if r == cx.rank {
                 self.p2p.force_checkpoint();
             } else {
@@ -192,6 +224,55 @@ impl Ulml {
                 });
             }
         }
+    }
+
+    /// Trim coordinator: `src` stored a checkpoint with these collective
+    /// counts; when every rank's checkpoint passed more results, everyone
+    /// drops them.
+    fn on_checkpointed(
+        &mut self,
+        src: Rank,
+        counts: Vec<(ContextId, u64)>,
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        self.stored_counts.insert(src, counts.into_iter().collect());
+        self.asked.remove(&src);
+        let contexts: BTreeSet<ContextId> = self
+            .stored_counts
+            .values()
+            .flat_map(|c| c.keys().copied())
+            .collect();
+        let mins: Vec<(ContextId, u64)> = contexts
+            .into_iter()
+            .map(|context| {
+                let min = (0..cx.size)
+                    .map(|r| {
+                        self.stored_counts
+                            .get(&r)
+                            .and_then(|c| c.get(&context))
+                            .copied()
+                            .unwrap_or(0)
+                    })
+                    .min()
+                    .unwrap_or(0);
+                (context, min)
+            })
+            .filter(|&(context, min)| min > self.trimmed.get(&context).copied().unwrap_or(0))
+            .collect();
+        if mins.is_empty() {
+            return;
+        }
+        let me = cx.rank;
+        for d in (0..cx.size).filter(|&d| d != me) {
+            Self::send(
+                cx,
+                d,
+                CollMsg::Trim {
+                    counts: mins.clone(),
+                },
+            );
+        }
+        self.trim(&mins);
     }
 
     /// Completed collectives by kind.
@@ -302,7 +383,7 @@ impl Ulml {
         }
         self.done.insert(context, index);
         self.keep(context, index, result);
-        self.enforce_budget(context, cx);
+        self.enforce_budget(cx);
         if let Some(requesters) = self.pending.remove(&(context, index)) {
             for r in requesters {
                 Self::send(
@@ -388,20 +469,12 @@ impl Ulml {
         }
     }
 
-    /// Drop results every rank's stored checkpoint has passed.
-    fn trim(&mut self, cx: &ProtocolCx<'_>) {
-        let contexts: Vec<ContextId> = self.results.keys().copied().collect();
-        for context in contexts {
-            let upto = (0..cx.size)
-                .map(|r| {
-                    self.stored_counts
-                        .get(&r)
-                        .and_then(|c| c.get(&context))
-                        .copied()
-                        .unwrap_or(0)
-                })
-                .min()
-                .unwrap_or(0);
+    /// Drop results up to these numbers (every rank's stored checkpoint
+    /// passed them).
+    fn trim(&mut self, upto: &[(ContextId, u64)]) {
+        for &(context, upto) in upto {
+            let t = self.trimmed.entry(context).or_insert(0);
+            *t = (*t).max(upto);
             let Some(log) = self.results.get_mut(&context) else {
                 continue;
             };
@@ -409,8 +482,6 @@ impl Ulml {
             let dropped = std::mem::replace(log, keep);
             let bytes = dropped.values().map(Bytes::len).sum();
             self.p2p.count_dropped(dropped.len(), bytes);
-            let t = self.trimmed.entry(context).or_insert(0);
-            *t = (*t).max(upto);
         }
     }
 
@@ -492,11 +563,12 @@ impl Protocol for Ulml {
                     results,
                     on_completion,
                 } => self.on_results(context, from, results, on_completion, cx),
-                CollMsg::Checkpointed { counts } => {
-                    self.stored_counts.insert(src, counts.into_iter().collect());
-                    self.asked.remove(&src);
-                    self.trim(cx);
+                CollMsg::Checkpointed { counts } => self.on_checkpointed(src, counts, cx),
+                CollMsg::Trim { counts } => {
+                    self.pressed = false;
+                    self.trim(&counts);
                 }
+                CollMsg::TrimPressure => self.ask_laggards(cx),
             },
             Event::Control {
                 src,
@@ -530,20 +602,11 @@ impl Protocol for Ulml {
                 self.p2p.handle(Event::PieceStored { generation }, cx);
                 if let Some(counts) = self.capturing.remove(&generation) {
                     self.capturing.retain(|&g, _| g > generation);
-                    let me = cx.rank;
-                    for d in (0..cx.size).filter(|&d| d != me) {
-                        Self::send(
-                            cx,
-                            d,
-                            CollMsg::Checkpointed {
-                                counts: counts.clone(),
-                            },
-                        );
+                    if cx.rank == TRIM_COORDINATOR {
+                        self.on_checkpointed(cx.rank, counts, cx);
+                    } else {
+                        Self::send(cx, TRIM_COORDINATOR, CollMsg::Checkpointed { counts });
                     }
-                    self.stored_counts
-                        .insert(cx.rank, counts.into_iter().collect());
-                    self.asked.remove(&cx.rank);
-                    self.trim(cx);
                 }
             }
             Event::PeerFailed { epoch, dead } => {
@@ -924,6 +987,13 @@ mod tests {
             p.results[&1].keys().copied().collect::<Vec<_>>(),
             vec![3, 4]
         );
+        // Another rank drops what the coordinator says.
+        let mut q = Ulml::new(0, None);
+        for i in 1..=4u64 {
+            complete(1, &mut q, i, &Bytes::from(vec![0u8; 10]));
+        }
+        control(1, &mut q, 0, CollMsg::Trim { counts: vec![(1, 3)] });
+        assert_eq!(q.results[&1].keys().copied().collect::<Vec<_>>(), vec![4]);
         let a = control(
             0,
             &mut p,
