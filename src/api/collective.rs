@@ -87,9 +87,7 @@ impl Communicator {
     fn begin(&self, kind: Collective) -> Result<CollStart> {
         let logged = self.engine.borrow().logs_collective_results();
         let group: Vec<Rank> = if logged && kind.same_result_everywhere() {
-            (0..self.size())
-                .filter_map(|r| self.world_rank(r).ok())
-                .collect()
+            self.members()
         } else {
             Vec::new()
         };

@@ -185,6 +185,13 @@ impl Communicator {
         self.group.len()
     }
 
+    /// World ranks of the members, in communicator order.
+    pub(crate) fn members(&self) -> Vec<Rank> {
+        (0..self.size())
+            .filter_map(|r| self.group.world_rank(r))
+            .collect()
+    }
+
     /// The world rank of communicator rank `r`.
     pub fn world_rank(&self, r: Rank) -> Result<Rank> {
         self.group.world_rank(r).ok_or(Error::RankOutOfRange {

@@ -28,13 +28,6 @@ use crate::engine::frame::AgreeValue;
 use crate::{Error, Rank, Result};
 
 impl Communicator {
-    /// World ranks of the members, in communicator order.
-    fn members(&self) -> Vec<Rank> {
-        (0..self.size())
-            .filter_map(|r| self.world_rank(r).ok())
-            .collect()
-    }
-
     /// Members (communicator ranks) known to have failed.
     pub fn failed_ranks(&self) -> Vec<Rank> {
         let failed = self.engine.borrow().failed_ranks();

@@ -113,8 +113,7 @@ const COLL_INDEX_MOD: u64 = 1 << 28;
 /// once per source in one call), and a message is never matched by another
 /// call, so a duplicate left by a restarted attempt cannot be.
 pub fn collective_tag(kind: Collective, index: u64) -> Tag {
-    let kind_id = Collective::ALL.iter().position(|&k| k == kind).unwrap_or(0) as Tag;
-    kind_id | (((index % COLL_INDEX_MOD) as Tag) << 3)
+    kind.index() as Tag | (((index % COLL_INDEX_MOD) as Tag) << 3)
 }
 
 /// Whether collective number `index` (from a tag) is at or before `done`,
@@ -620,11 +619,11 @@ impl Engine {
                 return;
             }
             if msg.ssn == 0 {
-                // (Kept while recovering: an unlogged message is never sent
-                // again, and another replacement that never saw this rank
-                // die sends it without waiting; the restore keeps arrivals.)
-                // An unlogged collective message: drop it if its collective
-                // is over here (a duplicate from a restarted attempt).
+                // An unlogged collective message. Kept while recovering (it
+                // is never sent again, and another replacement that never
+                // saw this rank die sends it without waiting; the restore
+                // keeps arrivals); dropped if its collective is over here
+                // (a duplicate from a restarted attempt).
                 let ctx = msg.envelope.context;
                 if self
                     .coll_done(ctx)
@@ -903,19 +902,14 @@ impl Engine {
             if let Some(m) = self.completed.remove(&id) {
                 return Ok(m);
             }
-            if let Some(e) = self
-                .posted
-                .iter()
-                .find(|(p, _)| *p == id)
-                .and_then(|(_, spec)| self.ulfm_receive_failure(spec))
-            {
-                self.cancel(id);
-                return Err(e);
-            }
-            if !self.posted.iter().any(|(p, _)| *p == id) {
+            let Some((_, spec)) = self.posted.iter().find(|(p, _)| *p == id) else {
                 return Err(Error::InvalidRequest(format!(
                     "receive request {id} is not pending"
                 )));
+            };
+            if let Some(e) = self.ulfm_receive_failure(spec) {
+                self.cancel(id);
+                return Err(e);
             }
             self.progress(None)?;
         }
@@ -1325,22 +1319,23 @@ impl Engine {
             self.check()?;
             // Rank 0 leads, or under ULFM the first rank alive (a survivor
             // re-sends `Done` when the leader it told dies).
-            let leader = match &self.ulfm {
-                Some(u) => u.coordinator(&(0..self.size).collect::<Vec<_>>()),
-                None => Some(0),
-            }
-            .unwrap_or(self.rank);
+            let leader = (0..self.size)
+                .find(|&r| !self.is_failed(r))
+                .unwrap_or(self.rank);
             if told != Some(leader) {
                 told = Some(leader);
                 self.transmit(leader, Body::Runtime(RuntimeMsg::Done))?;
             }
             if self.rank == leader {
-                let alive: Vec<Rank> = (0..self.size)
-                    .filter(|r| self.ulfm.as_ref().is_none_or(|u| !u.failed.contains(r)))
-                    .collect();
-                if alive.iter().all(|r| self.done_from.contains(r)) {
-                    let me = self.rank;
-                    for d in alive.into_iter().filter(|&d| d != me) {
+                let alive = |r: &Rank| !self.is_failed(*r);
+                if (0..self.size)
+                    .filter(alive)
+                    .all(|r| self.done_from.contains(&r))
+                {
+                    let others: Vec<Rank> = (0..self.size)
+                        .filter(|r| alive(r) && *r != self.rank)
+                        .collect();
+                    for d in others {
                         self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
                     }
                     return Ok(());
@@ -1410,6 +1405,21 @@ impl Engine {
         })
     }
 
+    /// Whether `r` is known dead (ULFM; never otherwise).
+    fn is_failed(&self, r: Rank) -> bool {
+        self.ulfm.as_ref().is_some_and(|u| u.failed.contains(&r))
+    }
+
+    /// Mark `contexts` revoked here and drop what arrived on them.
+    fn revoke_local(&mut self, contexts: &[ContextId]) -> Result<()> {
+        let u = self.ulfm_mut()?;
+        u.revoked.extend(contexts);
+        let revoked = u.revoked.clone();
+        self.unexpected
+            .retain(|m| !revoked.contains(&m.envelope.context));
+        Ok(())
+    }
+
     /// `dead` failed: remember it, and hand agreements whose coordinator
     /// died to the new coordinator (a decision some members already have
     /// must be the one everybody gets).
@@ -1453,12 +1463,7 @@ impl Engine {
             return Ok(()); // not reporting failures: nothing to do with these
         };
         match m {
-            RuntimeMsg::Revoke { contexts } => {
-                u.revoked.extend(contexts);
-                let revoked = &u.revoked;
-                self.unexpected
-                    .retain(|m| !revoked.contains(&m.envelope.context));
-            }
+            RuntimeMsg::Revoke { contexts } => self.revoke_local(&contexts)?,
             RuntimeMsg::AgreeOffer {
                 context,
                 seq,
@@ -1523,20 +1528,9 @@ impl Engine {
     /// operations on them fail with [`Error::Revoked`].
     pub fn revoke(&mut self, contexts: &[ContextId]) -> Result<()> {
         self.enter()?;
-        let (me, size) = (self.rank, self.size);
-        let u = self.ulfm.as_deref_mut().ok_or_else(|| {
-            Error::config(
-                "failure_handling",
-                "revoke needs failures reported to the program \
-                 (Config::failure_handling(FailureHandling::Return))",
-            )
-        })?;
-        u.revoked.extend(contexts);
-        let revoked = &u.revoked;
-        self.unexpected
-            .retain(|m| !revoked.contains(&m.envelope.context));
-        let live: Vec<Rank> = (0..size)
-            .filter(|&r| r != me && !u.failed.contains(&r))
+        self.revoke_local(contexts)?;
+        let live: Vec<Rank> = (0..self.size)
+            .filter(|&r| r != self.rank && !self.is_failed(r))
             .collect();
         for r in live {
             self.transmit(
@@ -1589,9 +1583,8 @@ impl Engine {
         loop {
             self.check()?;
             let u = self.ulfm_mut()?;
-            if let Some((_, d)) = u.decided.get(&key) {
-                let d = d.clone();
-                u.decided.remove(&key);
+            if let Some((_, d)) = u.decided.remove(&key) {
+                // Received without its group: kept with it from now on.
                 u.remember(key, group, d.clone());
                 return Ok(d);
             }

@@ -267,6 +267,11 @@ impl Collective {
         )
     }
 
+    /// Its position in [`Collective::ALL`] (counter and tag order).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The kind's name.
     pub fn name(self) -> &'static str {
         match self {

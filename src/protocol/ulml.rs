@@ -201,17 +201,10 @@ impl Ulml {
     /// Trim coordinator: ask the ranks whose stored checkpoint is oldest on
     /// some communicator to checkpoint.
     fn ask_laggards(&mut self, cx: &mut ProtocolCx<'_>) {
-        let count = |r: Rank, context: ContextId| {
-            self.stored_counts
-                .get(&r)
-                .and_then(|c| c.get(&context))
-                .copied()
-                .unwrap_or(0)
-        };
         let mut laggards = BTreeSet::new();
         for &context in self.done.keys() {
-            if let Some(oldest) = (0..cx.size).map(|r| count(r, context)).min() {
-                laggards.extend((0..cx.size).filter(|&r| count(r, context) == oldest));
+            if let Some(oldest) = (0..cx.size).map(|r| self.stored_count(r, context)).min() {
+                laggards.extend((0..cx.size).filter(|&r| self.stored_count(r, context) == oldest));
             }
         }
         for r in laggards {
@@ -249,18 +242,12 @@ impl Ulml {
             .into_iter()
             .map(|context| {
                 let min = (0..cx.size)
-                    .map(|r| {
-                        self.stored_counts
-                            .get(&r)
-                            .and_then(|c| c.get(&context))
-                            .copied()
-                            .unwrap_or(0)
-                    })
+                    .map(|r| self.stored_count(r, context))
                     .min()
                     .unwrap_or(0);
                 (context, min)
             })
-            .filter(|&(context, min)| min > self.trimmed.get(&context).copied().unwrap_or(0))
+            .filter(|&(context, min)| min > self.trimmed_upto(context))
             .collect();
         if mins.is_empty() {
             return;
@@ -278,6 +265,21 @@ impl Ulml {
         self.trim(&mins);
     }
 
+    /// Collectives of `context` that `r`'s newest stored checkpoint holds
+    /// (trim coordinator).
+    fn stored_count(&self, r: Rank, context: ContextId) -> u64 {
+        self.stored_counts
+            .get(&r)
+            .and_then(|c| c.get(&context))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Results of `context` up to this number were dropped.
+    fn trimmed_upto(&self, context: ContextId) -> u64 {
+        self.trimmed.get(&context).copied().unwrap_or(0)
+    }
+
     /// Completed collectives by kind.
     pub fn collective_counts(&self) -> Vec<(Collective, u64)> {
         Collective::ALL.into_iter().zip(self.per_kind).collect()
@@ -292,7 +294,7 @@ impl Ulml {
 
     /// Keep a result (counted as a log record).
     fn keep(&mut self, context: ContextId, index: u64, result: &Bytes) {
-        if index <= self.trimmed.get(&context).copied().unwrap_or(0) {
+        if index <= self.trimmed_upto(context) {
             return;
         }
         if let std::collections::btree_map::Entry::Vacant(e) =
@@ -371,9 +373,7 @@ impl Ulml {
         result: Option<&Bytes>,
         cx: &mut ProtocolCx<'_>,
     ) {
-        if let Some(i) = Collective::ALL.iter().position(|&k| k == kind) {
-            self.per_kind[i] += 1;
-        }
+        self.per_kind[kind.index()] += 1;
         let Some(result) = result else { return };
         let cur = self.current.take();
         if let Some(c) = &cur {
@@ -407,7 +407,7 @@ impl Ulml {
     }
 
     fn on_request(&mut self, src: Rank, context: ContextId, index: u64, cx: &mut ProtocolCx<'_>) {
-        if index <= self.trimmed.get(&context).copied().unwrap_or(0) {
+        if index <= self.trimmed_upto(context) {
             cx.emit(Action::Fail(Error::Unrecoverable(
                 format!(
                     "rank {src} re-executes collective {index} of context {context}, but every \
