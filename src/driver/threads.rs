@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, unbounded};
 
 use super::shared::{
     ExitAction, Finals, Slot, StatsBook, WindowRegistry, lock, progress_bar, rank_body,
@@ -171,6 +171,12 @@ impl Endpoint for ThreadEndpoint {
     fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
         self.slot.alive()?;
         let got = match timeout {
+            // `recv_timeout(0)` backs off (spins and yields) before it gives
+            // up: several microseconds per poll that finds nothing.
+            Some(Duration::ZERO) => self.inbox.try_recv().map_err(|e| match e {
+                TryRecvError::Empty => RecvTimeoutError::Timeout,
+                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+            }),
             None => self
                 .inbox
                 .recv()

@@ -417,15 +417,19 @@ impl Endpoint for ProcessEndpoint {
         if let Ok(i) = self.inbox.try_recv() {
             return Ok(Some(i));
         }
+        // A zero timeout must not reach `select!`: its `default(0)` backs
+        // off (spins and yields) for microseconds before it gives up, and
+        // the engine polls with a zero timeout on every posted receive.
+        if timeout == Some(Duration::ZERO) {
+            return Ok(None);
+        }
         // A frame is often a few microseconds away (a reply): yield the
         // core to the reading threads a few times before sleeping, which
         // saves a futex wake-up on the way in.
-        if timeout != Some(Duration::ZERO) {
-            for _ in 0..SPIN_YIELDS {
-                std::thread::yield_now();
-                if let Ok(i) = self.inbox.try_recv() {
-                    return Ok(Some(i));
-                }
+        for _ in 0..SPIN_YIELDS {
+            std::thread::yield_now();
+            if let Ok(i) = self.inbox.try_recv() {
+                return Ok(Some(i));
             }
         }
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
