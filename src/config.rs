@@ -92,7 +92,7 @@ pub enum FailureHandling {
 /// | `iterations` | set by the application | unknown |
 /// | `progress_bar` | on when stdout is a terminal | off |
 /// | `network` | (sim only) | 0.5/2 us latency, 20/10 GB/s |
-/// | `listen` | `--listen unix\|tcp[:IP]` (processes only) | unix |
+/// | `listen` | `--listen unix\|unix-sockets\|tcp[:IP]` (processes only) | unix (frames in shared-memory rings) |
 /// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only) | 200 ms |
 /// | `max_frame` | (processes only) | 1 GiB |
 /// | `worker_args` | (processes only) | this program's own arguments |
@@ -171,7 +171,7 @@ impl Default for Config {
             iterations: None,
             progress_bar: false,
             network: NetworkModel::default(),
-            listen: Listen::Unix,
+            listen: Listen::Unix { rings: true },
             heartbeat_timeout: std::time::Duration::from_millis(200),
             max_frame: 1 << 30,
             worker_args: None,

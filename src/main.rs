@@ -107,7 +107,9 @@ struct LaunchArgs {
     /// Failure to inject (repeatable), as for `run`.
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
-    /// Sockets between ranks: unix, tcp (loopback) or tcp:IP.
+    /// Transport between ranks: unix (Unix sockets, frames in shared-memory
+    /// rings), unix-sockets (frames on the sockets too), tcp (loopback) or
+    /// tcp:IP.
     #[arg(long, default_value = "unix")]
     listen: String,
     /// Declare a rank dead after this many milliseconds without a heartbeat.
@@ -393,7 +395,8 @@ struct JobArgs {
     /// Backend: threads, processes, sim.
     #[arg(long, default_value = "threads")]
     backend: String,
-    /// Processes backend: sockets between ranks: unix, tcp (loopback) or tcp:IP.
+    /// Processes backend: transport between ranks: unix (Unix sockets,
+    /// frames in shared-memory rings), unix-sockets, tcp (loopback) or tcp:IP.
     #[arg(long, default_value = "unix")]
     listen: String,
     /// Processes backend: declare a rank dead after this many milliseconds

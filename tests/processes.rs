@@ -452,6 +452,27 @@ fn injected_kills_on_every_app_leave_no_process_behind() {
     }
 }
 
+/// Every transport between rank processes (shared-memory rings, Unix
+/// sockets only, TCP on loopback) gives the failure-free value through a
+/// node kill, under coordinated and under a protocol that replays.
+#[test]
+fn every_transport_survives_a_node_kill_with_the_same_value() {
+    let app: &[&str] = &["cg", "--class", "S"];
+    let (want, _) = reference(app);
+    for listen in ["unix", "unix-sockets", "tcp"] {
+        for protocol in ["coordinated", "pessimistic"] {
+            let extra = ["--listen", listen, "--nodes", "2", "--kill", "node:1@40%"];
+            let child = start_job(app, protocol, &extra);
+            let launcher = child.id();
+            let (out, err, ok) = finish(child);
+            let what = format!("{listen} {protocol}");
+            assert_no_orphans(launcher, &what);
+            assert!(ok, "{what}: {out}\n{err}");
+            assert_eq!(verified(&out).as_deref(), Some(want.as_str()), "{what}");
+        }
+    }
+}
+
 /// `lazarus launch` starts a program built on the library (the example
 /// `launched_solver`, which `cargo test` builds) as rank processes; with a
 /// node killed halfway, rank 0 prints the failure-free result.

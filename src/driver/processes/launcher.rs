@@ -17,7 +17,7 @@
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -126,6 +126,8 @@ struct Launcher<'a> {
     spec: &'a LaunchSpec,
     job: u64,
     dir: PathBuf,
+    /// Shared-memory directory for the rings between ranks (`shm`), if made.
+    shm_dir: Option<PathBuf>,
     secret_file: PathBuf,
     listener_addr: String,
     t0: SystemTime,
@@ -185,6 +187,19 @@ fn unix_s(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The job's shared-memory directory (mode 0700) for the rings between
+/// ranks, with `--listen unix` (one host) when `/dev/shm` exists;
+/// otherwise frames stay on the sockets.
+fn shm_dir(listen: Listen, job: u64) -> Option<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    if listen != (Listen::Unix { rings: true }) {
+        return None;
+    }
+    let dir = Path::new("/dev/shm").join(format!("lazarus-{job:016x}"));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).ok()?;
+    Some(dir)
+}
+
 fn driver_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Driver(format!("launcher: {what}: {e}"))
 }
@@ -200,6 +215,7 @@ impl<'a> Launcher<'a> {
                 .create(&dir)
                 .map_err(|e| driver_err(&format!("cannot create {}", dir.display()), e))?;
         }
+        let shm_dir = shm_dir(spec.listen, job);
         let secret = Secret::generate();
         let secret_file = dir.join("secret");
         secret
@@ -222,6 +238,7 @@ impl<'a> Launcher<'a> {
             spec,
             job,
             dir,
+            shm_dir,
             secret_file,
             listener_addr,
             t0: SystemTime::now(),
@@ -288,6 +305,10 @@ impl<'a> Launcher<'a> {
             .env(var::LAUNCHER_PID, std::process::id().to_string())
             .env(var::SECRET_FILE, &self.secret_file)
             .env(var::DIR, &self.dir)
+            .env(
+                var::SHM_DIR,
+                self.shm_dir.as_deref().unwrap_or(Path::new("")),
+            )
             .env(var::LISTEN, s.listen.to_string())
             .env(var::T0_NS, t0.to_string())
             .env(
@@ -785,6 +806,9 @@ impl<'a> Launcher<'a> {
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(d) = &self.shm_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 
     /// The job's results, in rank order.

@@ -28,6 +28,7 @@
 pub mod auth;
 pub mod launcher;
 pub mod net;
+pub(crate) mod shm;
 pub mod wire;
 pub(crate) mod worker;
 
@@ -62,6 +63,7 @@ pub(crate) mod var {
     pub const CALL: &str = "LAZARUS_CALL";
     pub const PROTOCOL: &str = "LAZARUS_PROTOCOL";
     pub const EARLIER: &str = "LAZARUS_EARLIER";
+    pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
 }
 
 /// What a rank process learns from its launcher.
@@ -93,6 +95,9 @@ pub(crate) struct LaunchEnv {
     pub protocol: Option<crate::protocol::ProtocolKind>,
     /// File with the results of the program's earlier `run` calls.
     pub earlier: Option<PathBuf>,
+    /// The job's shared-memory directory (rings between ranks on this
+    /// host), when the launcher made one.
+    pub shm_dir: Option<PathBuf>,
 }
 
 fn get(name: &str) -> Result<String> {
@@ -152,6 +157,9 @@ impl LaunchEnv {
             self_launch: std::env::var_os(var::SELF_LAUNCH).is_some(),
             call: num(var::CALL).unwrap_or(0),
             earlier: std::env::var_os(var::EARLIER).map(PathBuf::from),
+            shm_dir: std::env::var_os(var::SHM_DIR)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
             protocol: match std::env::var(var::PROTOCOL) {
                 Ok(p) => Some(p.parse()?),
                 Err(_) => None,

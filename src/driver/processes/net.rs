@@ -51,20 +51,31 @@ impl FromStr for Addr {
 }
 
 /// Which kind of socket ranks listen on (`--listen`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listen {
-    /// Unix domain sockets in the job's private directory (one host).
-    #[default]
-    Unix,
+    /// Unix domain sockets in the job's private directory (one host);
+    /// with `rings`, frames between ranks travel in shared-memory rings
+    /// (`shm`) and the sockets carry RMA requests and doorbells.
+    Unix {
+        /// Frames in shared-memory rings.
+        rings: bool,
+    },
     /// TCP on this address (port chosen by the kernel). Loopback unless
     /// the user names another address.
     Tcp(IpAddr),
 }
 
+impl Default for Listen {
+    fn default() -> Self {
+        Listen::Unix { rings: true }
+    }
+}
+
 impl fmt::Display for Listen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Listen::Unix => f.write_str("unix"),
+            Listen::Unix { rings: true } => f.write_str("unix"),
+            Listen::Unix { rings: false } => f.write_str("unix-sockets"),
             Listen::Tcp(ip) => write!(f, "tcp:{ip}"),
         }
     }
@@ -72,10 +83,11 @@ impl fmt::Display for Listen {
 
 impl FromStr for Listen {
     type Err = Error;
-    /// `unix`, `tcp` (loopback) or `tcp:IP`.
+    /// `unix`, `unix-sockets`, `tcp` (loopback) or `tcp:IP`.
     fn from_str(s: &str) -> Result<Self> {
         match s {
-            "unix" => Ok(Listen::Unix),
+            "unix" => Ok(Listen::Unix { rings: true }),
+            "unix-sockets" => Ok(Listen::Unix { rings: false }),
             "tcp" => Ok(Listen::Tcp(IpAddr::from([127, 0, 0, 1]))),
             _ => s
                 .strip_prefix("tcp:")
@@ -84,7 +96,9 @@ impl FromStr for Listen {
                 .ok_or_else(|| {
                     Error::config(
                         "--listen",
-                        format!("`{s}`: expected unix, tcp or tcp:IP (e.g. tcp:10.0.0.5)"),
+                        format!(
+                            "`{s}`: expected unix, unix-sockets, tcp or tcp:IP (e.g. tcp:10.0.0.5)"
+                        ),
                     )
                 }),
         }
@@ -103,7 +117,7 @@ impl Listener {
     /// Listen as `kind`; a Unix socket is created at `dir/name`.
     pub fn bind(kind: Listen, dir: &Path, name: &str) -> io::Result<Listener> {
         match kind {
-            Listen::Unix => {
+            Listen::Unix { .. } => {
                 let path = dir.join(name);
                 let _ = std::fs::remove_file(&path);
                 Ok(Listener::Unix(UnixListener::bind(&path)?, path))

@@ -190,6 +190,15 @@ pub enum WireMsg {
         /// True: the kill fires (the victims are being killed).
         granted: bool,
     },
+    /// Rank → rank: every later frame of this channel travels in the
+    /// shared-memory ring `name` of the job's shared-memory directory (see
+    /// `shm`).
+    ShmRing {
+        /// The ring's file name.
+        name: String,
+    },
+    /// Rank → rank: a frame was put in a ring whose receiver sleeps.
+    Wake,
 }
 
 /// A rank's error, as it crosses to the launcher.
@@ -288,6 +297,19 @@ const INLINE_PAYLOAD: usize = 16 * 1024;
 /// Encode `msg` and write it to `w`. An application payload is written from
 /// its shared buffer without a copy (above [`INLINE_PAYLOAD`]).
 pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), WireError> {
+    let (head, payload) = encode(msg, max)?;
+    w.write_all(&head)?;
+    if !payload.is_empty() {
+        w.write_all(&payload)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Encode `msg` as the bytes of one frame: a head (length prefix, version,
+/// header, and a payload up to [`INLINE_PAYLOAD`]) and the rest of the
+/// payload, still the sender's shared buffer.
+pub fn encode(msg: &WireMsg, max: usize) -> Result<(Vec<u8>, Bytes), WireError> {
     // Take the payload out of an application frame: it travels raw.
     let (header_msg, payload);
     let header_src = match msg {
@@ -327,13 +349,10 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
     buf.extend_from_slice(&header);
     if inline {
         buf.extend_from_slice(&payload);
-        w.write_all(&buf)?;
+        Ok((buf, Bytes::new()))
     } else {
-        w.write_all(&buf)?;
-        w.write_all(&payload)?;
+        Ok((buf, payload))
     }
-    w.flush()?;
-    Ok(())
 }
 
 /// Read one frame from `r` (at most `max` bytes after the length prefix).

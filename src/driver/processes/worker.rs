@@ -9,6 +9,11 @@
 //! request is applied to the window memory there, while the rank's own code
 //! runs elsewhere, and the reply goes back on the same connection.
 //!
+//! Between ranks on one host, a channel moves to a shared-memory ring at its
+//! first frame (`shm`): the rank's own thread then polls the rings it
+//! receives on (no system call, no thread hand-off per frame) and blocks
+//! only after a short spin, asking the senders for a doorbell on the socket.
+//!
 //! The control connection to the launcher carries heartbeats, statistics,
 //! kill requests and the final outcome up, and the peer table, failure
 //! notices and aborts down. If the launcher goes away the rank exits: no
@@ -25,7 +30,10 @@ use serde::Serialize;
 use super::LaunchEnv;
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Listener, Stream};
-use super::wire::{RemoteError, RmaRequest, WireError, WireMsg, read_msg, write_msg};
+use super::shm::{RingReader, RingWriter};
+use super::wire::{
+    RemoteError, RmaRequest, WireError, WireMsg, decode, encode, read_msg, write_msg,
+};
 use crate::config::Config;
 use crate::driver::shared::{Slot, WindowRegistry, lock, rank_body};
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
@@ -37,6 +45,34 @@ use crate::{Error, Rank, Result};
 
 /// Yields in `poll` before it blocks.
 const SPIN_YIELDS: usize = 50;
+
+/// How long `poll` spins on its rings before it yields: a reply on the same
+/// host is usually this close.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// Longest sleep of a rank that receives on rings: a doorbell lost with a
+/// broken connection costs at most this.
+const RING_NAP: Duration = Duration::from_millis(10);
+
+/// What the reading threads hand to the rank's thread, in arrival order.
+enum Arrival {
+    In(Incoming),
+    /// The channel from `from` continues in this ring.
+    Ring {
+        from: Rank,
+        incarnation: u64,
+        ring: RingReader,
+    },
+    /// A sender put a frame in a ring while this rank slept.
+    Wake,
+}
+
+/// A ring this rank receives on.
+struct InRing {
+    from: Rank,
+    incarnation: u64,
+    ring: RingReader,
+}
 
 /// Replies to this rank's RMA requests, from the readers of its outgoing
 /// connections.
@@ -53,11 +89,13 @@ enum Reply {
 }
 
 enum PeerState {
-    /// Listening at `addr`; `out` is this rank's connection to it, once made.
+    /// Listening at `addr`; `out` is this rank's connection to it, once
+    /// made, and `ring` the shared-memory ring its frames go in, once made.
     Up {
         addr: Addr,
         incarnation: u64,
         out: Option<Stream>,
+        ring: Option<RingWriter>,
     },
     /// Dead and being replaced: frames wait here until the replacement is
     /// up (it will want the frames of the new epoch).
@@ -114,6 +152,8 @@ struct Shared {
     max_frame: usize,
     windows: WindowRegistry,
     slot: Arc<Slot>,
+    /// The job's shared-memory directory, when rings are used.
+    shm_dir: Option<std::path::PathBuf>,
 }
 
 /// Write `msg` on the (shared) control connection.
@@ -127,8 +167,12 @@ struct ProcessEndpoint {
     size: usize,
     start_epoch: u64,
     t0: SystemTime,
-    inbox: Receiver<Incoming>,
-    self_tx: Sender<Incoming>,
+    inbox: Receiver<Arrival>,
+    self_tx: Sender<Arrival>,
+    /// Rings this rank receives on.
+    rings: Vec<InRing>,
+    /// Rings this rank made (for unique names).
+    rings_made: u64,
     ctl_rx: Receiver<WireMsg>,
     ctl: Arc<Mutex<Stream>>,
     peers: Vec<PeerState>,
@@ -172,6 +216,7 @@ impl ProcessEndpoint {
                         addr,
                         incarnation,
                         out: None,
+                        ring: None,
                     },
                 );
                 if let PeerState::Respawning { queue, .. } = old {
@@ -190,6 +235,10 @@ impl ProcessEndpoint {
                 let mut ranks = Vec::new();
                 for (r, inc) in dead {
                     ranks.push(r);
+                    // What the dead incarnation wrote whole is delivered
+                    // (as a socket's buffered frames would be), then its
+                    // ring goes.
+                    self.close_rings(|from, i| from == r && i <= inc);
                     let Some(p) = self.peers.get_mut(r) else {
                         continue;
                     };
@@ -234,6 +283,7 @@ impl ProcessEndpoint {
                         addr,
                         incarnation,
                         out: None,
+                        ring: None,
                     },
                     None => PeerState::Respawning {
                         after: 0,
@@ -264,6 +314,7 @@ impl ProcessEndpoint {
             addr,
             incarnation,
             out,
+            ..
         }) = self.peers.get_mut(dest)
         else {
             return Err(true);
@@ -291,6 +342,220 @@ impl ProcessEndpoint {
         {
             s.shutdown();
         }
+    }
+
+    /// The incarnation of `dest` if it is up.
+    fn up_incarnation(&self, dest: Rank) -> Option<u64> {
+        match self.peers.get(dest) {
+            Some(PeerState::Up { incarnation, .. }) => Some(*incarnation),
+            _ => None,
+        }
+    }
+
+    /// Take every whole frame out of the rings into `ready`. A ring whose
+    /// contents do not decode is closed (as a socket would be).
+    fn pump_rings(&mut self) {
+        let max = self.sh.max_frame;
+        let mut broken = Vec::new();
+        for (i, r) in self.rings.iter_mut().enumerate() {
+            loop {
+                let bytes = match r.ring.pull(max) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(e) => {
+                        broken.push((i, e.to_string()));
+                        break;
+                    }
+                };
+                match decode(bytes) {
+                    Ok(WireMsg::Frame(f)) if f.src == r.from => {
+                        self.ready.push_back(Incoming::Frame(f));
+                    }
+                    Ok(_) => {
+                        broken.push((i, "a message that is not its frame".to_string()));
+                        break;
+                    }
+                    Err(e) => {
+                        broken.push((i, e.to_string()));
+                        break;
+                    }
+                }
+            }
+        }
+        for (i, why) in broken.into_iter().rev() {
+            let r = self.rings.remove(i);
+            eprintln!(
+                "lazarus: rank {}: closing the ring from rank {}: {why}",
+                self.rank(),
+                r.from
+            );
+        }
+    }
+
+    /// Deliver the whole frames of the rings `which(from, incarnation)`
+    /// selects, then drop those rings.
+    fn close_rings(&mut self, which: impl Fn(Rank, u64) -> bool) {
+        if self.rings.iter().any(|r| which(r.from, r.incarnation)) {
+            self.pump_rings();
+            self.rings.retain(|r| !which(r.from, r.incarnation));
+        }
+    }
+
+    /// What an arrival from the reading threads means for the caller.
+    fn take(&mut self, a: Arrival) -> Option<Incoming> {
+        match a {
+            Arrival::In(i) => Some(i),
+            Arrival::Ring {
+                from,
+                incarnation,
+                ring,
+            } => {
+                self.rings.push(InRing {
+                    from,
+                    incarnation,
+                    ring,
+                });
+                // A ring of an incarnation already declared dead: only what
+                // it holds whole is delivered.
+                if self
+                    .peers
+                    .get(from)
+                    .is_some_and(|p| p.incarnation() > incarnation)
+                {
+                    self.close_rings(|r, i| r == from && i <= incarnation);
+                }
+                None
+            }
+            Arrival::Wake => None,
+        }
+    }
+
+    /// The ring to `dest`, made and announced at the first frame. `None`
+    /// when rings are not used for it (another host, no shared-memory
+    /// directory) or could not be made (the socket carries the frame).
+    fn ring_to(&mut self, dest: Rank) -> Option<RingWriter> {
+        let dir = self.sh.shm_dir.clone()?;
+        let Some(PeerState::Up {
+            addr: Addr::Unix(_),
+            incarnation,
+            ring,
+            ..
+        }) = self.peers.get_mut(dest)
+        else {
+            return None;
+        };
+        if let Some(w) = ring.take() {
+            return Some(w);
+        }
+        let me = self.sh.me;
+        let name = format!(
+            "{}.{}-{dest}.{incarnation}.{}",
+            me.rank.unwrap_or(0),
+            me.incarnation,
+            self.rings_made
+        );
+        self.rings_made += 1;
+        let w = match RingWriter::create(&dir, &name) {
+            Ok(w) => w,
+            Err(e) => {
+                if std::env::var_os("LAZARUS_DEBUG").is_some() {
+                    eprintln!("lazarus: rank {:?}: no ring to rank {dest}: {e}", me.rank);
+                }
+                return None;
+            }
+        };
+        // Announced on the socket after the frames sent there: the
+        // receiver reads the ring only from this point of the channel.
+        let max = self.sh.max_frame;
+        let announce = WireMsg::ShmRing { name: name.clone() };
+        match self.out(dest).map(|s| write_msg(s, &announce, max)) {
+            Ok(Ok(())) => Some(w),
+            failed => {
+                if matches!(failed, Ok(Err(_))) {
+                    self.drop_out(dest);
+                }
+                let _ = std::fs::remove_file(dir.join(&name));
+                None
+            }
+        }
+    }
+
+    /// Ring the doorbell of `dest`, which sleeps with a frame in its ring.
+    fn doorbell(&mut self, dest: Rank) {
+        let max = self.sh.max_frame;
+        if let Ok(s) = self.out(dest)
+            && write_msg(s, &WireMsg::Wake, max).is_err()
+        {
+            // Its poll naps at most `RING_NAP`: a lost doorbell only delays.
+            self.drop_out(dest);
+        }
+    }
+
+    /// Write `msg` into the ring to `dest`. `Ok(false)` when no ring is
+    /// used for it, or `dest` died meanwhile (the caller decides where the
+    /// frame goes, as for a socket).
+    fn ring_send(&mut self, dest: Rank, msg: &WireMsg) -> Result<bool> {
+        let Some(inc) = self.up_incarnation(dest) else {
+            return Ok(false);
+        };
+        let Some(mut w) = self.ring_to(dest) else {
+            return Ok(false);
+        };
+        let (head, payload) = encode(msg, self.sh.max_frame)
+            .map_err(|e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}")))?;
+        let deadline = Instant::now() + UNREACHABLE_LIMIT;
+        for part in [&head[..], &payload[..]] {
+            let mut off = 0;
+            let mut waits = 0u32;
+            while off < part.len() {
+                let n = w.push(&part[off..]);
+                if n > 0 {
+                    off += n;
+                    waits = 0;
+                    if w.wake_needed() {
+                        self.doorbell(dest);
+                    }
+                    continue;
+                }
+                // Full. Take in what others send meanwhile (the receiver
+                // may itself be blocked writing to this rank, maybe in a
+                // ring announced only now), and give up on a receiver that
+                // died.
+                self.drain_control();
+                while let Ok(a) = self.inbox.try_recv() {
+                    if let Some(i) = self.take(a) {
+                        self.ready.push_back(i);
+                    }
+                }
+                self.pump_rings();
+                if self.up_incarnation(dest) != Some(inc) {
+                    return Ok(false);
+                }
+                if Instant::now() > deadline {
+                    return Err(Error::Driver(format!(
+                        "rank {dest} has not read its ring for {} s and the launcher has not \
+                         declared it dead",
+                        UNREACHABLE_LIMIT.as_secs()
+                    )));
+                }
+                waits += 1;
+                if waits < 64 {
+                    std::hint::spin_loop();
+                } else if waits < 128 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+        if let Some(PeerState::Up {
+            incarnation, ring, ..
+        }) = self.peers.get_mut(dest)
+            && *incarnation == inc
+        {
+            *ring = Some(w);
+        }
+        Ok(true)
     }
 }
 
@@ -363,7 +628,7 @@ impl Endpoint for ProcessEndpoint {
             });
         }
         if dest == self.rank() {
-            let _ = self.self_tx.send(Incoming::Frame(frame));
+            let _ = self.self_tx.send(Arrival::In(Incoming::Frame(frame)));
             return Ok(());
         }
         // A frame is never dropped while its peer may be alive: a failed
@@ -386,6 +651,13 @@ impl Endpoint for ProcessEndpoint {
                 }
                 Some(PeerState::Gone { .. }) | None => return Ok(()),
                 Some(PeerState::Up { .. }) => {}
+            }
+            let inc = self.up_incarnation(dest);
+            if self.ring_send(dest, &msg)? {
+                return Ok(());
+            }
+            if self.up_incarnation(dest) != inc {
+                continue; // it died while the frame went in: look again
             }
             match self.out(dest).map(|s| write_msg(s, &msg, max)) {
                 Ok(Ok(())) => return Ok(()),
@@ -410,52 +682,65 @@ impl Endpoint for ProcessEndpoint {
     }
 
     fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
-        self.drain_control();
-        if let Some(i) = self.ready.pop_front() {
-            return Ok(Some(i));
-        }
-        if let Ok(i) = self.inbox.try_recv() {
-            return Ok(Some(i));
-        }
-        // A zero timeout must not reach `select!`: its `default(0)` backs
-        // off (spins and yields) for microseconds before it gives up, and
-        // the engine polls with a zero timeout on every posted receive.
-        if timeout == Some(Duration::ZERO) {
-            return Ok(None);
-        }
-        // A frame is often a few microseconds away (a reply): yield the
-        // core to the reading threads a few times before sleeping, which
-        // saves a futex wake-up on the way in.
-        for _ in 0..SPIN_YIELDS {
-            std::thread::yield_now();
-            if let Ok(i) = self.inbox.try_recv() {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let mut yields = 0;
+        loop {
+            self.drain_control();
+            self.pump_rings();
+            if let Some(i) = self.ready.pop_front() {
                 return Ok(Some(i));
             }
-        }
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        loop {
-            let wait = match deadline {
-                Some(d) => d.saturating_duration_since(std::time::Instant::now()),
-                None => Duration::from_secs(3600),
-            };
-            select! {
-                recv(self.inbox) -> m => return match m {
-                    Ok(i) => Ok(Some(i)),
-                    Err(_) => Err(Error::Driver("inbox closed".into())),
+            if let Ok(a) = self.inbox.try_recv() {
+                if let Some(i) = self.take(a) {
+                    return Ok(Some(i));
+                }
+                continue;
+            }
+            // A zero timeout must not reach `select!`: its `default(0)`
+            // backs off (spins and yields) for microseconds before it gives
+            // up, and the engine polls with a zero timeout on every posted
+            // receive.
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            // A frame is often a few microseconds away (a reply): spin on
+            // the rings, then yield the core a few times (to the reading
+            // threads, or to other ranks), before sleeping.
+            if !self.rings.is_empty() && now - start < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            if yields < SPIN_YIELDS {
+                yields += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            if !self.rings.iter().all(|r| r.ring.sleep()) {
+                self.rings.iter().for_each(|r| r.ring.wake());
+                continue;
+            }
+            let mut wait = deadline.map_or(Duration::from_secs(3600), |d| d - now);
+            if !self.rings.is_empty() {
+                wait = wait.min(RING_NAP);
+            }
+            let got = select! {
+                recv(self.inbox) -> m => match m {
+                    Ok(a) => Some(a),
+                    Err(_) => return Err(Error::Driver("inbox closed".into())),
                 },
                 recv(self.ctl_rx) -> c => {
                     if let Ok(c) = c {
-                        self.apply(c);
+                        self.stashed.push_back(c);
                     }
-                    if let Some(i) = self.ready.pop_front() {
-                        return Ok(Some(i));
-                    }
+                    None
                 }
-                default(wait) => {
-                    if deadline.is_some() {
-                        return Ok(None);
-                    }
-                }
+                default(wait) => None,
+            };
+            self.rings.iter().for_each(|r| r.ring.wake());
+            if let Some(i) = got.and_then(|a| self.take(a)) {
+                return Ok(Some(i));
             }
         }
     }
@@ -621,7 +906,7 @@ impl Endpoint for ProcessEndpoint {
 
 /// Serve one accepted connection: authenticate, then deliver frames and
 /// apply RMA requests until it closes.
-fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Incoming>) {
+fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Arrival>) {
     let me = sh.me.rank.unwrap_or(0);
     let peer = match handshake(&mut s, &sh.secret, sh.me, Role::Acceptor) {
         Ok(p) if p.rank.is_some() => p,
@@ -644,7 +929,37 @@ fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Incoming>) {
     loop {
         match read_msg(&mut s, sh.max_frame) {
             Ok(WireMsg::Frame(f)) if f.src == from => {
-                if inbox.send(Incoming::Frame(f)).is_err() {
+                if inbox.send(Arrival::In(Incoming::Frame(f))).is_err() {
+                    return;
+                }
+            }
+            Ok(WireMsg::ShmRing { name }) => {
+                let ring = sh
+                    .shm_dir
+                    .as_deref()
+                    .ok_or_else(|| "this rank uses no rings".to_string())
+                    .and_then(|dir| RingReader::attach(dir, &name).map_err(|e| e.to_string()));
+                let ring = match ring {
+                    Ok(r) => r,
+                    Err(e) => {
+                        eprintln!(
+                            "lazarus: rank {me}: closing the connection from rank {from}: \
+                             cannot attach its ring: {e}"
+                        );
+                        return;
+                    }
+                };
+                let arrival = Arrival::Ring {
+                    from,
+                    incarnation: peer.incarnation,
+                    ring,
+                };
+                if inbox.send(arrival).is_err() {
+                    return;
+                }
+            }
+            Ok(WireMsg::Wake) => {
+                if inbox.send(Arrival::Wake).is_err() {
                     return;
                 }
             }
@@ -731,6 +1046,7 @@ pub(crate) fn run_worker<T: Serialize>(
         max_frame: env.max_frame,
         windows: WindowRegistry::default(),
         slot: Slot::new(env.incarnation),
+        shm_dir: env.shm_dir.clone(),
     });
     let finished = Arc::new(AtomicBool::new(false));
     let ctl_rd = ctl.try_clone().map_err(|e| io("control socket", &e))?;
@@ -795,6 +1111,8 @@ pub(crate) fn run_worker<T: Serialize>(
         t0: env.t0,
         inbox,
         self_tx: inbox_tx,
+        rings: Vec::new(),
+        rings_made: 0,
         ctl_rx,
         ctl: ctl.clone(),
         peers: Vec::new(),

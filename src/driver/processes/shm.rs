@@ -1,0 +1,489 @@
+//! Shared-memory rings: the fast path between rank processes on one host.
+//!
+//! A ring carries the frames of one channel (sender rank and incarnation →
+//! receiver rank and incarnation) in the wire format of [`super::wire`]. It
+//! is a single-producer single-consumer byte ring in a file of the job's
+//! shared-memory directory (`/dev/shm/lazarus-JOB`, mode 0700), mapped by
+//! both processes:
+//!
+//! ```text
+//! | magic | capacity | … | head (written by the sender) | … | tail (by the receiver) | … | sleeping | … | data: capacity bytes |
+//! ```
+//!
+//! The sender creates the ring at its first frame to a peer on the same
+//! host, announces it on its authenticated socket connection (so frames sent
+//! before it keep their place), and from then on writes every frame of that
+//! channel into the ring. The receiver maps it when the announcement is read,
+//! unlinks the file (nothing is left behind once both ends hold it), and
+//! polls it from the rank's own thread: no system call and no thread
+//! hand-off per frame. A receiver about to block sets `sleeping`; a sender
+//! that finds it set after publishing rings a doorbell on the socket.
+//!
+//! Nothing the peer writes can make the reader go out of bounds: positions
+//! are masked into the data area, and a record's length is checked against
+//! the frame limit before anything is allocated for it.
+
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+use bytes::Bytes;
+
+use super::wire::WireError;
+
+/// Data bytes of a ring (a power of two): a 1 MiB frame fits whole.
+pub const CAPACITY: usize = 2 << 20;
+
+/// Bytes before the data area.
+const HEADER: usize = 256;
+const MAGIC: u64 = 0x4c41_5a52_494e_4701; // "LAZRING", version 1
+const OFF_MAGIC: usize = 0;
+const OFF_CAPACITY: usize = 8;
+/// Head, tail and the sleeping flag sit on their own cache lines.
+const OFF_HEAD: usize = 64;
+const OFF_TAIL: usize = 128;
+const OFF_SLEEPING: usize = 192;
+
+/// Why a ring could not be made or attached.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// The file could not be created, opened, sized or mapped.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was attempted.
+        what: &'static str,
+        /// The ring's file.
+        path: String,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The file is not a ring of this version, or its name is not a plain
+    /// file name of the job's directory.
+    #[error("not a ring: {0}")]
+    Invalid(String),
+}
+
+/// A shared mapping of one ring file.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+    capacity: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; every access to the shared
+// words goes through atomics, and the data area is written only by the one
+// sender and read only by the one receiver between the published positions.
+#[allow(unsafe_code)]
+unsafe impl Send for Mapping {}
+
+#[allow(unsafe_code)]
+impl Mapping {
+    fn map(file: &File, len: usize, path: &Path) -> Result<Mapping, ShmError> {
+        // SAFETY: a fresh shared mapping of a file we hold open; the
+        // pointer is checked against MAP_FAILED before use.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(ShmError::Io {
+                what: "cannot map",
+                path: path.display().to_string(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Mapping {
+            base: base.cast(),
+            len,
+            capacity: len - HEADER,
+        })
+    }
+
+    fn word64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the header offsets, 8-aligned and inside
+        // the mapping (which is page-aligned), and the mapping lives as long
+        // as `self`.
+        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+    }
+
+    fn sleeping(&self) -> &AtomicU32 {
+        // SAFETY: as for `word64`.
+        unsafe { &*self.base.add(OFF_SLEEPING).cast::<AtomicU32>() }
+    }
+
+    /// Copy `src` into the data area at ring position `pos` (wrapping).
+    fn write_at(&self, pos: u64, src: &[u8]) {
+        let cap = self.capacity;
+        let start = (pos as usize) & (cap - 1);
+        let first = src.len().min(cap - start);
+        // SAFETY: both ranges lie inside the data area (start < cap,
+        // first <= cap - start, src.len() - first <= start); the receiver
+        // does not read them until the head is published.
+        unsafe {
+            let data = self.base.add(HEADER);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(start), first);
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+        }
+    }
+
+    /// Copy from the data area at ring position `pos` (wrapping) into `dst`.
+    fn read_at(&self, pos: u64, dst: &mut [u8]) {
+        let cap = self.capacity;
+        let start = (pos as usize) & (cap - 1);
+        let first = dst.len().min(cap - start);
+        // SAFETY: as in `write_at`; the sender does not overwrite these
+        // bytes until the tail is published past them.
+        unsafe {
+            let data = self.base.add(HEADER);
+            std::ptr::copy_nonoverlapping(data.add(start), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), dst.len() - first);
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped, once.
+        unsafe {
+            libc::munmap(self.base.cast(), self.len);
+        }
+    }
+}
+
+/// The sending end of a ring.
+pub struct RingWriter {
+    map: Mapping,
+    /// Bytes written so far (the published head).
+    head: u64,
+    /// The receiver's tail as last seen.
+    tail: u64,
+}
+
+impl RingWriter {
+    /// Create the ring file `dir/name` (mode 0600, never an existing file)
+    /// and map it.
+    pub fn create(dir: &Path, name: &str) -> Result<RingWriter, ShmError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.join(name);
+        let io = |what, source| ShmError::Io {
+            what,
+            path: path.display().to_string(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io("cannot create", e))?;
+        let len = HEADER + CAPACITY;
+        file.set_len(len as u64).map_err(|e| io("cannot size", e))?;
+        let map = Mapping::map(&file, len, &path)?;
+        map.word64(OFF_CAPACITY)
+            .store(CAPACITY as u64, Ordering::Relaxed);
+        map.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(RingWriter {
+            map,
+            head: 0,
+            tail: 0,
+        })
+    }
+
+    /// Copy as much of `src` as fits and publish it; returns the bytes
+    /// written (0 when the ring is full).
+    pub fn push(&mut self, src: &[u8]) -> usize {
+        let cap = self.map.capacity as u64;
+        if self.head - self.tail == cap {
+            self.tail = self.map.word64(OFF_TAIL).load(Ordering::Acquire);
+        }
+        let free = (cap - (self.head - self.tail)) as usize;
+        let n = src.len().min(free);
+        if n > 0 {
+            self.map.write_at(self.head, &src[..n]);
+            self.head += n as u64;
+            self.map
+                .word64(OFF_HEAD)
+                .store(self.head, Ordering::Release);
+        }
+        n
+    }
+
+    /// Whether the receiver went to sleep and needs a doorbell (taking the
+    /// request: one doorbell per sleep).
+    pub fn wake_needed(&self) -> bool {
+        // Pairs with the receiver's fence in `RingReader::sleep`: either it
+        // sees the published head, or this sees its flag.
+        fence(Ordering::SeqCst);
+        let s = self.map.sleeping();
+        s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0
+    }
+}
+
+/// The receiving end of a ring, with the record being reassembled.
+pub struct RingReader {
+    map: Mapping,
+    /// Bytes consumed so far (the published tail).
+    tail: u64,
+    /// The frame being reassembled: its length once the prefix is read.
+    want: Option<usize>,
+    partial: Vec<u8>,
+}
+
+impl RingReader {
+    /// Map the ring `dir/name` made by a peer, then unlink its file.
+    pub fn attach(dir: &Path, name: &str) -> Result<RingReader, ShmError> {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(ShmError::Invalid(format!("bad ring name `{name}`")));
+        }
+        let path = dir.join(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| ShmError::Io {
+                what: "cannot open",
+                path: path.display().to_string(),
+                source,
+            })?;
+        let len = HEADER + CAPACITY;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = std::fs::remove_file(&path);
+        if size != len as u64 {
+            return Err(ShmError::Invalid(format!(
+                "{} has {size} bytes, a ring has {len}",
+                path.display()
+            )));
+        }
+        let map = Mapping::map(&file, len, &path)?;
+        if map.word64(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
+            || map.word64(OFF_CAPACITY).load(Ordering::Relaxed) != CAPACITY as u64
+        {
+            return Err(ShmError::Invalid(format!(
+                "{} has no ring header",
+                path.display()
+            )));
+        }
+        Ok(RingReader {
+            map,
+            tail: 0,
+            want: None,
+            partial: Vec::new(),
+        })
+    }
+
+    /// Bytes published and not yet consumed.
+    fn available(&self) -> u64 {
+        self.map
+            .word64(OFF_HEAD)
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.tail)
+    }
+
+    /// Whether anything is waiting to be read.
+    pub fn has_data(&self) -> bool {
+        self.available() != 0
+    }
+
+    /// Consume what has arrived; a complete frame (everything after its
+    /// length prefix, ready for [`super::wire::decode`]) when one is done.
+    /// A length above `max` or below the smallest frame is an error: the
+    /// ring is then unusable.
+    pub fn pull(&mut self, max: usize) -> Result<Option<Bytes>, WireError> {
+        let avail = self.available();
+        if avail > self.map.capacity as u64 {
+            return Err(WireError::Malformed(format!(
+                "ring claims {avail} unread bytes in {} of capacity",
+                self.map.capacity
+            )));
+        }
+        let mut avail = avail as usize;
+        let want = match self.want {
+            Some(w) => w,
+            None => {
+                if avail < 4 {
+                    return Ok(None);
+                }
+                let mut len = [0u8; 4];
+                self.map.read_at(self.tail, &mut len);
+                self.consume(4);
+                avail -= 4;
+                let len = u32::from_le_bytes(len) as usize;
+                if len > max {
+                    return Err(WireError::Oversized { len, max });
+                }
+                if len < 5 {
+                    return Err(WireError::Malformed(format!(
+                        "frame of {len} bytes is shorter than its own prefix"
+                    )));
+                }
+                self.want = Some(len);
+                self.partial = Vec::with_capacity(len);
+                len
+            }
+        };
+        let n = avail.min(want - self.partial.len());
+        if n > 0 {
+            let at = self.partial.len();
+            self.partial.resize(at + n, 0);
+            self.map.read_at(self.tail, &mut self.partial[at..]);
+            self.consume(n);
+        }
+        if self.partial.len() < want {
+            return Ok(None);
+        }
+        self.want = None;
+        Ok(Some(Bytes::from(std::mem::take(&mut self.partial))))
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.tail += n as u64;
+        self.map
+            .word64(OFF_TAIL)
+            .store(self.tail, Ordering::Release);
+    }
+
+    /// Ask for a doorbell before blocking; `false` if data arrived
+    /// meanwhile (then do not block).
+    pub fn sleep(&self) -> bool {
+        self.map.sleeping().store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.has_data() {
+            self.map.sleeping().store(0, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Awake again: no doorbell needed.
+    pub fn wake(&self) {
+        self.map.sleeping().store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> tempdir::Dir {
+        tempdir::Dir::new()
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                let p = std::env::temp_dir().join(format!(
+                    "lazarus-shm-test-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                std::fs::create_dir_all(&p).expect("test dir");
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn record(body: &[u8]) -> Vec<u8> {
+        let mut r = (body.len() as u32).to_le_bytes().to_vec();
+        r.extend_from_slice(body);
+        r
+    }
+
+    #[test]
+    fn frames_cross_the_wrap_around_whole_and_in_order() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "a").expect("create");
+        let mut r = RingReader::attach(&d.0, "a").expect("attach");
+        assert!(!d.0.join("a").exists(), "the receiver unlinks the file");
+        let mut sent = 0u64;
+        let mut got = 0u64;
+        // Bodies of awkward sizes, many times the capacity in total, with a
+        // reader that lags: every wrap-around position is crossed.
+        let sizes = [5usize, 4093, 70_001, CAPACITY / 3, 1 << 20, 17];
+        let mut pending: Vec<u8> = Vec::new();
+        let mut i = 0usize;
+        while got < 64 {
+            if pending.is_empty() && sent < 64 {
+                let n = sizes[(sent as usize) % sizes.len()];
+                let body: Vec<u8> = (0..n).map(|k| (k as u64 ^ sent) as u8).collect();
+                pending = record(&body);
+                sent += 1;
+            }
+            let n = w.push(&pending);
+            pending.drain(..n);
+            i += 1;
+            if i.is_multiple_of(3) || n == 0 {
+                while let Some(f) = r.pull(usize::MAX).expect("pull") {
+                    let n = sizes[(got as usize) % sizes.len()];
+                    assert_eq!(f.len(), n);
+                    assert!(
+                        f.iter()
+                            .enumerate()
+                            .all(|(k, b)| *b == (k as u64 ^ got) as u8)
+                    );
+                    got += 1;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_or_short_length_is_an_error() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "b").expect("create");
+        let mut r = RingReader::attach(&d.0, "b").expect("attach");
+        w.push(&record(&[0u8; 100]));
+        assert!(matches!(r.pull(50), Err(WireError::Oversized { .. })));
+        let mut w = RingWriter::create(&d.0, "c").expect("create");
+        let mut r = RingReader::attach(&d.0, "c").expect("attach");
+        w.push(&3u32.to_le_bytes());
+        assert!(matches!(r.pull(1000), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn names_outside_the_directory_and_foreign_files_are_refused() {
+        let d = dir();
+        assert!(matches!(
+            RingReader::attach(&d.0, "../x"),
+            Err(ShmError::Invalid(_))
+        ));
+        std::fs::write(d.0.join("f"), b"not a ring").expect("write");
+        assert!(matches!(
+            RingReader::attach(&d.0, "f"),
+            Err(ShmError::Invalid(_))
+        ));
+        assert!(RingWriter::create(&d.0, "g").is_ok());
+        assert!(
+            RingWriter::create(&d.0, "g").is_err(),
+            "an existing file is never reused"
+        );
+    }
+
+    #[test]
+    fn a_sleeping_receiver_gets_exactly_one_doorbell() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "s").expect("create");
+        let mut r = RingReader::attach(&d.0, "s").expect("attach");
+        assert!(!w.wake_needed());
+        assert!(r.sleep());
+        w.push(&record(b"hello"));
+        assert!(w.wake_needed());
+        assert!(!w.wake_needed(), "one doorbell per sleep");
+        assert!(!r.sleep(), "data is waiting: do not block");
+        r.wake();
+        assert_eq!(r.pull(100).expect("pull").as_deref(), Some(&b"hello"[..]));
+    }
+}
