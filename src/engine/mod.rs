@@ -175,7 +175,9 @@ pub struct Engine {
 
     unexpected: VecDeque<AppMessage>,
     posted: Vec<(ReqId, MatchSpec)>,
-    completed: HashMap<ReqId, AppMessage>,
+    /// Receives matched and not yet picked up (a few at most: a short
+    /// vector beats hashing here, on every message).
+    completed: Vec<(ReqId, AppMessage)>,
     next_req: ReqId,
     ssn_out: BTreeMap<Rank, u64>,
     /// Highest SSN arrived per source (HSR, 002 §3.1); kept under message
@@ -309,7 +311,7 @@ impl Engine {
             deferred: VecDeque::new(),
             unexpected: VecDeque::new(),
             posted: Vec::new(),
-            completed: HashMap::new(),
+            completed: Vec::new(),
             next_req: 1,
             ssn_out: BTreeMap::new(),
             ssn_in: BTreeMap::new(),
@@ -667,13 +669,16 @@ impl Engine {
             (None, false)
         };
         // Protocols only observe deliveries; their actions for this event
-        // (logging determinants) cannot fail the delivery itself.
-        let _ = self.handle(Event::AppDeliver {
-            msg: &msg,
-            wildcard: rsn,
-            replayed,
-        });
-        self.completed.insert(id, msg);
+        // (logging determinants) cannot fail the delivery itself. Only
+        // message logging protocols look at single messages.
+        if self.logging {
+            let _ = self.handle(Event::AppDeliver {
+                msg: &msg,
+                wildcard: rsn,
+                replayed,
+            });
+        }
+        self.completed.push((id, msg));
     }
 
     // ----- protocol glue ------------------------------------------------
@@ -842,8 +847,10 @@ impl Engine {
             payload,
         };
         self.withhold = false;
-        self.handle(Event::AppSend { msg: &msg })?;
-        self.check()?;
+        if self.logging {
+            self.handle(Event::AppSend { msg: &msg })?;
+            self.check()?;
+        }
         if dest == self.rank {
             self.arrive(msg);
             return Ok(());
@@ -884,7 +891,7 @@ impl Engine {
         self.enter()?;
         self.drain()?;
         self.check()?;
-        Ok(self.completed.remove(&id))
+        Ok(self.take_completed(id))
     }
 
     /// Wait for a receive to complete.
@@ -899,7 +906,7 @@ impl Engine {
                 self.cancel(id);
                 return Err(Error::CollectiveInterrupted);
             }
-            if let Some(m) = self.completed.remove(&id) {
+            if let Some(m) = self.take_completed(id) {
                 return Ok(m);
             }
             let Some((_, spec)) = self.posted.iter().find(|(p, _)| *p == id) else {
@@ -915,11 +922,17 @@ impl Engine {
         }
     }
 
+    /// The message receive `id` matched, if it did.
+    fn take_completed(&mut self, id: ReqId) -> Option<AppMessage> {
+        let i = self.completed.iter().position(|(r, _)| *r == id)?;
+        Some(self.completed.swap_remove(i).1)
+    }
+
     /// Cancel a receive (its handle was dropped). A message it already
     /// matched goes back to the front of the unexpected queue.
     pub fn cancel(&mut self, id: ReqId) {
         self.posted.retain(|(p, _)| *p != id);
-        if let Some(m) = self.completed.remove(&id) {
+        if let Some(m) = self.take_completed(id) {
             self.unexpected.push_front(m);
         }
     }

@@ -132,17 +132,19 @@ impl Mapping {
         }
     }
 
-    /// Copy from the data area at ring position `pos` (wrapping) into `dst`.
-    fn read_at(&self, pos: u64, dst: &mut [u8]) {
+    /// Append `n` bytes from the data area at ring position `pos`
+    /// (wrapping) to `dst`.
+    fn read_at(&self, pos: u64, n: usize, dst: &mut Vec<u8>) {
         let cap = self.capacity;
         let start = (pos as usize) & (cap - 1);
-        let first = dst.len().min(cap - start);
-        // SAFETY: as in `write_at`; the sender does not overwrite these
-        // bytes until the tail is published past them.
+        let first = n.min(cap - start);
+        // SAFETY: both ranges lie inside the data area (as in `write_at`),
+        // and the sender does not write them until the tail is published
+        // past them, so nothing changes under these slices.
         unsafe {
             let data = self.base.add(HEADER);
-            std::ptr::copy_nonoverlapping(data.add(start), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), dst.len() - first);
+            dst.extend_from_slice(std::slice::from_raw_parts(data.add(start), first));
+            dst.extend_from_slice(std::slice::from_raw_parts(data, n - first));
         }
     }
 }
@@ -311,11 +313,15 @@ impl RingReader {
                 if avail < 4 {
                     return Ok(None);
                 }
-                let mut len = [0u8; 4];
-                self.map.read_at(self.tail, &mut len);
+                let mut prefix = Vec::with_capacity(4);
+                self.map.read_at(self.tail, 4, &mut prefix);
                 self.consume(4);
                 avail -= 4;
-                let len = u32::from_le_bytes(len) as usize;
+                let len = prefix
+                    .try_into()
+                    .map(u32::from_le_bytes)
+                    .map_err(|_| WireError::Malformed("short length prefix".into()))?
+                    as usize;
                 if len > max {
                     return Err(WireError::Oversized { len, max });
                 }
@@ -331,9 +337,7 @@ impl RingReader {
         };
         let n = avail.min(want - self.partial.len());
         if n > 0 {
-            let at = self.partial.len();
-            self.partial.resize(at + n, 0);
-            self.map.read_at(self.tail, &mut self.partial[at..]);
+            self.map.read_at(self.tail, n, &mut self.partial);
             self.consume(n);
         }
         if self.partial.len() < want {

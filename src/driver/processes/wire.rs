@@ -332,21 +332,23 @@ pub fn encode(msg: &WireMsg, max: usize) -> Result<(Vec<u8>, Bytes), WireError> 
             other
         }
     };
-    let header = postcard::to_allocvec(header_src)
+    // The header is encoded in place after the prefix, whose lengths are
+    // filled in once known: one allocation per frame.
+    let inline = payload.len() <= INLINE_PAYLOAD;
+    let mut buf = Vec::with_capacity(PREFIX + 64 + if inline { payload.len() } else { 0 });
+    buf.resize(PREFIX, 0);
+    let mut buf = postcard::to_extend(header_src, buf)
         .map_err(|e| WireError::Malformed(format!("cannot encode: {e}")))?;
-    let len = 1 + 4 + header.len() + payload.len();
+    let header_len = buf.len() - PREFIX;
+    let len = 1 + 4 + header_len + payload.len();
     if len > max {
         return Err(WireError::Oversized { len, max });
     }
     let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
-    let hlen = u32::try_from(header.len()).map_err(|_| WireError::Oversized { len, max })?;
-    let inline = payload.len() <= INLINE_PAYLOAD;
-    let mut buf =
-        Vec::with_capacity(PREFIX + header.len() + if inline { payload.len() } else { 0 });
-    buf.extend_from_slice(&len32.to_le_bytes());
-    buf.push(WIRE_VERSION);
-    buf.extend_from_slice(&hlen.to_le_bytes());
-    buf.extend_from_slice(&header);
+    let hlen = u32::try_from(header_len).map_err(|_| WireError::Oversized { len, max })?;
+    buf[0..4].copy_from_slice(&len32.to_le_bytes());
+    buf[4] = WIRE_VERSION;
+    buf[5..9].copy_from_slice(&hlen.to_le_bytes());
     if inline {
         buf.extend_from_slice(&payload);
         Ok((buf, Bytes::new()))

@@ -122,21 +122,24 @@ const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
 /// Attempts at reaching a peer, with exponential backoff, until
 /// [`UNREACHABLE_LIMIT`] has passed.
 struct Retry {
-    deadline: Instant,
+    /// Set at the first failed attempt (reading the clock costs, and most
+    /// sends never retry).
+    deadline: Option<Instant>,
     backoff: Duration,
 }
 
 impl Retry {
     fn new() -> Self {
         Retry {
-            deadline: Instant::now() + UNREACHABLE_LIMIT,
+            deadline: None,
             backoff: Duration::from_micros(500),
         }
     }
 
     /// Wait before the next attempt; `false` once the limit has passed.
     fn wait(&mut self) -> bool {
-        if Instant::now() >= self.deadline {
+        let now = Instant::now();
+        if now >= *self.deadline.get_or_insert(now + UNREACHABLE_LIMIT) {
             return false;
         }
         std::thread::sleep(self.backoff);
@@ -434,7 +437,7 @@ impl ProcessEndpoint {
     /// when rings are not used for it (another host, no shared-memory
     /// directory) or could not be made (the socket carries the frame).
     fn ring_to(&mut self, dest: Rank) -> Option<RingWriter> {
-        let dir = self.sh.shm_dir.clone()?;
+        self.sh.shm_dir.as_ref()?;
         let Some(PeerState::Up {
             addr: Addr::Unix(_),
             incarnation,
@@ -447,6 +450,7 @@ impl ProcessEndpoint {
         if let Some(w) = ring.take() {
             return Some(w);
         }
+        let dir = self.sh.shm_dir.clone()?;
         let me = self.sh.me;
         let name = format!(
             "{}.{}-{dest}.{incarnation}.{}",
@@ -503,7 +507,7 @@ impl ProcessEndpoint {
         };
         let (head, payload) = encode(msg, self.sh.max_frame)
             .map_err(|e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}")))?;
-        let deadline = Instant::now() + UNREACHABLE_LIMIT;
+        let mut deadline = None;
         for part in [&head[..], &payload[..]] {
             let mut off = 0;
             let mut waits = 0u32;
@@ -531,7 +535,8 @@ impl ProcessEndpoint {
                 if self.up_incarnation(dest) != Some(inc) {
                     return Ok(false);
                 }
-                if Instant::now() > deadline {
+                let now = Instant::now();
+                if now > *deadline.get_or_insert(now + UNREACHABLE_LIMIT) {
                     return Err(Error::Driver(format!(
                         "rank {dest} has not read its ring for {} s and the launcher has not \
                          declared it dead",
@@ -682,8 +687,8 @@ impl Endpoint for ProcessEndpoint {
     }
 
     fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
-        let start = Instant::now();
-        let deadline = timeout.map(|t| start + t);
+        // Read the clock only once nothing is there at once.
+        let mut start = None;
         let mut yields = 0;
         loop {
             self.drain_control();
@@ -701,15 +706,26 @@ impl Endpoint for ProcessEndpoint {
             // backs off (spins and yields) for microseconds before it gives
             // up, and the engine polls with a zero timeout on every posted
             // receive.
+            if timeout == Some(Duration::ZERO) {
+                return Ok(None);
+            }
             let now = Instant::now();
+            let start = *start.get_or_insert(now);
+            let deadline = timeout.map(|t| start + t);
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
             // A frame is often a few microseconds away (a reply): spin on
-            // the rings, then yield the core a few times (to the reading
-            // threads, or to other ranks), before sleeping.
+            // the rings (only their head words: nothing else is touched
+            // until one moves), then yield the core a few times (to the
+            // reading threads, or to other ranks), before sleeping.
             if !self.rings.is_empty() && now - start < SPIN {
-                std::hint::spin_loop();
+                for _ in 0..256 {
+                    if self.rings.iter().any(|r| r.ring.has_data()) {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             if yields < SPIN_YIELDS {
