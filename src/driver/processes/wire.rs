@@ -6,7 +6,14 @@
 //!               <------------------------- len bytes --------------------------------->
 //! ```
 //!
-//! The header is a postcard-encoded [`WireMsg`]. An application payload does
+//! An application frame, the message on every hot path, has its own fixed
+//! layout instead (no postcard, no header length):
+//!
+//! ```text
+//! | len: u32 LE | APP_FRAME: u8 | src epoch envelope.src envelope.dest context: u64 LE | tag: i32 LE | ssn: u64 LE | payload (raw) |
+//! ```
+//!
+//! Otherwise the header is a postcard-encoded [`WireMsg`]. An application payload does
 //! not go through postcard: the sender writes it straight from its shared
 //! buffer after the header, and the receiver hands out a slice of the frame
 //! it read, so a payload is copied only by the kernel (DESIGN principle 4).
@@ -24,13 +31,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::Rank;
 use crate::driver::{RmaOp, RmaReply, Stat, WinId};
-use crate::engine::frame::{Body, Frame};
+use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
 
 /// Version of the wire format; a peer speaking another one is refused.
 pub const WIRE_VERSION: u8 = 1;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;
+
+/// In place of the version: an application frame in the fixed layout.
+pub const APP_FRAME: u8 = 0xA1;
+
+/// Bytes of an application frame's fixed fields after `len` (the marker,
+/// six u64 and the tag).
+const APP_FIXED: usize = 1 + 6 * 8 + 4;
 
 /// Largest read buffer grown at once while a frame arrives.
 const CHUNK: usize = 1 << 20;
@@ -310,28 +324,15 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
 /// header, and a payload up to [`INLINE_PAYLOAD`]) and the rest of the
 /// payload, still the sender's shared buffer.
 pub fn encode(msg: &WireMsg, max: usize) -> Result<(Vec<u8>, Bytes), WireError> {
-    // Take the payload out of an application frame: it travels raw.
-    let (header_msg, payload);
-    let header_src = match msg {
-        WireMsg::Frame(Frame {
-            src,
-            epoch,
-            body: Body::App(app),
-        }) => {
-            let mut stripped = app.clone();
-            payload = std::mem::take(&mut stripped.payload);
-            header_msg = WireMsg::Frame(Frame {
-                src: *src,
-                epoch: *epoch,
-                body: Body::App(stripped),
-            });
-            &header_msg
-        }
-        other => {
-            payload = Bytes::new();
-            other
-        }
-    };
+    if let WireMsg::Frame(Frame {
+        src,
+        epoch,
+        body: Body::App(app),
+    }) = msg
+    {
+        return encode_app(*src, *epoch, app, max);
+    }
+    let (header_src, payload) = (msg, Bytes::new());
     // The header is encoded in place after the prefix, whose lengths are
     // filled in once known: one allocation per frame.
     let inline = payload.len() <= INLINE_PAYLOAD;
@@ -397,11 +398,83 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
     decode(Bytes::from(buf))
 }
 
+/// An application frame in its fixed layout: the head (with the payload
+/// when small) and the rest of the payload.
+fn encode_app(
+    src: Rank,
+    epoch: u64,
+    app: &AppMessage,
+    max: usize,
+) -> Result<(Vec<u8>, Bytes), WireError> {
+    let payload = &app.payload;
+    let len = APP_FIXED + payload.len();
+    if len > max {
+        return Err(WireError::Oversized { len, max });
+    }
+    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
+    let inline = payload.len() <= INLINE_PAYLOAD;
+    let mut buf = Vec::with_capacity(4 + APP_FIXED + if inline { payload.len() } else { 0 });
+    buf.extend_from_slice(&len32.to_le_bytes());
+    buf.push(APP_FRAME);
+    let e = &app.envelope;
+    for v in [src as u64, epoch, e.src as u64, e.dest as u64, e.context] {
+        buf.extend_from_slice(&v.to_le_bytes());
+    }
+    buf.extend_from_slice(&e.tag.to_le_bytes());
+    buf.extend_from_slice(&app.ssn.to_le_bytes());
+    if inline {
+        buf.extend_from_slice(payload);
+        Ok((buf, Bytes::new()))
+    } else {
+        Ok((buf, payload.clone()))
+    }
+}
+
+/// Decode an application frame in its fixed layout.
+fn decode_app(frame: Bytes) -> Result<WireMsg, WireError> {
+    if frame.len() < APP_FIXED {
+        return Err(WireError::Malformed(format!(
+            "application frame of {} bytes is shorter than its fixed fields",
+            frame.len()
+        )));
+    }
+    let u64_at = |i: usize| {
+        let at = 1 + 8 * i;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&frame[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let rank = |v: u64| {
+        Rank::try_from(v).map_err(|_| WireError::Malformed(format!("rank {v} out of range")))
+    };
+    let mut tag = [0u8; 4];
+    tag.copy_from_slice(&frame[41..45]);
+    let mut ssn = [0u8; 8];
+    ssn.copy_from_slice(&frame[45..53]);
+    Ok(WireMsg::Frame(Frame {
+        src: rank(u64_at(0))?,
+        epoch: u64_at(1),
+        body: Body::App(AppMessage {
+            envelope: Envelope {
+                src: rank(u64_at(2))?,
+                dest: rank(u64_at(3))?,
+                context: u64_at(4),
+                tag: i32::from_le_bytes(tag),
+            },
+            ssn: u64::from_le_bytes(ssn),
+            payload: frame.slice(APP_FIXED..),
+        }),
+    }))
+}
+
 /// Decode a frame body (everything after the length prefix).
 pub fn decode(frame: Bytes) -> Result<WireMsg, WireError> {
     let version = *frame
         .first()
         .ok_or_else(|| WireError::Malformed("empty frame".into()))?;
+    if version == APP_FRAME {
+        return decode_app(frame);
+    }
     if version != WIRE_VERSION {
         return Err(WireError::Version { got: version });
     }
