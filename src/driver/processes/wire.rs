@@ -324,24 +324,30 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
 /// header, and a payload up to [`INLINE_PAYLOAD`]) and the rest of the
 /// payload, still the sender's shared buffer.
 pub fn encode(msg: &WireMsg, max: usize) -> Result<(Vec<u8>, Bytes), WireError> {
+    let mut head = Vec::new();
+    let payload = encode_into(msg, max, &mut head)?;
+    Ok((head, payload))
+}
+
+/// [`encode`] into `buf` (cleared first; a sender reuses one buffer instead
+/// of allocating per frame); returns the rest of the payload.
+pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes, WireError> {
+    buf.clear();
     if let WireMsg::Frame(Frame {
         src,
         epoch,
         body: Body::App(app),
     }) = msg
     {
-        return encode_app(*src, *epoch, app, max);
+        return encode_app(*src, *epoch, app, max, buf);
     }
-    let (header_src, payload) = (msg, Bytes::new());
-    // The header is encoded in place after the prefix, whose lengths are
-    // filled in once known: one allocation per frame.
-    let inline = payload.len() <= INLINE_PAYLOAD;
-    let mut buf = Vec::with_capacity(PREFIX + 64 + if inline { payload.len() } else { 0 });
+    // Other messages carry no payload. The header is encoded in place after
+    // the prefix, whose lengths are filled in once known.
     buf.resize(PREFIX, 0);
-    let mut buf = postcard::to_extend(header_src, buf)
+    *buf = postcard::to_extend(msg, std::mem::take(buf))
         .map_err(|e| WireError::Malformed(format!("cannot encode: {e}")))?;
     let header_len = buf.len() - PREFIX;
-    let len = 1 + 4 + header_len + payload.len();
+    let len = 1 + 4 + header_len;
     if len > max {
         return Err(WireError::Oversized { len, max });
     }
@@ -350,12 +356,7 @@ pub fn encode(msg: &WireMsg, max: usize) -> Result<(Vec<u8>, Bytes), WireError> 
     buf[0..4].copy_from_slice(&len32.to_le_bytes());
     buf[4] = WIRE_VERSION;
     buf[5..9].copy_from_slice(&hlen.to_le_bytes());
-    if inline {
-        buf.extend_from_slice(&payload);
-        Ok((buf, Bytes::new()))
-    } else {
-        Ok((buf, payload))
-    }
+    Ok(Bytes::new())
 }
 
 /// Read one frame from `r` (at most `max` bytes after the length prefix).
@@ -405,7 +406,8 @@ fn encode_app(
     epoch: u64,
     app: &AppMessage,
     max: usize,
-) -> Result<(Vec<u8>, Bytes), WireError> {
+    buf: &mut Vec<u8>,
+) -> Result<Bytes, WireError> {
     let payload = &app.payload;
     let len = APP_FIXED + payload.len();
     if len > max {
@@ -413,7 +415,7 @@ fn encode_app(
     }
     let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
     let inline = payload.len() <= INLINE_PAYLOAD;
-    let mut buf = Vec::with_capacity(4 + APP_FIXED + if inline { payload.len() } else { 0 });
+    buf.reserve(4 + APP_FIXED + if inline { payload.len() } else { 0 });
     buf.extend_from_slice(&len32.to_le_bytes());
     buf.push(APP_FRAME);
     let e = &app.envelope;
@@ -424,9 +426,9 @@ fn encode_app(
     buf.extend_from_slice(&app.ssn.to_le_bytes());
     if inline {
         buf.extend_from_slice(payload);
-        Ok((buf, Bytes::new()))
+        Ok(Bytes::new())
     } else {
-        Ok((buf, payload.clone()))
+        Ok(payload.clone())
     }
 }
 

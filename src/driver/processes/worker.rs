@@ -32,7 +32,7 @@ use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Listener, Stream};
 use super::shm::{RingReader, RingWriter};
 use super::wire::{
-    RemoteError, RmaRequest, WireError, WireMsg, decode, encode, read_msg, write_msg,
+    RemoteError, RmaRequest, WireError, WireMsg, decode, encode_into, read_msg, write_msg,
 };
 use crate::config::Config;
 use crate::driver::shared::{Slot, WindowRegistry, lock, rank_body};
@@ -176,6 +176,8 @@ struct ProcessEndpoint {
     rings: Vec<InRing>,
     /// Rings this rank made (for unique names).
     rings_made: u64,
+    /// The head of the frame being written into a ring (kept for reuse).
+    scratch: Vec<u8>,
     ctl_rx: Receiver<WireMsg>,
     ctl: Arc<Mutex<Stream>>,
     peers: Vec<PeerState>,
@@ -505,7 +507,8 @@ impl ProcessEndpoint {
         let Some(mut w) = self.ring_to(dest) else {
             return Ok(false);
         };
-        let (head, payload) = encode(msg, self.sh.max_frame)
+        let mut head = std::mem::take(&mut self.scratch);
+        let payload = encode_into(msg, self.sh.max_frame, &mut head)
             .map_err(|e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}")))?;
         let mut deadline = None;
         for part in [&head[..], &payload[..]] {
@@ -560,6 +563,7 @@ impl ProcessEndpoint {
         {
             *ring = Some(w);
         }
+        self.scratch = head;
         Ok(true)
     }
 }
@@ -1129,6 +1133,7 @@ pub(crate) fn run_worker<T: Serialize>(
         self_tx: inbox_tx,
         rings: Vec::new(),
         rings_made: 0,
+        scratch: Vec::new(),
         ctl_rx,
         ctl: ctl.clone(),
         peers: Vec::new(),
