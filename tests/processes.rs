@@ -437,17 +437,7 @@ fn injected_kills_on_every_app_leave_no_process_behind() {
     for app in APPS {
         let (want, _) = reference(app);
         for sc in scenarios {
-            let child = start_job(app, "coordinated", sc);
-            let launcher = child.id();
-            let (out, err, ok) = finish(child);
-            let what = format!("{app:?} {sc:?}");
-            assert_no_orphans(launcher, &what);
-            assert!(ok, "{what}: {out}\n{err}");
-            assert_eq!(verified(&out).as_deref(), Some(want.as_str()), "{what}");
-            assert!(
-                !err.contains("never fired"),
-                "{what}: a kill never fired: {err}"
-            );
+            run_to_the_same_value(app, "coordinated", sc, &want, &format!("{app:?} {sc:?}"));
         }
     }
 }
@@ -462,15 +452,30 @@ fn every_transport_survives_a_node_kill_with_the_same_value() {
     for listen in ["unix", "unix-sockets", "tcp"] {
         for protocol in ["coordinated", "pessimistic"] {
             let extra = ["--listen", listen, "--nodes", "2", "--kill", "node:1@40%"];
-            let child = start_job(app, protocol, &extra);
-            let launcher = child.id();
-            let (out, err, ok) = finish(child);
-            let what = format!("{listen} {protocol}");
-            assert_no_orphans(launcher, &what);
-            assert!(ok, "{what}: {out}\n{err}");
-            assert_eq!(verified(&out).as_deref(), Some(want.as_str()), "{what}");
+            run_to_the_same_value(
+                app,
+                protocol,
+                &extra,
+                &want,
+                &format!("{listen} {protocol}"),
+            );
         }
     }
+}
+
+/// Run `app` under `protocol` with `extra` options: it must succeed with the
+/// value `want`, fire every kill, and leave no process behind.
+fn run_to_the_same_value(app: &[&str], protocol: &str, extra: &[&str], want: &str, what: &str) {
+    let child = start_job(app, protocol, extra);
+    let launcher = child.id();
+    let (out, err, ok) = finish(child);
+    assert_no_orphans(launcher, what);
+    assert!(ok, "{what}: {out}\n{err}");
+    assert_eq!(verified(&out).as_deref(), Some(want), "{what}");
+    assert!(
+        !err.contains("never fired"),
+        "{what}: a kill never fired: {err}"
+    );
 }
 
 /// `lazarus launch` starts a program built on the library (the example
