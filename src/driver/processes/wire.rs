@@ -311,7 +311,8 @@ const INLINE_PAYLOAD: usize = 16 * 1024;
 /// Encode `msg` and write it to `w`. An application payload is written from
 /// its shared buffer without a copy (above [`INLINE_PAYLOAD`]).
 pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), WireError> {
-    let (head, payload) = encode(msg, max)?;
+    let mut head = Vec::new();
+    let payload = encode_into(msg, max, &mut head)?;
     w.write_all(&head)?;
     if !payload.is_empty() {
         w.write_all(&payload)?;
@@ -320,17 +321,11 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
     Ok(())
 }
 
-/// Encode `msg` as the bytes of one frame: a head (length prefix, version,
-/// header, and a payload up to [`INLINE_PAYLOAD`]) and the rest of the
-/// payload, still the sender's shared buffer.
-pub fn encode(msg: &WireMsg, max: usize) -> Result<(Vec<u8>, Bytes), WireError> {
-    let mut head = Vec::new();
-    let payload = encode_into(msg, max, &mut head)?;
-    Ok((head, payload))
-}
-
-/// [`encode`] into `buf` (cleared first; a sender reuses one buffer instead
-/// of allocating per frame); returns the rest of the payload.
+/// Encode `msg` as the bytes of one frame into `buf` (cleared first; a
+/// sender reuses one buffer instead of allocating per frame): the head
+/// (length prefix, format byte, header, and a payload up to
+/// [`INLINE_PAYLOAD`]). Returns the rest of the payload, still the sender's
+/// shared buffer.
 pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes, WireError> {
     buf.clear();
     if let WireMsg::Frame(Frame {
