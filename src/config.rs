@@ -93,6 +93,7 @@ pub enum FailureHandling {
 /// | `progress_bar` | on when stdout is a terminal | off |
 /// | `network` | (sim only) | 0.5/2 us latency, 20/10 GB/s |
 /// | `listen` | `--listen unix\|unix-sockets\|tcp[:IP]` (processes only) | unix (frames in shared-memory rings) |
+/// | `hosts` | `--hosts local\|slurm` (processes only) | local |
 /// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only) | 200 ms |
 /// | `max_frame` | (processes only) | 1 GiB |
 /// | `worker_args` | (processes only) | this program's own arguments |
@@ -139,6 +140,10 @@ pub struct Config {
     pub network: NetworkModel,
     /// Socket kind of the processes backend.
     pub listen: Listen,
+    /// Processes backend: where rank processes run (`Slurm`: an agent on
+    /// every node of the allocation starts them; needs `listen` TCP on an
+    /// address the nodes reach).
+    pub hosts: crate::driver::processes::agent::Hosts,
     /// Processes backend: a rank whose heartbeats stop for this long is
     /// declared dead (and killed).
     pub heartbeat_timeout: std::time::Duration,
@@ -172,6 +177,7 @@ impl Default for Config {
             progress_bar: false,
             network: NetworkModel::default(),
             listen: Listen::Unix { rings: true },
+            hosts: Default::default(),
             heartbeat_timeout: std::time::Duration::from_millis(200),
             max_frame: 1 << 30,
             worker_args: None,

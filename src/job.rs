@@ -355,6 +355,8 @@ fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
         nodes: cfg.nodes,
         kills: cfg.kills.clone(),
         listen: cfg.listen,
+        hosts: cfg.hosts,
+        agent_program: agent_program(),
         heartbeat_timeout: cfg.heartbeat_timeout,
         max_frame: cfg.max_frame,
         restart_generation: cfg.restart_generation,
@@ -367,6 +369,18 @@ fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
         earlier,
     };
     (spec, key)
+}
+
+/// The `lazarus` executable agents run as: this one if it is `lazarus`,
+/// else `LAZARUS_AGENT_PROGRAM`, else `lazarus` on the `PATH`.
+fn agent_program() -> std::path::PathBuf {
+    let me = std::env::current_exe().ok();
+    match me {
+        Some(p) if p.file_name().is_some_and(|n| n == "lazarus") => p,
+        _ => std::env::var_os("LAZARUS_AGENT_PROGRAM")
+            .map(Into::into)
+            .unwrap_or_else(|| "lazarus".into()),
+    }
 }
 
 /// This process is rank `env.rank` of a launched job: run that rank.

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 use lazarus::apps::{AppKind, AppParams, iterations, run_app};
+use lazarus::driver::processes::agent::Hosts;
 use lazarus::driver::processes::launched;
 use lazarus::tools::bench::{bench, median};
 use lazarus::tools::summary::RunSummary;
@@ -85,6 +86,10 @@ enum Command {
     /// `mpirun` does), detect failures and start replacements.
     #[command(after_help = LAUNCH_EXAMPLES)]
     Launch(LaunchArgs),
+    /// Started on each node by `srun` for a launcher with `--hosts slurm`:
+    /// starts, kills and reports the rank processes of this node.
+    #[command(hide = true)]
+    Agent,
 }
 
 const LAUNCH_EXAMPLES: &str = "Examples:
@@ -112,6 +117,12 @@ struct LaunchArgs {
     /// tcp:IP.
     #[arg(long, default_value = "unix")]
     listen: String,
+    /// Where ranks run: local (this host) or slurm (an agent started by
+    /// srun on every node of the allocation starts the ranks of its node;
+    /// needs --listen tcp:IP). Default: slurm inside a Slurm allocation of
+    /// several nodes, else local.
+    #[arg(long)]
+    hosts: Option<String>,
     /// Declare a rank dead after this many milliseconds without a heartbeat.
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
@@ -156,6 +167,11 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         nodes,
         kills,
         listen: args.listen.parse().map_err(usage)?,
+        hosts: match &args.hosts {
+            Some(h) => h.parse().map_err(usage)?,
+            None => Hosts::from_slurm_env(),
+        },
+        agent_program: std::env::current_exe()?,
         heartbeat_timeout: heartbeat(args.heartbeat_timeout)?,
         max_frame: Config::default().max_frame,
         restart_generation: None,
@@ -399,6 +415,11 @@ struct JobArgs {
     /// frames in shared-memory rings), unix-sockets, tcp (loopback) or tcp:IP.
     #[arg(long, default_value = "unix")]
     listen: String,
+    /// Processes backend: where ranks run: local, or slurm (an agent
+    /// started by srun on every node of the allocation starts its ranks;
+    /// needs --listen tcp:IP).
+    #[arg(long, default_value = "local")]
+    hosts: String,
     /// Processes backend: declare a rank dead after this many milliseconds
     /// without a heartbeat.
     #[arg(long, default_value_t = 200)]
@@ -567,6 +588,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         progress_bar: std::io::stdout().is_terminal(),
         network: Default::default(),
         listen: job.listen.parse().map_err(usage)?,
+        hosts: job.hosts.parse().map_err(usage)?,
         heartbeat_timeout: heartbeat(job.heartbeat_timeout)?,
         max_frame: Config::default().max_frame,
         worker_args: None,
@@ -873,6 +895,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         nodes: args.nodes,
         backend: "sim".into(),
         listen: "unix".into(),
+        hosts: "local".into(),
         heartbeat_timeout: 200,
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
@@ -1047,6 +1070,9 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect(a),
         Command::BenchCodec(a) => cmd_bench_codec(a),
         Command::Launch(a) => cmd_launch(a),
+        Command::Agent => lazarus::driver::processes::agent::run_agent()
+            .map(|()| true)
+            .map_err(Into::into),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

@@ -18,9 +18,21 @@ use rand_chacha::ChaCha8Rng;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lazarus");
 
-/// The processes of the job whose launcher is `launcher`: rank -> pid.
-fn rank_processes(launcher: u32) -> BTreeMap<usize, u32> {
-    let mut out = BTreeMap::new();
+/// A live process that carries `LAZARUS_*` variables.
+struct JobProcess {
+    pid: u32,
+    vars: BTreeMap<String, String>,
+}
+
+impl JobProcess {
+    fn num(&self, k: &str) -> Option<u32> {
+        self.vars.get(k).and_then(|s| s.parse().ok())
+    }
+}
+
+/// Every live process with a `LAZARUS_` variable in its environment.
+fn job_processes() -> Vec<JobProcess> {
+    let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
     };
@@ -31,30 +43,53 @@ fn rank_processes(launcher: u32) -> BTreeMap<usize, u32> {
         let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
             continue;
         };
-        let vars: BTreeMap<&[u8], &[u8]> = env
-            .split(|&b| b == 0)
-            .filter_map(|kv| {
-                let i = kv.iter().position(|&b| b == b'=')?;
-                Some((&kv[..i], &kv[i + 1..]))
-            })
-            .collect();
-        let num = |k: &str| {
-            vars.get(k.as_bytes())
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(|s| s.parse::<u32>().ok())
-        };
         // A zombie keeps no environment; skip processes being torn down.
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         if state.contains(") Z ") {
             continue;
         }
-        if num("LAZARUS_LAUNCHER_PID") == Some(launcher)
-            && let Some(rank) = num("LAZARUS_RANK")
-        {
-            out.insert(rank as usize, pid);
+        let vars: BTreeMap<String, String> = env
+            .split(|&b| b == 0)
+            .filter_map(|kv| {
+                let i = kv.iter().position(|&b| b == b'=')?;
+                let k = std::str::from_utf8(&kv[..i]).ok()?;
+                let wanted = k.starts_with("LAZARUS_") || k == "SLURM_NODEID";
+                wanted.then(|| (k.to_string(), String::from_utf8_lossy(&kv[i + 1..]).into()))
+            })
+            .collect();
+        if !vars.is_empty() {
+            out.push(JobProcess { pid, vars });
         }
     }
     out
+}
+
+/// The agents (and their `srun`) of the job whose launcher is `launcher`:
+/// pid -> node (`None` for `srun`).
+fn agent_processes(launcher: u32) -> BTreeMap<u32, Option<u32>> {
+    job_processes()
+        .into_iter()
+        .filter(|p| p.num("LAZARUS_AGENT_LAUNCHER_PID") == Some(launcher))
+        .map(|p| (p.pid, p.num("SLURM_NODEID")))
+        .collect()
+}
+
+/// The rank processes of the job whose launcher is `launcher` (started by
+/// it or by its agents): rank -> pid.
+fn rank_processes(launcher: u32) -> BTreeMap<usize, u32> {
+    let all = job_processes();
+    let agents: Vec<u32> = all
+        .iter()
+        .filter(|p| p.num("LAZARUS_AGENT_LAUNCHER_PID") == Some(launcher))
+        .map(|p| p.pid)
+        .collect();
+    all.iter()
+        .filter(|p| {
+            p.num("LAZARUS_LAUNCHER_PID")
+                .is_some_and(|l| l == launcher || agents.contains(&l))
+        })
+        .filter_map(|p| Some((p.num("LAZARUS_RANK")? as usize, p.pid)))
+        .collect()
 }
 
 /// Wait until the job's `n` rank processes exist (or `limit` passes).
@@ -74,11 +109,12 @@ fn assert_no_orphans(launcher: u32, what: &str) {
     let t0 = Instant::now();
     loop {
         let left = rank_processes(launcher);
-        if left.is_empty() {
+        let agents = agent_processes(launcher);
+        if left.is_empty() && agents.is_empty() {
             return;
         }
         if t0.elapsed() > Duration::from_secs(5) {
-            panic!("{what}: processes of the job left behind: {left:?}");
+            panic!("{what}: processes of the job left behind: ranks {left:?}, agents {agents:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -95,6 +131,11 @@ fn sigkill(pid: u32) -> bool {
 /// Start `lazarus run APP` on 4 rank processes under `protocol`, with
 /// further options `extra`.
 fn start_job(app: &[&str], protocol: &str, extra: &[&str]) -> Child {
+    start_job_env(app, protocol, extra, &[])
+}
+
+/// [`start_job`] with further environment variables.
+fn start_job_env(app: &[&str], protocol: &str, extra: &[&str], env: &[(&str, &str)]) -> Child {
     let mut args = vec!["run"];
     args.extend_from_slice(app);
     args.extend_from_slice(&[
@@ -106,12 +147,17 @@ fn start_job(app: &[&str], protocol: &str, extra: &[&str]) -> Child {
         protocol,
     ]);
     args.extend_from_slice(extra);
-    start(&args)
+    start_env(&args, env)
 }
 
 fn start(args: &[&str]) -> Child {
+    start_env(args, &[])
+}
+
+fn start_env(args: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(BIN)
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -466,7 +512,20 @@ fn every_transport_survives_a_node_kill_with_the_same_value() {
 /// Run `app` under `protocol` with `extra` options: it must succeed with the
 /// value `want`, fire every kill, and leave no process behind.
 fn run_to_the_same_value(app: &[&str], protocol: &str, extra: &[&str], want: &str, what: &str) {
-    let child = start_job(app, protocol, extra);
+    run_to_the_same_value_env(app, protocol, extra, &[], want, what);
+}
+
+/// [`run_to_the_same_value`] with further environment variables; returns
+/// the run's standard error.
+fn run_to_the_same_value_env(
+    app: &[&str],
+    protocol: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    want: &str,
+    what: &str,
+) -> String {
+    let child = start_job_env(app, protocol, extra, env);
     let launcher = child.id();
     let (out, err, ok) = finish(child);
     assert_no_orphans(launcher, what);
@@ -476,11 +535,14 @@ fn run_to_the_same_value(app: &[&str], protocol: &str, extra: &[&str], want: &st
         !err.contains("never fired"),
         "{what}: a kill never fired: {err}"
     );
+    err
 }
 
 /// `lazarus launch` starts a program built on the library (the example
 /// `launched_solver`, which `cargo test` builds) as rank processes; with a
-/// node killed halfway, rank 0 prints the failure-free result.
+/// node killed halfway, rank 0 prints the failure-free result. Also inside a
+/// (stand-in) Slurm allocation of 2 nodes, where the task and node counts
+/// come from Slurm's environment and agents start the ranks.
 #[test]
 fn launch_runs_a_users_program_through_a_node_kill() {
     let example = Path::new(BIN)
@@ -495,27 +557,34 @@ fn launch_runs_a_users_program_through_a_node_kill() {
     let want = String::from_utf8_lossy(&plain.stdout).to_string();
     assert!(want.starts_with("RESULT "), "{want}");
     let example_s = example.to_string_lossy().to_string();
-    let child = start(&[
-        "launch",
-        "-n",
-        "4",
-        "--nodes",
-        "2",
-        "--kill",
-        "node:1@50%",
-        "--",
-        &example_s,
-        "200",
-    ]);
-    let launcher = child.id();
-    let (out, err, ok) = finish(child);
-    assert_no_orphans(launcher, "launch");
-    assert!(ok, "{out}\n{err}");
-    assert_eq!(out, want, "rank 0 prints the same result");
-    assert!(
-        err.contains("failures 1 (2 ranks killed)"),
-        "the node kill happened: {err}"
+    let srun = fake_srun();
+    let srun_s = srun.to_string_lossy().to_string();
+    let here: (&[&str], Vec<(&str, &str)>) = (&["-n", "4", "--nodes", "2"], Vec::new());
+    let slurm: (&[&str], Vec<(&str, &str)>) = (
+        &["--listen", "tcp"],
+        vec![
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("LAZARUS_SRUN", &srun_s),
+        ],
     );
+    for (what, (opts, env)) in [("local", here), ("slurm", slurm)] {
+        let mut args = vec!["launch"];
+        args.extend_from_slice(opts);
+        args.extend_from_slice(&["--kill", "node:1@50%", "--", &example_s, "200"]);
+        let child = start_env(&args, &env);
+        let launcher = child.id();
+        let (out, err, ok) = finish(child);
+        assert_no_orphans(launcher, what);
+        assert!(ok, "{what}: {out}\n{err}");
+        assert_eq!(out, want, "{what}: rank 0 prints the same result");
+        assert!(
+            err.contains("4 ranks;") && err.contains("failures 1 (2 ranks killed)"),
+            "{what}: the node kill happened: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
 }
 
 /// A program that dies before it connects (here `/bin/false`) is not
@@ -534,4 +603,105 @@ fn a_rank_that_never_connects_fails_the_job() {
         "took {:?}",
         t0.elapsed()
     );
+}
+
+/// A stand-in for Slurm's `srun` (what `LAZARUS_SRUN` names): it starts its
+/// command once per node, on this host, with that node's `SLURM_NODEID`
+/// and `SLURMD_NODENAME`, as `srun --nodes=K --ntasks-per-node=1` would.
+fn fake_srun() -> PathBuf {
+    let dir = tmp("srun");
+    std::fs::create_dir_all(&dir).expect("temporary directory");
+    let path = dir.join("srun");
+    let script = r#"#!/bin/sh
+nodes=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --nodes=*) nodes=${1#--nodes=}; shift ;;
+        --*) shift ;;
+        *) break ;;
+    esac
+done
+i=0
+while [ "$i" -lt "$nodes" ]; do
+    SLURM_NODEID=$i SLURMD_NODENAME=fake$i "$@" &
+    i=$((i + 1))
+done
+wait
+"#;
+    std::fs::write(&path, script).expect("write the fake srun");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// `--hosts slurm`: an agent per node (started through `srun`) starts the
+/// ranks of its node; a node kill is carried out by that node's agent and
+/// the job prints the failure-free value under a protocol that restarts
+/// everyone and one that replays; nothing is left, agents included.
+#[test]
+fn slurm_agents_carry_a_job_through_a_node_kill() {
+    let app: &[&str] = &["cg", "--class", "S"];
+    let (want, _) = reference(app);
+    let srun = fake_srun();
+    let srun_s = srun.to_string_lossy().to_string();
+    for protocol in ["coordinated", "pessimistic"] {
+        let extra = [
+            "--hosts",
+            "slurm",
+            "--listen",
+            "tcp",
+            "--nodes",
+            "2",
+            "--kill",
+            "node:1@40%",
+        ];
+        run_to_the_same_value_env(
+            app,
+            protocol,
+            &extra,
+            &[("LAZARUS_SRUN", &srun_s)],
+            &want,
+            &format!("slurm {protocol}"),
+        );
+    }
+    let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
+}
+
+/// A host lost for good (its agent killed with `kill -9`): its ranks die
+/// with the agent, and their replacements start on the surviving node.
+/// Killing the launcher of such a job takes agents and ranks with it.
+#[test]
+fn slurm_job_survives_the_loss_of_a_host_and_dies_with_its_launcher() {
+    let app: &[&str] = &["cg", "--class", "W"];
+    let (want, _) = reference(app);
+    let srun = fake_srun();
+    let srun_s = srun.to_string_lossy().to_string();
+    let env = [("LAZARUS_SRUN", srun_s.as_str())];
+    let extra = ["--hosts", "slurm", "--listen", "tcp", "--nodes", "2"];
+
+    let child = start_job_env(app, "coordinated", &extra, &env);
+    let launcher = child.id();
+    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+    assert_eq!(ranks.len(), 4, "ranks up: {ranks:?}");
+    std::thread::sleep(Duration::from_millis(100));
+    let agent = agent_processes(launcher)
+        .into_iter()
+        .find(|(_, node)| *node == Some(1))
+        .map(|(pid, _)| pid)
+        .expect("the agent of node 1");
+    assert!(sigkill(agent), "kill the agent");
+    let (out, err, ok) = finish(child);
+    assert_no_orphans(launcher, "host lost");
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
+    assert!(err.contains("restarts on node 0"), "{err}");
+
+    let child = start_job_env(app, "coordinated", &extra, &env);
+    let launcher = child.id();
+    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+    assert_eq!(ranks.len(), 4, "ranks up: {ranks:?}");
+    assert!(sigkill(launcher));
+    let _ = finish(child);
+    assert_no_orphans(launcher, "launcher of a slurm job killed");
+    let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
 }

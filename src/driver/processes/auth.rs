@@ -61,6 +61,24 @@ impl Secret {
         f.sync_all()
     }
 
+    /// Hexadecimal, for handing it to agents through the environment.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// From [`Secret::to_hex`]'s form.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let s = s.as_bytes();
+        if s.len() != 2 * SECRET_LEN {
+            return None;
+        }
+        let mut out = [0u8; SECRET_LEN];
+        for (o, pair) in out.iter_mut().zip(s.chunks_exact(2)) {
+            *o = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        }
+        Some(Secret(out))
+    }
+
     /// Read it from `path`.
     pub fn read_from(path: &Path) -> std::io::Result<Self> {
         let bytes = std::fs::read(path)?;
@@ -225,6 +243,16 @@ mod tests {
         let peer = handshake(&mut a, &s, id(Some(3)), Role::Connector).expect("connector ok");
         assert_eq!(peer, id(None));
         assert_eq!(t.join().expect("thread").expect("acceptor ok"), id(Some(3)));
+    }
+
+    #[test]
+    fn a_secret_crosses_the_environment_in_hex_unchanged() {
+        let s = Secret::generate();
+        let back = Secret::from_hex(&s.to_hex()).expect("round trip");
+        assert_eq!(back.0, s.0);
+        assert!(Secret::from_hex("00").is_none(), "short");
+        let bad = "zz".repeat(SECRET_LEN);
+        assert!(Secret::from_hex(&bad).is_none(), "not hex");
     }
 
     #[test]

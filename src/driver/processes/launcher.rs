@@ -14,6 +14,9 @@
 //!
 //! Rank processes die with the launcher (`PR_SET_PDEATHSIG`, and a lost
 //! control connection), so killing the launcher leaves no process behind.
+//!
+//! With `--hosts slurm` the rank processes are started, killed and reaped
+//! by an agent on each node ([`super::agent`]); everything else stays here.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -21,9 +24,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use rand::RngExt;
 
+use super::agent::{Hosts, srun_command};
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Listen, Listener, Stream};
 use super::var;
@@ -31,6 +35,7 @@ use super::wire::{WireMsg, read_msg, write_msg};
 use crate::driver::shared::{ExitAction, Finals, StatsBook, progress_bar};
 use crate::fault::KillSpec;
 use crate::job::{FailureDetection, JobStats};
+use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
 /// How to start a job's rank processes.
@@ -71,28 +76,72 @@ pub struct LaunchSpec {
     /// Impose this protocol on the ranks (the launching `run` call's), or
     /// leave it to the program (`lazarus launch`).
     pub protocol_override: Option<crate::protocol::ProtocolKind>,
+    /// Where the rank processes run.
+    pub hosts: Hosts,
+    /// The program agents run as (`PROGRAM agent`), with `--hosts slurm`:
+    /// the `lazarus` executable.
+    pub agent_program: PathBuf,
 }
 
-/// Events from the launcher's socket threads.
-enum Event {
-    /// A rank's control connection is authenticated; `stream` writes to it.
-    Connected {
-        rank: Rank,
-        incarnation: u64,
-        stream: Stream,
+/// An event from one of the launcher's socket threads.
+struct Event {
+    who: Who,
+    conn: Conn,
+}
+
+/// Who is on a connection to the launcher.
+#[derive(Debug, Clone, Copy)]
+enum Who {
+    /// Incarnation `.1` of rank `.0`.
+    Rank(Rank, u64),
+    /// The agent of node `.0` (`--hosts slurm`).
+    Agent(usize),
+}
+
+/// What happened on a connection.
+enum Conn {
+    /// It is authenticated; the stream writes to it.
+    Up(Stream),
+    /// A message arrived.
+    Msg(WireMsg),
+    /// It ended.
+    Lost(String),
+}
+
+/// A rank process, on this host or on an agent's.
+enum Process {
+    Local(Child),
+    /// Started by the agent of `node`; `exit` once it reported the end.
+    Remote {
+        node: usize,
+        exit: Option<String>,
     },
-    /// A message from a rank.
-    Msg {
-        rank: Rank,
-        incarnation: u64,
-        msg: WireMsg,
-    },
-    /// A rank's control connection ended.
-    Lost {
-        rank: Rank,
-        incarnation: u64,
-        why: String,
-    },
+}
+
+impl Process {
+    /// The exit status, once the process has ended.
+    fn try_exit(&mut self) -> Option<String> {
+        match self {
+            Process::Local(c) => match c.try_wait() {
+                Ok(Some(status)) => Some(status.to_string()),
+                _ => None,
+            },
+            Process::Remote { exit, .. } => exit.take(),
+        }
+    }
+}
+
+/// The agents of a job with `--hosts slurm`.
+struct Agents {
+    /// `srun`, which started them (and ends when they all have).
+    srun: Child,
+    /// Per node: the connection to its agent, while it lasts.
+    links: Vec<Option<Stream>>,
+    /// Per node: its host name, once the agent said hello.
+    hosts: Vec<Option<String>>,
+    /// Agents' acknowledgements of `KillRanks`.
+    acks: Receiver<Vec<(Rank, u64)>>,
+    placement: Placement,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +154,7 @@ enum Status {
 
 struct RankProc {
     incarnation: u64,
-    child: Option<Child>,
+    child: Option<Process>,
     ctl: Option<Stream>,
     addr: Option<String>,
     status: Status,
@@ -150,6 +199,8 @@ struct Launcher<'a> {
     abort: Option<WireMsg>,
     /// Per rank: incarnations in a row that died before they were ready.
     early_deaths: Vec<u32>,
+    /// With `--hosts slurm`.
+    agents: Option<Agents>,
 }
 
 /// A rank whose processes die this many times in a row before connecting
@@ -233,7 +284,11 @@ impl<'a> Launcher<'a> {
             .map_err(|e| driver_err("no listening address", e))?
             .to_string();
         let (tx, rx) = unbounded();
-        spawn_acceptor(listener, secret, job, spec.max_frame, tx)?;
+        let agents = match spec.hosts {
+            Hosts::Local => None,
+            Hosts::Slurm => Some(start_agents(spec, job, &dir, &secret, tx.clone())?),
+        };
+        spawn_acceptor(listener, secret, job, spec.max_frame, tx, None)?;
         Ok(Launcher {
             spec,
             job,
@@ -262,10 +317,12 @@ impl<'a> Launcher<'a> {
             bar: progress_bar(spec.progress_bar),
             abort: None,
             early_deaths: vec![0; spec.ranks],
+            agents,
         })
     }
 
     fn start_all(&mut self) -> Result<()> {
+        self.await_agents()?;
         for rank in 0..self.spec.ranks {
             let child = self.spawn(rank, 0, 0)?;
             let now = Instant::now();
@@ -283,64 +340,175 @@ impl<'a> Launcher<'a> {
         Ok(())
     }
 
-    /// Start incarnation `incarnation` of `rank`, in world epoch `epoch`.
-    fn spawn(&self, rank: Rank, incarnation: u64, epoch: u64) -> Result<Child> {
+    /// With `--hosts slurm`: wait until every node's agent has connected
+    /// and said hello (or fail, naming the nodes missing).
+    fn await_agents(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let Some(a) = self.agents.as_mut() else {
+                return Ok(());
+            };
+            if a.hosts.iter().all(Option::is_some) {
+                if self.debug {
+                    eprintln!("launcher: agents on {:?}", a.hosts);
+                }
+                return Ok(());
+            }
+            let missing: Vec<usize> = (0..a.hosts.len())
+                .filter(|&n| a.hosts[n].is_none())
+                .collect();
+            if let Ok(Some(status)) = a.srun.try_wait() {
+                return Err(driver_err(
+                    "agents",
+                    format!(
+                        "the agent starter (srun) ended ({status}) before the agents of nodes \
+                         {missing:?} connected; see its error output above"
+                    ),
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(driver_err(
+                    "agents",
+                    format!("the agents of nodes {missing:?} did not connect within 60 s"),
+                ));
+            }
+            match self.rx.recv_timeout(Duration::from_millis(5)) {
+                Ok(ev) => self.on_event(ev),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(driver_err("listener", "stopped"));
+                }
+            }
+        }
+    }
+
+    /// The `LAZARUS_*` environment of incarnation `incarnation` of `rank`
+    /// in world epoch `epoch`.
+    fn rank_env(&self, rank: Rank, incarnation: u64, epoch: u64) -> Vec<(&'static str, String)> {
         let s = self.spec;
         let t0 = self
             .t0
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let join = |v: Vec<String>, sep: &str| v.join(sep);
-        let mut cmd = Command::new(&s.program);
-        cmd.args(&s.args)
-            .stdin(Stdio::null())
-            .env(var::JOB, format!("{:016x}", self.job))
-            .env(var::RANK, rank.to_string())
-            .env(var::SIZE, s.ranks.to_string())
-            .env(var::NODES, s.nodes.to_string())
-            .env(var::INCARNATION, incarnation.to_string())
-            .env(var::EPOCH, epoch.to_string())
-            .env(var::LAUNCHER, &self.listener_addr)
-            .env(var::LAUNCHER_PID, std::process::id().to_string())
-            .env(var::SECRET_FILE, &self.secret_file)
-            .env(var::DIR, &self.dir)
-            .env(
+        let list = |v: Vec<String>, sep: &str| v.join(sep);
+        let mut env = vec![
+            (var::JOB, format!("{:016x}", self.job)),
+            (var::RANK, rank.to_string()),
+            (var::SIZE, s.ranks.to_string()),
+            (var::NODES, s.nodes.to_string()),
+            (var::INCARNATION, incarnation.to_string()),
+            (var::EPOCH, epoch.to_string()),
+            (var::LAUNCHER, self.listener_addr.clone()),
+            (var::LAUNCHER_PID, std::process::id().to_string()),
+            (var::SECRET_FILE, self.secret_file.display().to_string()),
+            (var::DIR, self.dir.display().to_string()),
+            (
                 var::SHM_DIR,
-                self.shm_dir.as_deref().unwrap_or(Path::new("")),
-            )
-            .env(var::LISTEN, s.listen.to_string())
-            .env(var::T0_NS, t0.to_string())
-            .env(
+                self.shm_dir
+                    .as_deref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+            ),
+            (var::LISTEN, s.listen.to_string()),
+            (var::T0_NS, t0.to_string()),
+            (
                 var::FIRED,
-                join(self.fired.iter().map(|i| i.to_string()).collect(), ","),
-            )
-            .env(
+                list(self.fired.iter().map(|i| i.to_string()).collect(), ","),
+            ),
+            (
                 var::KILLS,
-                join(s.kills.iter().map(|k| k.to_string()).collect(), ";"),
-            )
-            .env(var::MAX_FRAME, s.max_frame.to_string())
-            .env(
+                list(s.kills.iter().map(|k| k.to_string()).collect(), ";"),
+            ),
+            (var::MAX_FRAME, s.max_frame.to_string()),
+            (
                 var::HEARTBEAT_MS,
                 s.heartbeat_timeout.as_millis().to_string(),
-            )
-            .env(var::CALL, s.call.to_string());
+            ),
+            (var::CALL, s.call.to_string()),
+        ];
         if let Some(g) = s.restart_generation {
-            cmd.env(var::RESTART_GENERATION, g.to_string());
+            env.push((var::RESTART_GENERATION, g.to_string()));
         }
         if s.self_launch {
-            cmd.env(var::SELF_LAUNCH, "1");
+            env.push((var::SELF_LAUNCH, "1".into()));
         }
         if !s.earlier.is_empty() {
-            cmd.env(var::EARLIER, self.dir.join("earlier"));
+            env.push((var::EARLIER, self.dir.join("earlier").display().to_string()));
         }
+        if let Some(p) = s.protocol_override {
+            env.push((var::PROTOCOL, p.name().into()));
+        }
+        env
+    }
+
+    /// Start incarnation `incarnation` of `rank`, in world epoch `epoch`:
+    /// here, or through the agent of its node.
+    fn spawn(&mut self, rank: Rank, incarnation: u64, epoch: u64) -> Result<Process> {
+        let s = self.spec;
+        let env = self.rank_env(rank, incarnation, epoch);
+        if let Some(a) = self.agents.as_ref() {
+            use std::os::unix::ffi::OsStrExt;
+            let home = a.placement.node_of(rank);
+            // A rank whose node is gone (its agent lost) restarts on the
+            // live node with the fewest running ranks: the job survives the
+            // loss of a host, though that node now holds two failure
+            // domains' ranks.
+            let node = if a.links[home].is_some() {
+                home
+            } else {
+                let load = |n: usize| {
+                    self.procs
+                        .iter()
+                        .filter(
+                            |p| matches!(p.child, Some(Process::Remote { node, .. }) if node == n),
+                        )
+                        .count()
+                };
+                let Some(n) = (0..a.links.len())
+                    .filter(|&n| a.links[n].is_some())
+                    .min_by_key(|&n| load(n))
+                else {
+                    return Err(driver_err(
+                        &format!("cannot start rank {rank}"),
+                        "no agent is left",
+                    ));
+                };
+                eprintln!(
+                    "lazarus launcher: node {home} is gone; rank {rank} restarts on node {n} ({})",
+                    a.hosts[n].as_deref().unwrap_or("?")
+                );
+                n
+            };
+            let Some(a) = self.agents.as_mut() else {
+                return Err(driver_err("agents", "gone"));
+            };
+            let msg = WireMsg::Spawn {
+                rank,
+                incarnation,
+                program: s.program.as_os_str().as_bytes().to_vec(),
+                args: s.args.iter().map(|a| a.as_bytes().to_vec()).collect(),
+                env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                quiet_stdout: s.quiet_stdout,
+            };
+            let sent = match a.links.get_mut(node).and_then(Option::as_mut) {
+                Some(link) => write_msg(link, &msg, s.max_frame).is_ok(),
+                None => false,
+            };
+            if !sent {
+                return Err(driver_err(
+                    &format!("cannot start rank {rank}"),
+                    format!("the agent of node {node} is gone"),
+                ));
+            }
+            return Ok(Process::Remote { node, exit: None });
+        }
+        let mut cmd = Command::new(&s.program);
+        cmd.args(&s.args).stdin(Stdio::null()).envs(env);
         if s.quiet_stdout {
             cmd.stdout(Stdio::null());
         }
-        if let Some(p) = s.protocol_override {
-            cmd.env(var::PROTOCOL, p.name());
-        }
-        cmd.spawn().map_err(|e| {
+        cmd.spawn().map(Process::Local).map_err(|e| {
             driver_err(
                 &format!("cannot start rank {rank} ({})", s.program.display()),
                 e,
@@ -443,40 +611,21 @@ impl<'a> Launcher<'a> {
     }
 
     fn on_event(&mut self, ev: Event) {
+        let Event { who, conn } = ev;
         if self.debug {
-            match &ev {
-                Event::Connected {
-                    rank, incarnation, ..
-                } => {
-                    eprintln!("launcher: connected {rank}.{incarnation}")
-                }
-                Event::Msg {
-                    rank,
-                    incarnation,
-                    msg,
-                } if !matches!(
-                    msg,
-                    WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)
-                ) =>
-                {
-                    eprintln!("launcher: from {rank}.{incarnation}: {msg:?}")
-                }
-                Event::Lost {
-                    rank,
-                    incarnation,
-                    why,
-                } => {
-                    eprintln!("launcher: lost {rank}.{incarnation}: {why}")
-                }
-                _ => {}
+            match &conn {
+                Conn::Up(_) => eprintln!("launcher: connected {who:?}"),
+                Conn::Msg(WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)) => {}
+                Conn::Msg(msg) => eprintln!("launcher: from {who:?}: {msg:?}"),
+                Conn::Lost(why) => eprintln!("launcher: lost {who:?}: {why}"),
             }
         }
-        match ev {
-            Event::Connected {
-                rank,
-                incarnation,
-                stream,
-            } => {
+        let (rank, incarnation) = match who {
+            Who::Rank(rank, incarnation) => (rank, incarnation),
+            Who::Agent(node) => return self.on_agent(node, conn),
+        };
+        match conn {
+            Conn::Up(stream) => {
                 if let Some(p) = self.procs.get_mut(rank)
                     && p.incarnation == incarnation
                     && p.status == Status::Starting
@@ -487,24 +636,89 @@ impl<'a> Launcher<'a> {
                     stream.shutdown();
                 }
             }
-            Event::Msg {
-                rank,
-                incarnation,
-                msg,
-            } => {
+            Conn::Msg(msg) => {
                 if !self.is_live(rank, incarnation) {
                     return;
                 }
                 self.procs[rank].last_seen = Instant::now();
                 self.on_msg(rank, msg);
             }
-            Event::Lost {
-                rank,
-                incarnation,
-                why,
-            } => {
+            Conn::Lost(why) => {
                 if self.is_live(rank, incarnation) {
                     self.failure(&[rank], &format!("control connection lost ({why})"));
+                }
+            }
+        }
+    }
+
+    /// An event on the connection of the agent of `node`.
+    fn on_agent(&mut self, node: usize, conn: Conn) {
+        let Some(a) = self.agents.as_mut() else {
+            return;
+        };
+        let Some(link) = a.links.get_mut(node) else {
+            return;
+        };
+        match conn {
+            Conn::Up(stream) => {
+                if link.is_some() {
+                    // One agent per node: a second is refused.
+                    eprintln!("lazarus launcher: a second agent for node {node} refused");
+                    stream.shutdown();
+                } else {
+                    *link = Some(stream);
+                }
+            }
+            Conn::Msg(WireMsg::AgentHello { host, .. }) => {
+                a.hosts[node] = Some(host);
+                if !self.spec.earlier.is_empty() {
+                    // The ranks of a test harness replay earlier calls.
+                    let bytes = std::fs::read(self.dir.join("earlier")).unwrap_or_default();
+                    let file = WireMsg::AgentFile {
+                        var: var::EARLIER.into(),
+                        name: "earlier".into(),
+                        bytes,
+                    };
+                    if let Some(l) = a.links[node].as_mut() {
+                        let _ = write_msg(l, &file, self.spec.max_frame);
+                    }
+                }
+            }
+            Conn::Msg(WireMsg::RankExited {
+                rank,
+                incarnation,
+                status,
+            }) => {
+                if let Some(p) = self.procs.get_mut(rank)
+                    && p.incarnation == incarnation
+                    && let Some(Process::Remote { exit, .. }) = p.child.as_mut()
+                {
+                    *exit = Some(status);
+                }
+            }
+            Conn::Msg(other) => {
+                eprintln!(
+                    "lazarus launcher: unexpected message from the agent of node {node}: {other:?}"
+                );
+            }
+            Conn::Lost(why) => {
+                *link = None;
+                let host = a.hosts[node]
+                    .clone()
+                    .unwrap_or_else(|| format!("node {node}"));
+                // Every rank of that host is lost with it.
+                let victims: Vec<Rank> = a
+                    .placement
+                    .ranks_on(node)
+                    .into_iter()
+                    .filter(|&r| {
+                        self.procs
+                            .get(r)
+                            .is_some_and(|p| matches!(p.status, Status::Starting | Status::Ready))
+                    })
+                    .collect();
+                if !victims.is_empty() {
+                    self.failure(&victims, &format!("the agent on {host} was lost ({why})"));
                 }
             }
         }
@@ -598,13 +812,10 @@ impl<'a> Launcher<'a> {
         let timeout = self.spec.heartbeat_timeout;
         for r in 0..self.procs.len() {
             let p = &mut self.procs[r];
-            let exited = match p.child.as_mut().map(|c| c.try_wait()) {
-                Some(Ok(Some(status))) => {
-                    p.child = None;
-                    Some(status)
-                }
-                _ => None,
-            };
+            let exited = p.child.as_mut().and_then(Process::try_exit);
+            if exited.is_some() {
+                p.child = None;
+            }
             match p.status {
                 Status::Starting | Status::Ready => {
                     // With a control connection, its end (after every message
@@ -650,11 +861,25 @@ impl<'a> Launcher<'a> {
             eprintln!("launcher: failure of {victims:?}: {why}; states {st:?}");
         }
         // Kill them all first, back to back, before anyone is told.
+        let mut remote: Vec<Vec<(Rank, u64)>> = Vec::new();
         for &v in victims {
-            if let Some(c) = self.procs.get_mut(v).and_then(|p| p.child.as_mut()) {
-                let _ = c.kill();
+            let Some(p) = self.procs.get_mut(v) else {
+                continue;
+            };
+            match p.child.as_mut() {
+                Some(Process::Local(c)) => {
+                    let _ = c.kill();
+                }
+                Some(Process::Remote { node, .. }) => {
+                    if remote.len() <= *node {
+                        remote.resize(*node + 1, Vec::new());
+                    }
+                    remote[*node].push((v, p.incarnation));
+                }
+                None => {}
             }
         }
+        self.kill_remote(remote);
         let detected = SystemTime::now();
         let mut dead = Vec::new();
         let started_only: Vec<Rank> = victims
@@ -673,7 +898,7 @@ impl<'a> Launcher<'a> {
             if !matches!(p.status, Status::Starting | Status::Ready) {
                 continue;
             }
-            if let Some(mut c) = p.child.take() {
+            if let Some(Process::Local(mut c)) = p.child.take() {
                 let _ = c.wait();
             }
             if let Some(ctl) = p.ctl.take() {
@@ -752,6 +977,37 @@ impl<'a> Launcher<'a> {
         }
     }
 
+    /// Have the agents kill `per_node[n]` on node `n`, all at once, and
+    /// wait (boundedly) until they are reaped, so that nobody hears of the
+    /// failure while a victim still runs.
+    fn kill_remote(&mut self, per_node: Vec<Vec<(Rank, u64)>>) {
+        let Some(a) = self.agents.as_mut() else {
+            return;
+        };
+        while a.acks.try_recv().is_ok() {}
+        let mut asked = 0;
+        for (node, ranks) in per_node.into_iter().enumerate() {
+            if ranks.is_empty() {
+                continue;
+            }
+            if let Some(link) = a.links.get_mut(node).and_then(Option::as_mut)
+                && write_msg(link, &WireMsg::KillRanks { ranks }, self.spec.max_frame).is_ok()
+            {
+                asked += 1;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while asked > 0 {
+            match a.acks.recv_deadline(deadline) {
+                Ok(_) => asked -= 1,
+                Err(_) => {
+                    eprintln!("lazarus launcher: an agent did not confirm a kill within 5 s");
+                    break;
+                }
+            }
+        }
+    }
+
     /// Start incarnation `incarnation` of rank `r` in the current epoch.
     fn start_replacement(&mut self, r: Rank, incarnation: u64) {
         match self.spawn(r, incarnation, self.epoch) {
@@ -786,7 +1042,7 @@ impl<'a> Launcher<'a> {
         };
         let deadline = Instant::now() + grace;
         for p in &mut self.procs {
-            if let Some(c) = p.child.as_mut() {
+            if let Some(Process::Local(c)) = p.child.as_mut() {
                 loop {
                     match c.try_wait() {
                         Ok(Some(_)) | Err(_) => break,
@@ -801,6 +1057,9 @@ impl<'a> Launcher<'a> {
                     }
                 }
             }
+        }
+        self.stop_agents(deadline);
+        for p in &mut self.procs {
             if let Some(ctl) = p.ctl.take() {
                 ctl.shutdown();
             }
@@ -811,20 +1070,135 @@ impl<'a> Launcher<'a> {
         }
     }
 
+    /// Wait until the agents report every rank process ended (or
+    /// `deadline`), then tell them to kill what is left and exit, and
+    /// collect `srun`.
+    fn stop_agents(&mut self, deadline: Instant) {
+        if self.agents.is_none() {
+            return;
+        }
+        while self.remote_running() && Instant::now() < deadline {
+            if let Ok(ev) = self.rx.recv_timeout(Duration::from_millis(5))
+                && let Who::Agent(node) = ev.who
+            {
+                self.on_agent_quietly(node, ev.conn);
+            }
+        }
+        let Some(mut a) = self.agents.take() else {
+            return;
+        };
+        for link in a.links.iter_mut().flatten() {
+            let _ = write_msg(link, &WireMsg::Shutdown, self.spec.max_frame);
+        }
+        let until = Instant::now() + Duration::from_secs(5);
+        while matches!(a.srun.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = a.srun.kill();
+        let _ = a.srun.wait();
+        for link in a.links.iter().flatten() {
+            link.shutdown();
+        }
+    }
+
+    /// Whether an agent still connected runs a rank process of ours.
+    fn remote_running(&self) -> bool {
+        let Some(a) = &self.agents else {
+            return false;
+        };
+        self.procs.iter().any(|p| match &p.child {
+            Some(Process::Remote { exit: None, node }) => a.links[*node].is_some(),
+            _ => false,
+        })
+    }
+
+    /// After the job: an agent's news only updates exit statuses (a lost
+    /// agent is no failure any more).
+    fn on_agent_quietly(&mut self, node: usize, conn: Conn) {
+        match conn {
+            Conn::Lost(_) => {
+                if let Some(l) = self.agents.as_mut().and_then(|a| a.links.get_mut(node)) {
+                    *l = None;
+                }
+            }
+            other => self.on_agent(node, other),
+        }
+    }
+
     /// The job's results, in rank order.
     fn results(&mut self) -> Result<Vec<Vec<u8>>> {
         std::mem::replace(&mut self.finals, Finals::new(0)).finish()
     }
 }
 
-/// Accept control connections: authenticate each, then forward its
-/// messages as events.
+/// Start the agents of a `--hosts slurm` job: a listener for them (TCP on
+/// the launcher's address) and `srun`, which starts one on every node.
+fn start_agents(
+    spec: &LaunchSpec,
+    job: u64,
+    dir: &Path,
+    secret: &Secret,
+    tx: Sender<Event>,
+) -> Result<Agents> {
+    let Listen::Tcp(ip) = spec.listen else {
+        return Err(Error::config(
+            "--listen",
+            "ranks on several hosts talk over TCP: --hosts slurm needs --listen tcp:IP \
+             (an address of this host the other nodes reach)",
+        ));
+    };
+    if ip.is_unspecified() {
+        return Err(Error::config(
+            "--listen",
+            format!("{ip} is no address the other nodes can reach: name one of this host's"),
+        ));
+    }
+    let placement = Placement::block(spec.ranks, spec.nodes)?;
+    let listener = Listener::bind(spec.listen, dir, "agents.sock")
+        .map_err(|e| driver_err("cannot listen for agents", e))?;
+    let addr = listener
+        .addr()
+        .map_err(|e| driver_err("no listening address", e))?;
+    let (ack_tx, acks) = unbounded();
+    spawn_acceptor(
+        listener,
+        secret.clone(),
+        job,
+        spec.max_frame,
+        tx,
+        Some(ack_tx),
+    )?;
+    let mut cmd = srun_command(spec.nodes, &spec.agent_program)?;
+    cmd.env(var::JOB, format!("{job:016x}"))
+        .env(var::AGENT_LAUNCHER, addr.to_string())
+        .env(var::AGENT_SECRET, secret.to_hex())
+        .env(var::AGENT_LAUNCHER_PID, std::process::id().to_string())
+        .env(var::MAX_FRAME, spec.max_frame.to_string());
+    let srun = cmd.spawn().map_err(|e| {
+        driver_err(
+            "cannot start the agents (srun; LAZARUS_SRUN names another command)",
+            e,
+        )
+    })?;
+    Ok(Agents {
+        srun,
+        links: (0..spec.nodes).map(|_| None).collect(),
+        hosts: vec![None; spec.nodes],
+        acks,
+        placement,
+    })
+}
+
+/// Accept connections: authenticate each, then forward what happens on it
+/// as events. With `acks`, the peers are agents (their identity's rank is
+/// their node) and their kill confirmations go to `acks`.
 fn spawn_acceptor(
     listener: Listener,
     secret: Secret,
     job: u64,
     max: usize,
     tx: Sender<Event>,
+    acks: Option<Sender<Vec<(Rank, u64)>>>,
 ) -> Result<()> {
     let me = Identity {
         job,
@@ -837,6 +1211,7 @@ fn spawn_acceptor(
             while let Ok(mut s) = listener.accept() {
                 let secret = secret.clone();
                 let tx = tx.clone();
+                let acks = acks.clone();
                 let _ = std::thread::Builder::new()
                     .name("launcher-conn".into())
                     .spawn(move || {
@@ -847,44 +1222,33 @@ fn spawn_acceptor(
                                 return;
                             }
                         };
-                        let Some(rank) = peer.rank else {
+                        let Some(id) = peer.rank else {
                             eprintln!("lazarus launcher: refused a connection from {peer:?}");
                             return;
                         };
-                        let incarnation = peer.incarnation;
+                        let who = match acks {
+                            Some(_) => Who::Agent(id),
+                            None => Who::Rank(id, peer.incarnation),
+                        };
                         let Ok(wr) = s.try_clone() else { return };
-                        if tx
-                            .send(Event::Connected {
-                                rank,
-                                incarnation,
-                                stream: wr,
-                            })
-                            .is_err()
-                        {
+                        let send = |conn| tx.send(Event { who, conn }).is_ok();
+                        if !send(Conn::Up(wr)) {
                             return;
                         }
                         loop {
-                            match read_msg(&mut s, max) {
-                                Ok(msg) => {
-                                    if tx
-                                        .send(Event::Msg {
-                                            rank,
-                                            incarnation,
-                                            msg,
-                                        })
-                                        .is_err()
-                                    {
-                                        return;
+                            let conn = match read_msg(&mut s, max) {
+                                Ok(WireMsg::Killed { ranks }) if acks.is_some() => {
+                                    if let Some(a) = &acks {
+                                        let _ = a.send(ranks);
                                     }
+                                    continue;
                                 }
-                                Err(e) => {
-                                    let _ = tx.send(Event::Lost {
-                                        rank,
-                                        incarnation,
-                                        why: e.to_string(),
-                                    });
-                                    return;
-                                }
+                                Ok(msg) => Conn::Msg(msg),
+                                Err(e) => Conn::Lost(e.to_string()),
+                            };
+                            let lost = matches!(conn, Conn::Lost(_));
+                            if !send(conn) || lost {
+                                return;
                             }
                         }
                     });

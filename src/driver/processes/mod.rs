@@ -22,9 +22,10 @@
 //!
 //! Under Slurm (`SLURM_JOB_ID` set), `lazarus launch` takes the task count
 //! and node count from `SLURM_NTASKS` and `SLURM_NNODES` when `-n` and
-//! `--nodes` are not given. Starting ranks on several hosts through `srun`
-//! is not implemented yet: every rank runs on the launcher's host.
+//! `--nodes` are not given, and in an allocation of several nodes starts
+//! the ranks on them ([`agent`]: one agent per host, started by `srun`).
 
+pub mod agent;
 pub mod auth;
 pub mod launcher;
 pub mod net;
@@ -64,6 +65,14 @@ pub(crate) mod var {
     pub const PROTOCOL: &str = "LAZARUS_PROTOCOL";
     pub const EARLIER: &str = "LAZARUS_EARLIER";
     pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
+    /// Agent: the launcher's address for agents.
+    pub const AGENT_LAUNCHER: &str = "LAZARUS_AGENT_LAUNCHER";
+    /// Agent: the job secret, hexadecimal (never passed on to ranks).
+    pub const AGENT_SECRET: &str = "LAZARUS_AGENT_SECRET";
+    /// Agent: the launcher's process id (on the launcher's host).
+    pub const AGENT_LAUNCHER_PID: &str = "LAZARUS_AGENT_LAUNCHER_PID";
+    /// Agent: node number when not under Slurm (`SLURM_NODEID` otherwise).
+    pub const AGENT_NODE: &str = "LAZARUS_AGENT_NODE";
 }
 
 /// What a rank process learns from its launcher.

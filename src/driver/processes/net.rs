@@ -210,6 +210,15 @@ impl Stream {
         }
     }
 
+    /// The local address of a TCP connection: the interface that reaches
+    /// the peer (an agent's ranks listen on it).
+    pub fn local_ip(&self) -> Option<IpAddr> {
+        match self {
+            Stream::Unix(_) => None,
+            Stream::Tcp(s) => s.local_addr().ok().map(|a| a.ip()),
+        }
+    }
+
     /// Close both directions (wakes a reader blocked on this socket).
     pub fn shutdown(&self) {
         let _ = match self {

@@ -213,6 +213,59 @@ pub enum WireMsg {
     },
     /// Rank → rank: a frame was put in a ring whose receiver sleeps.
     Wake,
+    /// Agent → launcher, first message: the host the agent runs on.
+    AgentHello {
+        /// Host name (Slurm's `SLURMD_NODENAME`, else the kernel's).
+        host: String,
+        /// The agent's process id.
+        pid: u32,
+    },
+    /// Launcher → agent: a file the rank processes read (written to the
+    /// agent's private directory; its path replaces the variable `var`).
+    AgentFile {
+        /// Variable of the rank environment that names the file.
+        var: String,
+        /// File name in the agent's directory.
+        name: String,
+        /// Content.
+        bytes: Vec<u8>,
+    },
+    /// Launcher → agent: start incarnation `incarnation` of `rank`.
+    Spawn {
+        /// The rank.
+        rank: Rank,
+        /// Its incarnation.
+        incarnation: u64,
+        /// The program (bytes of the path).
+        program: Vec<u8>,
+        /// Its arguments (bytes).
+        args: Vec<Vec<u8>>,
+        /// The rank's `LAZARUS_*` environment.
+        env: Vec<(String, String)>,
+        /// Discard the rank's standard output.
+        quiet_stdout: bool,
+    },
+    /// Agent → launcher: a rank process ended (or could not be started).
+    RankExited {
+        /// The rank.
+        rank: Rank,
+        /// Its incarnation.
+        incarnation: u64,
+        /// Exit status, or why it could not start.
+        status: String,
+    },
+    /// Launcher → agent: kill these rank incarnations with `SIGKILL` now.
+    KillRanks {
+        /// `(rank, incarnation)` pairs.
+        ranks: Vec<(Rank, u64)>,
+    },
+    /// Agent → launcher: the processes of a `KillRanks` are dead and reaped.
+    Killed {
+        /// `(rank, incarnation)` pairs.
+        ranks: Vec<(Rank, u64)>,
+    },
+    /// Launcher → agent: the job is over; kill what is left and exit.
+    Shutdown,
 }
 
 /// A rank's error, as it crosses to the launcher.
