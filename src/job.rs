@@ -24,6 +24,9 @@ use crate::{Error, Result};
 /// The type of a rank function.
 pub type RankFn<T> = dyn Fn(&mut Ctx) -> Result<T> + Send + Sync;
 
+/// A rank function that may borrow (a driver's wrapper around the user's).
+pub(crate) type BorrowedRankFn<'a, T> = dyn Fn(&mut Ctx) -> Result<T> + Send + Sync + 'a;
+
 /// Job-wide statistics (the JSON summary's measured fields).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobStats {
@@ -474,7 +477,7 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
 }
 
 /// The harness of one rank incarnation.
-pub(crate) fn run_rank<T>(engine: Engine, f: &RankFn<T>) -> Result<T> {
+pub(crate) fn run_rank<T>(engine: Engine, f: &BorrowedRankFn<'_, T>) -> Result<T> {
     let engine = Rc::new(RefCell::new(engine));
     let starts_in_recovery = engine.borrow().starts_in_recovery();
     if starts_in_recovery {

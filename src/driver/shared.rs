@@ -12,7 +12,7 @@ use super::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::api::datatype::combine_bytes;
 use crate::config::Config;
 use crate::engine::Engine;
-use crate::job::{JobStats, RankFn, run_rank};
+use crate::job::{BorrowedRankFn, JobStats, run_rank};
 use crate::store::levels::{LevelSpec, MultiLevel};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -387,7 +387,7 @@ pub(crate) fn rank_body<T>(
     ep: Box<dyn Endpoint>,
     cfg: &Config,
     placement: Placement,
-    f: &RankFn<T>,
+    f: &BorrowedRankFn<'_, T>,
 ) -> Result<T> {
     let rank = ep.rank();
     let storage: &[LevelSpec] = &cfg.storage;

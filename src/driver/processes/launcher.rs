@@ -162,6 +162,9 @@ struct RankProc {
     told: u64,
     last_seen: Instant,
     started: Instant,
+    /// The value this incarnation reported on entering finalize (since the
+    /// last failure event).
+    finishing: Option<Vec<u8>>,
 }
 
 /// A failure event as the survivors hear it.
@@ -335,6 +338,7 @@ impl<'a> Launcher<'a> {
                 told: 0,
                 last_seen: now,
                 started: now,
+                finishing: None,
             });
         }
         Ok(())
@@ -796,6 +800,7 @@ impl<'a> Launcher<'a> {
                     self.start_replacement(r, incarnation);
                 }
             }
+            WireMsg::Finishing(value) => self.procs[rank].finishing = Some(value),
             WireMsg::Exited(outcome) => {
                 self.procs[rank].status = Status::Finished;
                 let outcome = outcome.map_err(|e| e.into_error(rank));
@@ -881,6 +886,9 @@ impl<'a> Launcher<'a> {
         }
         self.kill_remote(remote);
         let detected = SystemTime::now();
+        if self.died_after_the_end(victims) {
+            return;
+        }
         let mut dead = Vec::new();
         let started_only: Vec<Rank> = victims
             .iter()
@@ -911,6 +919,10 @@ impl<'a> Launcher<'a> {
             return;
         }
         self.epoch += 1;
+        // Values reported before this failure may be rolled back.
+        for p in &mut self.procs {
+            p.finishing = None;
+        }
         let now = self.now();
         self.stats.on_kill(dead.len(), now);
         // Before any rank reported its protocol, the launching call's
@@ -977,6 +989,44 @@ impl<'a> Launcher<'a> {
         }
     }
 
+    /// Whether `victims` (killed already) died after the job's end: some
+    /// rank has left (so every rank passed finalize's `Done` barrier) and
+    /// every victim reported its value on entering finalize. They are then
+    /// finished with that value, and nobody hears of a failure.
+    fn died_after_the_end(&mut self, victims: &[Rank]) -> bool {
+        let running: Vec<Rank> = victims
+            .iter()
+            .copied()
+            .filter(|&v| {
+                self.procs
+                    .get(v)
+                    .is_some_and(|p| matches!(p.status, Status::Starting | Status::Ready))
+            })
+            .collect();
+        let after_the_end = !running.is_empty()
+            && self.procs.iter().any(|p| p.status == Status::Finished)
+            && running.iter().all(|&v| self.procs[v].finishing.is_some());
+        if !after_the_end {
+            return false;
+        }
+        for v in running {
+            let p = &mut self.procs[v];
+            if let Some(Process::Local(mut c)) = p.child.take() {
+                let _ = c.wait();
+            }
+            if let Some(ctl) = p.ctl.take() {
+                ctl.shutdown();
+            }
+            p.status = Status::Finished;
+            let value = p.finishing.take().unwrap_or_default();
+            if self.debug {
+                eprintln!("launcher: rank {v} died after the end; its reported value stands");
+            }
+            self.settle(v, Ok(value));
+        }
+        true
+    }
+
     /// Have the agents kill `per_node[n]` on node `n`, all at once, and
     /// wait (boundedly) until they are reaped, so that nobody hears of the
     /// failure while a victim still runs.
@@ -1022,6 +1072,7 @@ impl<'a> Launcher<'a> {
                     told: self.epoch,
                     last_seen: now,
                     started: now,
+                    finishing: None,
                 };
             }
             Err(e) => self.settle(r, Err(e)),

@@ -34,7 +34,7 @@ use crate::driver::{RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
 
 /// Version of the wire format; a peer speaking another one is refused.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;
@@ -165,6 +165,9 @@ pub enum WireMsg {
         /// Ranks to kill at the same instant.
         victims: Vec<Rank>,
     },
+    /// Worker → launcher: the rank function returned this value (postcard)
+    /// and the rank enters finalize.
+    Finishing(Vec<u8>),
     /// Worker → launcher: the rank function's final outcome (postcard of the
     /// value, or the error).
     Exited(Result<Vec<u8>, RemoteError>),

@@ -1146,7 +1146,19 @@ pub(crate) fn run_worker<T: Serialize>(
         last_progress: -1.0,
     };
     ep.set_peers(peers);
-    let outcome = rank_body(Box::new(ep), cfg, placement, f);
+    // The value goes to the launcher before finalize too: a process killed
+    // inside finalize after another rank has already left cannot be rolled
+    // back any more, and need not be, since its value is known.
+    let max = env.max_frame;
+    let report_ctl = ctl.clone();
+    let report = move |ctx: &mut crate::api::Ctx| -> Result<T> {
+        let v = f(ctx)?;
+        if let Ok(bytes) = postcard::to_allocvec(&v) {
+            let _ = send_ctl(&report_ctl, &WireMsg::Finishing(bytes), max);
+        }
+        Ok(v)
+    };
+    let outcome = rank_body(Box::new(ep), cfg, placement, &report);
     let wire = match &outcome {
         Ok(v) => postcard::to_allocvec(v)
             .map_err(|e| RemoteError::Other(format!("cannot encode the rank's result: {e}"))),
@@ -1190,12 +1202,12 @@ fn spawn_control_reader(
             loop {
                 let c = match read_msg(&mut rd, max) {
                     Ok(m) => m,
-                    Err(_) => {
+                    Err(e) => {
                         if finished.load(Ordering::SeqCst) {
                             return;
                         }
                         // The launcher is gone: so is the job.
-                        eprintln!("lazarus: the launcher went away; this rank exits");
+                        eprintln!("lazarus: the launcher went away ({e}); this rank exits");
                         std::process::exit(70);
                     }
                 };
