@@ -39,10 +39,13 @@ pub enum Moment {
     /// While the victim takes part in the N-th checkpoint it enters (N ≥ 1),
     /// after its safe point began and before the generation committed.
     Checkpoint(u64),
+    /// At the very end: the victim's rank function has returned and it
+    /// enters finalize (others may have left their rank functions too).
+    Finalize,
 }
 
 /// One `--kill` specification: `R@P%`, `R@iI`, `R@recovery[:N]`,
-/// `R@checkpoint[:N]`, or the same with `node:K` as victim.
+/// `R@checkpoint[:N]`, `R@finalize`, or the same with `node:K` as victim.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KillSpec {
     /// Who dies.
@@ -91,8 +94,12 @@ impl FromStr for KillSpec {
             Moment::Recovery(ordinal(rest, "recovery").map_err(|d| bad(&d))?)
         } else if let Some(rest) = when.strip_prefix("checkpoint") {
             Moment::Checkpoint(ordinal(rest, "checkpoint").map_err(|d| bad(&d))?)
+        } else if when == "finalize" {
+            Moment::Finalize
         } else {
-            return Err(bad("moment must be P%, iI, recovery[:N] or checkpoint[:N]"));
+            return Err(bad(
+                "moment must be P%, iI, recovery[:N], checkpoint[:N] or finalize",
+            ));
         };
         Ok(KillSpec { victim, moment })
     }
@@ -109,6 +116,7 @@ impl fmt::Display for KillSpec {
             Moment::Iteration(i) => write!(f, "i{i}"),
             Moment::Recovery(n) => write!(f, "recovery:{n}"),
             Moment::Checkpoint(n) => write!(f, "checkpoint:{n}"),
+            Moment::Finalize => f.write_str("finalize"),
         }
     }
 }
@@ -164,6 +172,8 @@ pub struct FaultPoint {
     /// `Some(n)` while this rank takes part in the n-th checkpoint it
     /// entered (counted over its incarnations' lives: restarts included).
     pub checkpoint: Option<u64>,
+    /// This rank's function has returned and it enters finalize.
+    pub finalizing: bool,
 }
 
 #[derive(Debug)]
@@ -227,14 +237,16 @@ impl FaultPlan {
                 Moment::Iteration(it) => at.recovery.is_none() && at.iteration >= it,
                 Moment::Recovery(n) => at.recovery == Some(n),
                 Moment::Checkpoint(n) => at.checkpoint == Some(n),
+                Moment::Finalize => at.finalizing,
             };
             if !due {
                 continue;
             }
             let max_delay = match k.spec.moment {
                 // Recovery and checkpoint exchanges are short: land within
-                // their first calls.
+                // their first calls; after finalize there is one.
                 Moment::Recovery(_) | Moment::Checkpoint(_) => 1,
+                Moment::Finalize => 0,
                 _ => 12,
             };
             let delay = match self.kills[i].countdown {
@@ -290,6 +302,9 @@ mod tests {
         assert_eq!(k.moment, Moment::Recovery(1));
         let k: KillSpec = "2@recovery:3".parse().expect("valid");
         assert_eq!(k.moment, Moment::Recovery(3));
+        let k: KillSpec = "1@finalize".parse().expect("valid");
+        assert_eq!(k.moment, Moment::Finalize);
+        assert_eq!(k.to_string(), "1@finalize");
         let k: KillSpec = "node:0@checkpoint:2".parse().expect("valid");
         assert_eq!(k.moment, Moment::Checkpoint(2));
         assert_eq!(k.to_string(), "node:0@checkpoint:2");
@@ -348,6 +363,7 @@ mod tests {
             progress: 0.4,
             recovery: None,
             checkpoint: None,
+            finalizing: false,
         };
         assert_eq!(plan.check(2, &early), None);
         let late = FaultPoint {

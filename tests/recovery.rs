@@ -407,3 +407,42 @@ fn restarts_from_the_beginning_are_counted() {
         assert_eq!(late.ranks_rolled_back, 4, "{backend}");
     }
 }
+
+/// A rank killed as it enters finalize (its function has returned; the
+/// others may have returned too and wait in finalize): the job still ends
+/// with the failure-free value on every backend. On the processes backend
+/// the victim's value, reported on entering finalize, stands when every
+/// rank had entered it; otherwise (and on the other backends) the failure
+/// is recovered as any other.
+#[test]
+fn a_kill_as_a_rank_finishes_keeps_the_value() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    for backend in Backend::ALL {
+        let base = common::config(backend, 4);
+        let (reference, _) = run(AppKind::Cg, &params, &base);
+        for protocol in [ProtocolKind::Coordinated, ProtocolKind::Pessimistic] {
+            for seed in 1..=3 {
+                let cfg = base
+                    .clone()
+                    .protocol(protocol)
+                    .checkpoint_every(2)
+                    .seed(seed)
+                    .kill("1@finalize".parse().expect("valid kill spec"));
+                let (v, st) = run(AppKind::Cg, &params, &cfg);
+                let what =
+                    format!("cg on {backend} under {protocol}, kill at finalize (seed {seed})");
+                assert!(v.verified, "{what}: not verified: {}", v.detail);
+                assert_eq!(v.value, reference.value, "{what}: value differs");
+                assert!(st.unfired_kills.is_empty(), "{what}: the kill never fired");
+                assert_eq!(
+                    (st.failures, st.ranks_killed),
+                    (1, 1),
+                    "{what}: one kill counted"
+                );
+            }
+        }
+    }
+}

@@ -156,4 +156,7 @@ pub enum Incoming {
         /// Its error, as text.
         reason: String,
     },
+    /// Every rank's value is known (a rank died after entering finalize
+    /// when all had): finalize returns at once.
+    JobComplete,
 }

@@ -218,6 +218,10 @@ pub struct Engine {
     sent_done: bool,
     /// `Exit` received (finalize, other ranks).
     exit_received: bool,
+    /// The driver says every rank's value is known: finalize is over.
+    job_complete: bool,
+    /// Entering finalize (a fault point of its own).
+    finalizing: bool,
     recovering: bool,
     /// `Some(n)` while taking part in the n-th checkpoint this rank entered.
     in_checkpoint: Option<u64>,
@@ -330,6 +334,8 @@ impl Engine {
             committed_now: None,
             resume: None,
             exit_received: false,
+            job_complete: false,
+            finalizing: false,
             done_from: BTreeSet::new(),
             sent_done: false,
             recovering: false,
@@ -430,6 +436,7 @@ impl Engine {
             progress: self.progress,
             recovery: self.recovering.then_some(self.epoch).or(self.serving),
             checkpoint: self.in_checkpoint,
+            finalizing: self.finalizing,
         };
         self.ep.fault_point(&at)
     }
@@ -575,6 +582,10 @@ impl Engine {
             }
             Incoming::Abort { rank, reason } => {
                 self.interrupt = Some(Error::Aborted { rank, reason });
+                Ok(())
+            }
+            Incoming::JobComplete => {
+                self.job_complete = true;
                 Ok(())
             }
         }
@@ -1325,11 +1336,18 @@ impl Engine {
     /// rank function runs again) or fail. No fault is injected here.
     pub fn finalize(&mut self) -> Result<()> {
         self.check()?;
+        self.finalizing = true;
+        let fault = self.fault();
+        self.finalizing = false;
+        fault?;
         self.handle(Event::Finish)?;
         self.sent_done = true;
         let mut told = None;
         loop {
             self.check()?;
+            if self.job_complete {
+                return Ok(());
+            }
             // Rank 0 leads, or under ULFM the first rank alive (a survivor
             // re-sends `Done` when the leader it told dies).
             let leader = (0..self.size)

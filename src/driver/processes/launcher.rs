@@ -204,7 +204,14 @@ struct Launcher<'a> {
     early_deaths: Vec<u32>,
     /// With `--hosts slurm`.
     agents: Option<Agents>,
+    /// Events set aside while a failure waited for finalize reports.
+    stash: std::collections::VecDeque<Event>,
 }
+
+/// How long a failure of ranks that had entered finalize waits for the
+/// other ranks' reports of having entered it too (see
+/// `Launcher::died_after_the_end`).
+const AFTER_THE_END_WAIT: Duration = Duration::from_millis(100);
 
 /// A rank whose processes die this many times in a row before connecting
 /// fails the job instead of being restarted again.
@@ -321,6 +328,7 @@ impl<'a> Launcher<'a> {
             abort: None,
             early_deaths: vec![0; spec.ranks],
             agents,
+            stash: Default::default(),
         })
     }
 
@@ -584,7 +592,11 @@ impl<'a> Launcher<'a> {
         let tick = Duration::from_millis(5);
         let mut last_check = Instant::now();
         while !self.finals.done() {
-            match self.rx.recv_timeout(tick) {
+            let next = match self.stash.pop_front() {
+                Some(ev) => Ok(ev),
+                None => self.rx.recv_timeout(tick),
+            };
+            match next {
                 Ok(ev) => self.on_event(ev),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
@@ -592,7 +604,7 @@ impl<'a> Launcher<'a> {
                 }
             }
             // Everything that has arrived counts before any verdict.
-            while let Ok(ev) = self.rx.try_recv() {
+            while let Some(ev) = self.stash.pop_front().or_else(|| self.rx.try_recv().ok()) {
                 self.on_event(ev);
             }
             if last_check.elapsed() >= tick {
@@ -989,10 +1001,13 @@ impl<'a> Launcher<'a> {
         }
     }
 
-    /// Whether `victims` (killed already) died after the job's end: some
-    /// rank has left (so every rank passed finalize's `Done` barrier) and
-    /// every victim reported its value on entering finalize. They are then
-    /// finished with that value, and nobody hears of a failure.
+    /// Whether `victims` (killed already) died after the job's end: every
+    /// rank still running has reported its value on entering finalize
+    /// since the last failure event, so nobody will roll back and every
+    /// value is known. The victims are then finished with their values,
+    /// the others are told to leave finalize (`JobComplete`: a victim may
+    /// have died before its `Done` reached the finalize leader), and nobody
+    /// hears of a failure.
     fn died_after_the_end(&mut self, victims: &[Rank]) -> bool {
         let running: Vec<Rank> = victims
             .iter()
@@ -1003,12 +1018,37 @@ impl<'a> Launcher<'a> {
                     .is_some_and(|p| matches!(p.status, Status::Starting | Status::Ready))
             })
             .collect();
-        let after_the_end = !running.is_empty()
-            && self.procs.iter().any(|p| p.status == Status::Finished)
-            && running.iter().all(|&v| self.procs[v].finishing.is_some());
-        if !after_the_end {
+        if running.is_empty() || running.iter().any(|&v| self.procs[v].finishing.is_none()) {
             return false;
         }
+        // Every victim had entered finalize. The others' reports may still
+        // be on their way (each connection has its own reader thread): wait
+        // for them a moment, keeping every other event for later. A rank
+        // that left finalize proves every rank entered it.
+        let deadline = Instant::now() + AFTER_THE_END_WAIT;
+        loop {
+            let all_in = self.procs.iter().all(|p| match p.status {
+                Status::Starting | Status::Ready => p.finishing.is_some(),
+                Status::Finished | Status::Dead => true,
+            });
+            if all_in || self.procs.iter().any(|p| p.status == Status::Finished) {
+                break;
+            }
+            let Ok(ev) = self.rx.recv_deadline(deadline) else {
+                return false;
+            };
+            match (&ev.who, &ev.conn) {
+                (Who::Rank(r, _), Conn::Msg(WireMsg::Finishing(_) | WireMsg::Exited(_)))
+                    if !running.contains(r) =>
+                {
+                    self.on_event(ev)
+                }
+                _ => self.stash.push_back(ev),
+            }
+        }
+        // The kill happened, and counts; nobody rolls back.
+        self.stats.stats.failures += 1;
+        self.stats.stats.ranks_killed += running.len() as u64;
         for v in running {
             let p = &mut self.procs[v];
             if let Some(Process::Local(mut c)) = p.child.take() {
@@ -1024,6 +1064,7 @@ impl<'a> Launcher<'a> {
             }
             self.settle(v, Ok(value));
         }
+        self.broadcast(&WireMsg::JobComplete, &[]);
         true
     }
 

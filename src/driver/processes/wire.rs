@@ -269,6 +269,8 @@ pub enum WireMsg {
     },
     /// Launcher → agent: the job is over; kill what is left and exit.
     Shutdown,
+    /// Launcher → worker: every rank's value is known; leave finalize.
+    JobComplete,
 }
 
 /// A rank's error, as it crosses to the launcher.

@@ -274,6 +274,7 @@ impl ProcessEndpoint {
             WireMsg::Abort { rank, reason } => {
                 self.ready.push_back(Incoming::Abort { rank, reason })
             }
+            WireMsg::JobComplete => self.ready.push_back(Incoming::JobComplete),
             // A stale kill answer, or nothing a rank expects from the launcher.
             _ => {}
         }
