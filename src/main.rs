@@ -27,6 +27,8 @@ Kill specifications (repeatable):
   R@iI            rank R dies during iteration I (after I safe points)
   node:K@P%       every rank of node K dies at once (also node:K@iI)
   R@recovery[:N]  rank R dies while the N-th recovery is in progress (default 1)
+  R@checkpoint[:N]  rank R dies inside the N-th checkpoint it takes part in (default 1)
+  R@finalize      rank R dies as it enters finalize, its function returned
 
 Exit status: 0 VERIFIED, 1 NOT VERIFIED (or the job failed), 2 bad usage.";
 
@@ -424,7 +426,8 @@ struct JobArgs {
     /// without a heartbeat.
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
-    /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N].
+    /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N],
+    /// R@checkpoint[:N], R@finalize.
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
     /// Checkpoint every N safe points, or every P% of the run ("10%"). With
