@@ -44,7 +44,7 @@ pub const APP_FRAME: u8 = 0xA1;
 
 /// Bytes of an application frame's fixed fields after `len` (the marker,
 /// six u64 and the tag).
-const APP_FIXED: usize = 1 + 6 * 8 + 4;
+pub const APP_FIXED: usize = 1 + 6 * 8 + 4;
 
 /// Largest read buffer grown at once while a frame arrives.
 const CHUNK: usize = 1 << 20;
@@ -429,25 +429,35 @@ fn encode_app(
 
 /// Decode an application frame in its fixed layout.
 fn decode_app(frame: Bytes) -> Result<WireMsg, WireError> {
-    if frame.len() < APP_FIXED {
+    let Some(fixed) = frame.first_chunk::<APP_FIXED>() else {
         return Err(WireError::Malformed(format!(
             "application frame of {} bytes is shorter than its fixed fields",
             frame.len()
         )));
+    };
+    decode_app_parts(fixed, frame.slice(APP_FIXED..))
+}
+
+/// Decode an application frame from its fixed fields (the marker first)
+/// and its payload, which becomes the message's payload as it is: a ring
+/// reads the two apart, so the payload is an exact buffer of its own.
+pub fn decode_app_parts(fixed: &[u8; APP_FIXED], payload: Bytes) -> Result<WireMsg, WireError> {
+    if fixed[0] != APP_FRAME {
+        return Err(WireError::Malformed("not an application frame".into()));
     }
     let u64_at = |i: usize| {
         let at = 1 + 8 * i;
         let mut b = [0u8; 8];
-        b.copy_from_slice(&frame[at..at + 8]);
+        b.copy_from_slice(&fixed[at..at + 8]);
         u64::from_le_bytes(b)
     };
     let rank = |v: u64| {
         Rank::try_from(v).map_err(|_| WireError::Malformed(format!("rank {v} out of range")))
     };
     let mut tag = [0u8; 4];
-    tag.copy_from_slice(&frame[41..45]);
+    tag.copy_from_slice(&fixed[41..45]);
     let mut ssn = [0u8; 8];
-    ssn.copy_from_slice(&frame[45..53]);
+    ssn.copy_from_slice(&fixed[45..53]);
     Ok(WireMsg::Frame(Frame {
         src: rank(u64_at(0))?,
         epoch: u64_at(1),
@@ -459,7 +469,7 @@ fn decode_app(frame: Bytes) -> Result<WireMsg, WireError> {
                 tag: i32::from_le_bytes(tag),
             },
             ssn: u64::from_le_bytes(ssn),
-            payload: frame.slice(APP_FIXED..),
+            payload,
         }),
     }))
 }

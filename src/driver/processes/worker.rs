@@ -31,9 +31,7 @@ use super::LaunchEnv;
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Listener, Stream};
 use super::shm::{RingReader, RingWriter};
-use super::wire::{
-    RemoteError, RmaRequest, WireError, WireMsg, decode, encode_into, read_msg, write_msg,
-};
+use super::wire::{RemoteError, RmaRequest, WireError, WireMsg, encode_into, read_msg, write_msg};
 use crate::config::Config;
 use crate::driver::shared::{Slot, WindowRegistry, lock, rank_body};
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
@@ -364,15 +362,15 @@ impl ProcessEndpoint {
         let mut broken = Vec::new();
         for (i, r) in self.rings.iter_mut().enumerate() {
             loop {
-                let bytes = match r.ring.pull(max) {
-                    Ok(Some(b)) => b,
+                let record = match r.ring.pull(max) {
+                    Ok(Some(rec)) => rec,
                     Ok(None) => break,
                     Err(e) => {
                         broken.push((i, e.to_string()));
                         break;
                     }
                 };
-                match decode(bytes) {
+                match record.decode() {
                     Ok(WireMsg::Frame(f)) if f.src == r.from => {
                         self.ready.push_back(Incoming::Frame(f));
                     }
