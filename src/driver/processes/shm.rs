@@ -182,8 +182,10 @@ impl Drop for Mapping {
 /// The sending end of a ring.
 pub struct RingWriter {
     map: Mapping,
-    /// Bytes written so far (the published head).
+    /// Bytes written so far.
     head: u64,
+    /// Bytes made visible to the receiver (the shared head).
+    published: u64,
     /// The receiver's tail as last seen.
     tail: u64,
 }
@@ -215,13 +217,15 @@ impl RingWriter {
         Ok(RingWriter {
             map,
             head: 0,
+            published: 0,
             tail: 0,
         })
     }
 
-    /// Copy as much of `src` as fits and publish it; returns the bytes
-    /// written (0 when the ring is full).
-    pub fn push(&mut self, src: &[u8]) -> usize {
+    /// Copy as much of `src` as fits, not yet visible to the receiver (see
+    /// [`RingWriter::publish`]); returns the bytes written (0 when the ring
+    /// is full).
+    pub fn write(&mut self, src: &[u8]) -> usize {
         let cap = self.map.capacity as u64;
         if self.head - self.tail == cap {
             self.tail = self.map.word64(OFF_TAIL).load(Ordering::Acquire);
@@ -231,10 +235,30 @@ impl RingWriter {
         if n > 0 {
             self.map.write_at(self.head, &src[..n]);
             self.head += n as u64;
-            self.map
-                .word64(OFF_HEAD)
-                .store(self.head, Ordering::Release);
         }
+        n
+    }
+
+    /// Make everything written visible to the receiver; `false` if nothing
+    /// new was written. A frame written in parts is published once: one
+    /// store to the shared head, and no half frame for the receiver to come
+    /// back to.
+    pub fn publish(&mut self) -> bool {
+        if self.head == self.published {
+            return false;
+        }
+        self.published = self.head;
+        self.map
+            .word64(OFF_HEAD)
+            .store(self.head, Ordering::Release);
+        true
+    }
+
+    /// Write and publish.
+    #[cfg(test)]
+    pub fn push(&mut self, src: &[u8]) -> usize {
+        let n = self.write(src);
+        self.publish();
         n
     }
 

@@ -394,6 +394,37 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
     decode(Bytes::from(buf))
 }
 
+/// Bytes of an application frame before its payload: the length prefix and
+/// the fixed fields.
+pub const APP_HEAD: usize = 4 + APP_FIXED;
+
+/// The head of an application frame (length prefix and fixed fields); the
+/// payload follows it on the wire. A sender may write the two from where
+/// they are, without assembling the frame.
+pub fn app_head(
+    src: Rank,
+    epoch: u64,
+    app: &AppMessage,
+    max: usize,
+) -> Result<[u8; APP_HEAD], WireError> {
+    let len = APP_FIXED + app.payload.len();
+    if len > max {
+        return Err(WireError::Oversized { len, max });
+    }
+    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
+    let mut h = [0u8; APP_HEAD];
+    h[0..4].copy_from_slice(&len32.to_le_bytes());
+    h[4] = APP_FRAME;
+    let e = &app.envelope;
+    let words = [src as u64, epoch, e.src as u64, e.dest as u64, e.context];
+    for (i, v) in words.into_iter().enumerate() {
+        h[5 + 8 * i..13 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    h[45..49].copy_from_slice(&e.tag.to_le_bytes());
+    h[49..57].copy_from_slice(&app.ssn.to_le_bytes());
+    Ok(h)
+}
+
 /// An application frame in its fixed layout: the head (with the payload
 /// when small) and the rest of the payload.
 fn encode_app(
@@ -403,22 +434,11 @@ fn encode_app(
     max: usize,
     buf: &mut Vec<u8>,
 ) -> Result<Bytes, WireError> {
+    let head = app_head(src, epoch, app, max)?;
     let payload = &app.payload;
-    let len = APP_FIXED + payload.len();
-    if len > max {
-        return Err(WireError::Oversized { len, max });
-    }
-    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
     let inline = payload.len() <= INLINE_PAYLOAD;
-    buf.reserve(4 + APP_FIXED + if inline { payload.len() } else { 0 });
-    buf.extend_from_slice(&len32.to_le_bytes());
-    buf.push(APP_FRAME);
-    let e = &app.envelope;
-    for v in [src as u64, epoch, e.src as u64, e.dest as u64, e.context] {
-        buf.extend_from_slice(&v.to_le_bytes());
-    }
-    buf.extend_from_slice(&e.tag.to_le_bytes());
-    buf.extend_from_slice(&app.ssn.to_le_bytes());
+    buf.reserve(APP_HEAD + if inline { payload.len() } else { 0 });
+    buf.extend_from_slice(&head);
     if inline {
         buf.extend_from_slice(payload);
         Ok(Bytes::new())
