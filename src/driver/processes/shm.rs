@@ -22,6 +22,11 @@
 //! Nothing the peer writes can make the reader go out of bounds: positions
 //! are masked into the data area, and a record's length is checked against
 //! the frame limit before anything is allocated for it.
+//!
+//! An application frame is read in two parts: its fixed fields onto the
+//! stack and its payload into a buffer of exactly the payload's size, which
+//! becomes the message's `Bytes` as it is (one allocation per message, no
+//! copy besides the one out of the ring).
 
 use std::fs::{File, OpenOptions};
 use std::path::Path;
@@ -29,7 +34,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use bytes::Bytes;
 
-use super::wire::WireError;
+use super::wire::{APP_FIXED, APP_FRAME, WireError, WireMsg, decode, decode_app_parts};
 
 /// Data bytes of a ring (a power of two): a 1 MiB frame fits whole.
 pub const CAPACITY: usize = 2 << 20;
@@ -132,6 +137,21 @@ impl Mapping {
         }
     }
 
+    /// Fill `dst` from the data area at ring position `pos` (wrapping).
+    fn copy_out(&self, pos: u64, dst: &mut [u8]) {
+        let cap = self.capacity;
+        let start = (pos as usize) & (cap - 1);
+        let n = dst.len();
+        let first = n.min(cap - start);
+        // SAFETY: as in `read_at`: both source ranges lie inside the data
+        // area and are not written until the tail is published past them.
+        unsafe {
+            let data = self.base.add(HEADER);
+            std::ptr::copy_nonoverlapping(data.add(start), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), n - first);
+        }
+    }
+
     /// Append `n` bytes from the data area at ring position `pos`
     /// (wrapping) to `dst`.
     fn read_at(&self, pos: u64, n: usize, dst: &mut Vec<u8>) {
@@ -162,8 +182,10 @@ impl Drop for Mapping {
 /// The sending end of a ring.
 pub struct RingWriter {
     map: Mapping,
-    /// Bytes written so far (the published head).
+    /// Bytes written so far.
     head: u64,
+    /// Bytes made visible to the receiver (the shared head).
+    published: u64,
     /// The receiver's tail as last seen.
     tail: u64,
 }
@@ -195,13 +217,15 @@ impl RingWriter {
         Ok(RingWriter {
             map,
             head: 0,
+            published: 0,
             tail: 0,
         })
     }
 
-    /// Copy as much of `src` as fits and publish it; returns the bytes
-    /// written (0 when the ring is full).
-    pub fn push(&mut self, src: &[u8]) -> usize {
+    /// Copy as much of `src` as fits, not yet visible to the receiver (see
+    /// [`RingWriter::publish`]); returns the bytes written (0 when the ring
+    /// is full).
+    pub fn write(&mut self, src: &[u8]) -> usize {
         let cap = self.map.capacity as u64;
         if self.head - self.tail == cap {
             self.tail = self.map.word64(OFF_TAIL).load(Ordering::Acquire);
@@ -211,10 +235,30 @@ impl RingWriter {
         if n > 0 {
             self.map.write_at(self.head, &src[..n]);
             self.head += n as u64;
-            self.map
-                .word64(OFF_HEAD)
-                .store(self.head, Ordering::Release);
         }
+        n
+    }
+
+    /// Make everything written visible to the receiver; `false` if nothing
+    /// new was written. A frame written in parts is published once: one
+    /// store to the shared head, and no half frame for the receiver to come
+    /// back to.
+    pub fn publish(&mut self) -> bool {
+        if self.head == self.published {
+            return false;
+        }
+        self.published = self.head;
+        self.map
+            .word64(OFF_HEAD)
+            .store(self.head, Ordering::Release);
+        true
+    }
+
+    /// Write and publish.
+    #[cfg(test)]
+    pub fn push(&mut self, src: &[u8]) -> usize {
+        let n = self.write(src);
+        self.publish();
         n
     }
 
@@ -229,14 +273,47 @@ impl RingWriter {
     }
 }
 
+/// A whole record taken out of a ring.
+#[derive(Debug)]
+pub enum Record {
+    /// An application frame: its fixed fields (marker first) and its
+    /// payload, in a buffer of its own.
+    App([u8; APP_FIXED], Bytes),
+    /// Any other frame, whole (everything after its length prefix).
+    Frame(Bytes),
+}
+
+impl Record {
+    /// The message the record holds.
+    pub fn decode(self) -> Result<WireMsg, WireError> {
+        match self {
+            Record::App(fixed, payload) => decode_app_parts(&fixed, payload),
+            Record::Frame(frame) => decode(frame),
+        }
+    }
+}
+
+/// What has arrived of a record being reassembled.
+enum Part {
+    /// An application frame: `got` bytes of its fixed fields, then its
+    /// payload (allocated at its exact size).
+    App {
+        fixed: [u8; APP_FIXED],
+        got: usize,
+        payload: Vec<u8>,
+    },
+    /// Any other frame.
+    Whole(Vec<u8>),
+}
+
 /// The receiving end of a ring, with the record being reassembled.
 pub struct RingReader {
     map: Mapping,
-    /// Bytes consumed so far (the published tail).
+    /// Bytes consumed so far (published as the tail once per `pull`).
     tail: u64,
-    /// The frame being reassembled: its length once the prefix is read.
-    want: Option<usize>,
-    partial: Vec<u8>,
+    /// The record being reassembled: its length once the prefix is read,
+    /// and its parts once its first byte is.
+    pending: Option<(usize, Option<Part>)>,
 }
 
 impl RingReader {
@@ -276,8 +353,7 @@ impl RingReader {
         Ok(RingReader {
             map,
             tail: 0,
-            want: None,
-            partial: Vec::new(),
+            pending: None,
         })
     }
 
@@ -294,11 +370,10 @@ impl RingReader {
         self.available() != 0
     }
 
-    /// Consume what has arrived; a complete frame (everything after its
-    /// length prefix, ready for [`super::wire::decode`]) when one is done.
-    /// A length above `max` or below the smallest frame is an error: the
-    /// ring is then unusable.
-    pub fn pull(&mut self, max: usize) -> Result<Option<Bytes>, WireError> {
+    /// Consume what has arrived; a complete record when one is done. A
+    /// length above `max` or below the smallest frame is an error: the ring
+    /// is then unusable.
+    pub fn pull(&mut self, max: usize) -> Result<Option<Record>, WireError> {
         let avail = self.available();
         if avail > self.map.capacity as u64 {
             return Err(WireError::Malformed(format!(
@@ -306,22 +381,29 @@ impl RingReader {
                 self.map.capacity
             )));
         }
-        let mut avail = avail as usize;
-        let want = match self.want {
-            Some(w) => w,
+        let before = self.tail;
+        let got = self.take(avail as usize, max);
+        // One store to the shared tail per call, however many parts were read.
+        if self.tail != before {
+            self.map
+                .word64(OFF_TAIL)
+                .store(self.tail, Ordering::Release);
+        }
+        got
+    }
+
+    /// Read what `avail` bytes hold of the current record.
+    fn take(&mut self, mut avail: usize, max: usize) -> Result<Option<Record>, WireError> {
+        let (len, part) = match self.pending.take() {
+            Some(p) => p,
             None => {
                 if avail < 4 {
                     return Ok(None);
                 }
-                let mut prefix = Vec::with_capacity(4);
-                self.map.read_at(self.tail, 4, &mut prefix);
-                self.consume(4);
+                let mut prefix = [0u8; 4];
+                self.read(&mut prefix);
                 avail -= 4;
-                let len = prefix
-                    .try_into()
-                    .map(u32::from_le_bytes)
-                    .map_err(|_| WireError::Malformed("short length prefix".into()))?
-                    as usize;
+                let len = u32::from_le_bytes(prefix) as usize;
                 if len > max {
                     return Err(WireError::Oversized { len, max });
                 }
@@ -330,28 +412,75 @@ impl RingReader {
                         "frame of {len} bytes is shorter than its own prefix"
                     )));
                 }
-                self.want = Some(len);
-                self.partial = Vec::with_capacity(len);
-                len
+                (len, None)
             }
         };
-        let n = avail.min(want - self.partial.len());
-        if n > 0 {
-            self.map.read_at(self.tail, n, &mut self.partial);
-            self.consume(n);
-        }
-        if self.partial.len() < want {
+        let mut part = match part {
+            Some(p) => p,
+            None if avail == 0 => {
+                self.pending = Some((len, None));
+                return Ok(None);
+            }
+            None => {
+                // The first byte (not consumed yet) says how to split.
+                let mut marker = [0u8; 1];
+                self.map.copy_out(self.tail, &mut marker);
+                if marker[0] == APP_FRAME && len >= APP_FIXED {
+                    Part::App {
+                        fixed: [0; APP_FIXED],
+                        got: 0,
+                        payload: Vec::with_capacity(len - APP_FIXED),
+                    }
+                } else {
+                    Part::Whole(Vec::with_capacity(len))
+                }
+            }
+        };
+        let done = match &mut part {
+            Part::App {
+                fixed,
+                got,
+                payload,
+            } => {
+                let n = avail.min(APP_FIXED - *got);
+                self.read(&mut fixed[*got..*got + n]);
+                *got += n;
+                avail -= n;
+                let rest = len - APP_FIXED;
+                let n = avail.min(rest - payload.len());
+                self.read_vec(n, payload);
+                *got == APP_FIXED && payload.len() == rest
+            }
+            Part::Whole(buf) => {
+                let n = avail.min(len - buf.len());
+                self.read_vec(n, buf);
+                buf.len() == len
+            }
+        };
+        if !done {
+            self.pending = Some((len, Some(part)));
             return Ok(None);
         }
-        self.want = None;
-        Ok(Some(Bytes::from(std::mem::take(&mut self.partial))))
+        // Each buffer was allocated at its exact size: `Bytes` takes it
+        // over without allocating.
+        Ok(Some(match part {
+            Part::App { fixed, payload, .. } => Record::App(fixed, Bytes::from(payload)),
+            Part::Whole(buf) => Record::Frame(Bytes::from(buf)),
+        }))
     }
 
-    fn consume(&mut self, n: usize) {
-        self.tail += n as u64;
-        self.map
-            .word64(OFF_TAIL)
-            .store(self.tail, Ordering::Release);
+    /// Consume `dst.len()` bytes into `dst`.
+    fn read(&mut self, dst: &mut [u8]) {
+        self.map.copy_out(self.tail, dst);
+        self.tail += dst.len() as u64;
+    }
+
+    /// Consume `n` bytes, appended to `dst`.
+    fn read_vec(&mut self, n: usize, dst: &mut Vec<u8>) {
+        if n > 0 {
+            self.map.read_at(self.tail, n, dst);
+            self.tail += n as u64;
+        }
     }
 
     /// Ask for a doorbell before blocking; `false` if data arrived
@@ -406,6 +535,28 @@ mod tests {
         r
     }
 
+    /// The record's bytes in one piece (and whether it came in two parts).
+    fn whole(r: Record) -> (Vec<u8>, bool) {
+        match r {
+            Record::App(fixed, payload) => {
+                let mut v = fixed.to_vec();
+                v.extend_from_slice(&payload);
+                (v, true)
+            }
+            Record::Frame(f) => (f.to_vec(), false),
+        }
+    }
+
+    /// Byte `k` of test body `i`: application frames (marker first) and
+    /// others alternate.
+    fn body_byte(i: u64, k: usize) -> u8 {
+        if k == 0 && i % 2 == 1 {
+            APP_FRAME
+        } else {
+            (k as u64 ^ i) as u8
+        }
+    }
+
     #[test]
     fn frames_cross_the_wrap_around_whole_and_in_order() {
         let d = dir();
@@ -422,7 +573,7 @@ mod tests {
         while got < 64 {
             if pending.is_empty() && sent < 64 {
                 let n = sizes[(sent as usize) % sizes.len()];
-                let body: Vec<u8> = (0..n).map(|k| (k as u64 ^ sent) as u8).collect();
+                let body: Vec<u8> = (0..n).map(|k| body_byte(sent, k)).collect();
                 pending = record(&body);
                 sent += 1;
             }
@@ -430,17 +581,47 @@ mod tests {
             pending.drain(..n);
             i += 1;
             if i.is_multiple_of(3) || n == 0 {
-                while let Some(f) = r.pull(usize::MAX).expect("pull") {
+                while let Some(rec) = r.pull(usize::MAX).expect("pull") {
                     let n = sizes[(got as usize) % sizes.len()];
+                    let (f, split) = whole(rec);
                     assert_eq!(f.len(), n);
-                    assert!(
-                        f.iter()
-                            .enumerate()
-                            .all(|(k, b)| *b == (k as u64 ^ got) as u8)
-                    );
+                    assert_eq!(split, got % 2 == 1 && n >= APP_FIXED);
+                    assert!(f.iter().enumerate().all(|(k, b)| *b == body_byte(got, k)));
                     got += 1;
                 }
             }
+        }
+    }
+
+    #[test]
+    fn an_application_frame_decodes_from_its_two_parts() {
+        use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "m").expect("create");
+        let mut r = RingReader::attach(&d.0, "m").expect("attach");
+        for n in [0usize, 8, 100_000] {
+            let msg = WireMsg::Frame(Frame {
+                src: 1,
+                epoch: 4,
+                body: Body::App(AppMessage {
+                    envelope: Envelope {
+                        src: 1,
+                        dest: 0,
+                        context: 2,
+                        tag: 7,
+                    },
+                    ssn: 9,
+                    payload: Bytes::from((0..n).map(|i| i as u8).collect::<Vec<u8>>()),
+                }),
+            });
+            let mut head = Vec::new();
+            let rest =
+                super::super::wire::encode_into(&msg, usize::MAX, &mut head).expect("encodes");
+            assert_eq!(w.push(&head), head.len());
+            assert_eq!(w.push(&rest), rest.len());
+            let rec = r.pull(usize::MAX).expect("pull").expect("a record");
+            assert!(matches!(rec, Record::App(..)));
+            assert_eq!(rec.decode().expect("decodes"), msg);
         }
     }
 
@@ -488,6 +669,7 @@ mod tests {
         assert!(!w.wake_needed(), "one doorbell per sleep");
         assert!(!r.sleep(), "data is waiting: do not block");
         r.wake();
-        assert_eq!(r.pull(100).expect("pull").as_deref(), Some(&b"hello"[..]));
+        let got = r.pull(100).expect("pull").map(whole);
+        assert_eq!(got, Some((b"hello".to_vec(), false)));
     }
 }

@@ -44,7 +44,7 @@ pub const APP_FRAME: u8 = 0xA1;
 
 /// Bytes of an application frame's fixed fields after `len` (the marker,
 /// six u64 and the tag).
-const APP_FIXED: usize = 1 + 6 * 8 + 4;
+pub const APP_FIXED: usize = 1 + 6 * 8 + 4;
 
 /// Largest read buffer grown at once while a frame arrives.
 const CHUNK: usize = 1 << 20;
@@ -452,6 +452,37 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
     decode(Bytes::from(buf))
 }
 
+/// Bytes of an application frame before its payload: the length prefix and
+/// the fixed fields.
+pub const APP_HEAD: usize = 4 + APP_FIXED;
+
+/// The head of an application frame (length prefix and fixed fields); the
+/// payload follows it on the wire. A sender may write the two from where
+/// they are, without assembling the frame.
+pub fn app_head(
+    src: Rank,
+    epoch: u64,
+    app: &AppMessage,
+    max: usize,
+) -> Result<[u8; APP_HEAD], WireError> {
+    let len = APP_FIXED + app.payload.len();
+    if len > max {
+        return Err(WireError::Oversized { len, max });
+    }
+    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
+    let mut h = [0u8; APP_HEAD];
+    h[0..4].copy_from_slice(&len32.to_le_bytes());
+    h[4] = APP_FRAME;
+    let e = &app.envelope;
+    let words = [src as u64, epoch, e.src as u64, e.dest as u64, e.context];
+    for (i, v) in words.into_iter().enumerate() {
+        h[5 + 8 * i..13 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    h[45..49].copy_from_slice(&e.tag.to_le_bytes());
+    h[49..57].copy_from_slice(&app.ssn.to_le_bytes());
+    Ok(h)
+}
+
 /// An application frame in its fixed layout: the head (with the payload
 /// when small) and the rest of the payload.
 fn encode_app(
@@ -461,22 +492,11 @@ fn encode_app(
     max: usize,
     buf: &mut Vec<u8>,
 ) -> Result<Bytes, WireError> {
+    let head = app_head(src, epoch, app, max)?;
     let payload = &app.payload;
-    let len = APP_FIXED + payload.len();
-    if len > max {
-        return Err(WireError::Oversized { len, max });
-    }
-    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
     let inline = payload.len() <= INLINE_PAYLOAD;
-    buf.reserve(4 + APP_FIXED + if inline { payload.len() } else { 0 });
-    buf.extend_from_slice(&len32.to_le_bytes());
-    buf.push(APP_FRAME);
-    let e = &app.envelope;
-    for v in [src as u64, epoch, e.src as u64, e.dest as u64, e.context] {
-        buf.extend_from_slice(&v.to_le_bytes());
-    }
-    buf.extend_from_slice(&e.tag.to_le_bytes());
-    buf.extend_from_slice(&app.ssn.to_le_bytes());
+    buf.reserve(APP_HEAD + if inline { payload.len() } else { 0 });
+    buf.extend_from_slice(&head);
     if inline {
         buf.extend_from_slice(payload);
         Ok(Bytes::new())
@@ -487,25 +507,35 @@ fn encode_app(
 
 /// Decode an application frame in its fixed layout.
 fn decode_app(frame: Bytes) -> Result<WireMsg, WireError> {
-    if frame.len() < APP_FIXED {
+    let Some(fixed) = frame.first_chunk::<APP_FIXED>() else {
         return Err(WireError::Malformed(format!(
             "application frame of {} bytes is shorter than its fixed fields",
             frame.len()
         )));
+    };
+    decode_app_parts(fixed, frame.slice(APP_FIXED..))
+}
+
+/// Decode an application frame from its fixed fields (the marker first)
+/// and its payload, which becomes the message's payload as it is: a ring
+/// reads the two apart, so the payload is an exact buffer of its own.
+pub fn decode_app_parts(fixed: &[u8; APP_FIXED], payload: Bytes) -> Result<WireMsg, WireError> {
+    if fixed[0] != APP_FRAME {
+        return Err(WireError::Malformed("not an application frame".into()));
     }
     let u64_at = |i: usize| {
         let at = 1 + 8 * i;
         let mut b = [0u8; 8];
-        b.copy_from_slice(&frame[at..at + 8]);
+        b.copy_from_slice(&fixed[at..at + 8]);
         u64::from_le_bytes(b)
     };
     let rank = |v: u64| {
         Rank::try_from(v).map_err(|_| WireError::Malformed(format!("rank {v} out of range")))
     };
     let mut tag = [0u8; 4];
-    tag.copy_from_slice(&frame[41..45]);
+    tag.copy_from_slice(&fixed[41..45]);
     let mut ssn = [0u8; 8];
-    ssn.copy_from_slice(&frame[45..53]);
+    ssn.copy_from_slice(&fixed[45..53]);
     Ok(WireMsg::Frame(Frame {
         src: rank(u64_at(0))?,
         epoch: u64_at(1),
@@ -517,7 +547,7 @@ fn decode_app(frame: Bytes) -> Result<WireMsg, WireError> {
                 tag: i32::from_le_bytes(tag),
             },
             ssn: u64::from_le_bytes(ssn),
-            payload: frame.slice(APP_FIXED..),
+            payload,
         }),
     }))
 }

@@ -32,12 +32,12 @@ use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Listener, Stream};
 use super::shm::{RingReader, RingWriter};
 use super::wire::{
-    RemoteError, RmaRequest, WireError, WireMsg, decode, encode_into, read_msg, write_msg,
+    RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, read_msg, write_msg,
 };
 use crate::config::Config;
 use crate::driver::shared::{Slot, WindowRegistry, lock, rank_body};
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
-use crate::engine::frame::{Frame, Incoming};
+use crate::engine::frame::{Body, Frame, Incoming};
 use crate::fault::{FaultPlan, FaultPoint};
 use crate::job::RankFn;
 use crate::topology::Placement;
@@ -302,6 +302,11 @@ impl ProcessEndpoint {
 
     /// Apply every control message already here.
     fn drain_control(&mut self) {
+        // Checked on every send and poll: looking at the channel's indices
+        // is much cheaper than a `try_recv` that finds nothing.
+        if self.stashed.is_empty() && self.ctl_rx.is_empty() {
+            return;
+        }
         while let Some(c) = self.stashed.pop_front() {
             self.apply(c);
         }
@@ -365,15 +370,15 @@ impl ProcessEndpoint {
         let mut broken = Vec::new();
         for (i, r) in self.rings.iter_mut().enumerate() {
             loop {
-                let bytes = match r.ring.pull(max) {
-                    Ok(Some(b)) => b,
+                let record = match r.ring.pull(max) {
+                    Ok(Some(rec)) => rec,
                     Ok(None) => break,
                     Err(e) => {
                         broken.push((i, e.to_string()));
                         break;
                     }
                 };
-                match decode(bytes) {
+                match record.decode() {
                     Ok(WireMsg::Frame(f)) if f.src == r.from => {
                         self.ready.push_back(Incoming::Frame(f));
                     }
@@ -508,24 +513,41 @@ impl ProcessEndpoint {
         let Some(mut w) = self.ring_to(dest) else {
             return Ok(false);
         };
-        let mut head = std::mem::take(&mut self.scratch);
-        let payload = encode_into(msg, self.sh.max_frame, &mut head)
-            .map_err(|e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}")))?;
+        let max = self.sh.max_frame;
+        let cannot = |e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}"));
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let fixed;
+        let rest;
+        let parts: [&[u8]; 2] = if let WireMsg::Frame(Frame {
+            src,
+            epoch,
+            body: Body::App(app),
+        }) = msg
+        {
+            // The fixed fields from the stack and the payload from its own
+            // buffer: nothing is assembled (or copied) before the ring.
+            fixed = app_head(*src, *epoch, app, max).map_err(cannot)?;
+            [&fixed, &app.payload]
+        } else {
+            rest = encode_into(msg, max, &mut scratch).map_err(cannot)?;
+            [&scratch, &rest]
+        };
         let mut deadline = None;
-        for part in [&head[..], &payload[..]] {
+        for part in parts {
             let mut off = 0;
             let mut waits = 0u32;
             while off < part.len() {
-                let n = w.push(&part[off..]);
+                let n = w.write(&part[off..]);
                 if n > 0 {
                     off += n;
                     waits = 0;
-                    if w.wake_needed() {
-                        self.doorbell(dest);
-                    }
                     continue;
                 }
-                // Full. Take in what others send meanwhile (the receiver
+                // Full: let the receiver have what is written.
+                if w.publish() && w.wake_needed() {
+                    self.doorbell(dest);
+                }
+                // Take in what others send meanwhile (the receiver
                 // may itself be blocked writing to this rank, maybe in a
                 // ring announced only now), and give up on a receiver that
                 // died.
@@ -557,6 +579,9 @@ impl ProcessEndpoint {
                 }
             }
         }
+        if w.publish() && w.wake_needed() {
+            self.doorbell(dest);
+        }
         if let Some(PeerState::Up {
             incarnation, ring, ..
         }) = self.peers.get_mut(dest)
@@ -564,7 +589,7 @@ impl ProcessEndpoint {
         {
             *ring = Some(w);
         }
-        self.scratch = head;
+        self.scratch = scratch;
         Ok(true)
     }
 }
@@ -701,7 +726,9 @@ impl Endpoint for ProcessEndpoint {
             if let Some(i) = self.ready.pop_front() {
                 return Ok(Some(i));
             }
-            if let Ok(a) = self.inbox.try_recv() {
+            if !self.inbox.is_empty()
+                && let Ok(a) = self.inbox.try_recv()
+            {
                 if let Some(i) = self.take(a) {
                     return Ok(Some(i));
                 }
