@@ -128,8 +128,8 @@ fn sigkill(pid: u32) -> bool {
     signal(pid, nix::sys::signal::Signal::SIGKILL)
 }
 
-/// Start `lazarus run APP` on 4 rank processes under `protocol`, with
-/// further options `extra`.
+/// Start `lazarus run APP` on 4 rank processes (unless `extra` says
+/// `--ranks`) under `protocol`, with further options `extra`.
 fn start_job(app: &[&str], protocol: &str, extra: &[&str]) -> Child {
     start_job_env(app, protocol, extra, &[])
 }
@@ -138,14 +138,10 @@ fn start_job(app: &[&str], protocol: &str, extra: &[&str]) -> Child {
 fn start_job_env(app: &[&str], protocol: &str, extra: &[&str], env: &[(&str, &str)]) -> Child {
     let mut args = vec!["run"];
     args.extend_from_slice(app);
-    args.extend_from_slice(&[
-        "--backend",
-        "processes",
-        "--ranks",
-        "4",
-        "--protocol",
-        protocol,
-    ]);
+    args.extend_from_slice(&["--backend", "processes", "--protocol", protocol]);
+    if !extra.contains(&"--ranks") {
+        args.extend_from_slice(&["--ranks", "4"]);
+    }
     args.extend_from_slice(extra);
     start_env(&args, env)
 }
@@ -704,4 +700,22 @@ fn slurm_job_survives_the_loss_of_a_host_and_dies_with_its_launcher() {
     let _ = finish(child);
     assert_no_orphans(launcher, "launcher of a slurm job killed");
     let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
+}
+
+/// 24 ranks on one host: rings shrink (1 MiB each instead of 2 MiB, see
+/// `shm::capacity_for`) and the job still runs through a node kill to its
+/// failure-free value.
+#[test]
+fn a_large_job_on_one_host_survives_a_node_kill() {
+    let app: &[&str] = &["cg", "--class", "S"];
+    let big = ["--ranks", "24", "--nodes", "4"];
+    let child = start_job(app, "none", &big);
+    let pid = child.id();
+    let (out, err, ok) = finish(child);
+    assert_no_orphans(pid, "24 ranks, failure-free");
+    assert!(ok, "{out}\n{err}");
+    let want = verified(&out).expect("verified");
+    let mut extra = big.to_vec();
+    extra.extend_from_slice(&["--kill", "node:1@40%"]);
+    run_to_the_same_value(app, "coordinated", &extra, &want, "24 ranks, node kill");
 }

@@ -36,8 +36,34 @@ use bytes::Bytes;
 
 use super::wire::{APP_FIXED, APP_FRAME, WireError, WireMsg, decode, decode_app_parts};
 
-/// Data bytes of a ring (a power of two): a 1 MiB frame fits whole.
+/// Data bytes of a ring at most (a power of two): a 1 MiB frame fits whole.
 pub const CAPACITY: usize = 2 << 20;
+
+/// Data bytes of a ring at least.
+pub const MIN_CAPACITY: usize = 64 << 10;
+
+/// Shared memory a rank receives into from all its peers at most, when
+/// rings would otherwise take `CAPACITY` each: P ranks on one host make up
+/// to P(P−1) rings.
+const RECEIVE_BUDGET: usize = 32 << 20;
+
+/// Ring capacity in a job of `ranks` ranks: `CAPACITY` for up to 17 ranks,
+/// then smaller (a power of two, at least `MIN_CAPACITY`) so that a rank's
+/// incoming rings stay within `RECEIVE_BUDGET`. A frame larger than its
+/// ring still crosses it, in pieces.
+pub fn capacity_for(ranks: usize) -> usize {
+    let share = RECEIVE_BUDGET / ranks.saturating_sub(1).max(1);
+    let pow2 = if share.is_power_of_two() {
+        share
+    } else {
+        share.next_power_of_two() / 2
+    };
+    pow2.clamp(MIN_CAPACITY, CAPACITY)
+}
+
+fn valid_capacity(c: usize) -> bool {
+    c.is_power_of_two() && (MIN_CAPACITY..=CAPACITY).contains(&c)
+}
 
 /// Bytes before the data area.
 const HEADER: usize = 256;
@@ -192,9 +218,13 @@ pub struct RingWriter {
 
 impl RingWriter {
     /// Create the ring file `dir/name` (mode 0600, never an existing file)
-    /// and map it.
-    pub fn create(dir: &Path, name: &str) -> Result<RingWriter, ShmError> {
+    /// with `capacity` data bytes (a power of two from `MIN_CAPACITY` to
+    /// `CAPACITY`; see [`capacity_for`]), and map it.
+    pub fn create(dir: &Path, name: &str, capacity: usize) -> Result<RingWriter, ShmError> {
         use std::os::unix::fs::OpenOptionsExt;
+        if !valid_capacity(capacity) {
+            return Err(ShmError::Invalid(format!("capacity {capacity}")));
+        }
         let path = dir.join(name);
         let io = |what, source| ShmError::Io {
             what,
@@ -208,11 +238,11 @@ impl RingWriter {
             .mode(0o600)
             .open(&path)
             .map_err(|e| io("cannot create", e))?;
-        let len = HEADER + CAPACITY;
+        let len = HEADER + capacity;
         file.set_len(len as u64).map_err(|e| io("cannot size", e))?;
         let map = Mapping::map(&file, len, &path)?;
         map.word64(OFF_CAPACITY)
-            .store(CAPACITY as u64, Ordering::Relaxed);
+            .store(capacity as u64, Ordering::Relaxed);
         map.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
         Ok(RingWriter {
             map,
@@ -332,18 +362,21 @@ impl RingReader {
                 path: path.display().to_string(),
                 source,
             })?;
-        let len = HEADER + CAPACITY;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         let _ = std::fs::remove_file(&path);
-        if size != len as u64 {
+        // The capacity is the file's size less the header; the header must
+        // say the same.
+        let capacity = usize::try_from(size).unwrap_or(0).saturating_sub(HEADER);
+        if !valid_capacity(capacity) {
             return Err(ShmError::Invalid(format!(
-                "{} has {size} bytes, a ring has {len}",
+                "{} has {size} bytes, not a ring's",
                 path.display()
             )));
         }
+        let len = HEADER + capacity;
         let map = Mapping::map(&file, len, &path)?;
         if map.word64(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
-            || map.word64(OFF_CAPACITY).load(Ordering::Relaxed) != CAPACITY as u64
+            || map.word64(OFF_CAPACITY).load(Ordering::Relaxed) != capacity as u64
         {
             return Err(ShmError::Invalid(format!(
                 "{} has no ring header",
@@ -559,8 +592,43 @@ mod tests {
 
     #[test]
     fn frames_cross_the_wrap_around_whole_and_in_order() {
+        cross_the_wrap_around(CAPACITY);
+    }
+
+    /// The smallest ring: frames many times its size cross it in pieces.
+    #[test]
+    fn frames_larger_than_a_small_ring_cross_it_whole() {
+        cross_the_wrap_around(MIN_CAPACITY);
+    }
+
+    #[test]
+    fn ring_capacity_shrinks_with_the_job_to_keep_a_rank_within_budget() {
+        assert_eq!(capacity_for(1), CAPACITY);
+        assert_eq!(capacity_for(2), CAPACITY);
+        assert_eq!(capacity_for(17), CAPACITY);
+        assert_eq!(capacity_for(18), CAPACITY / 2);
+        assert_eq!(capacity_for(10_000), MIN_CAPACITY);
+        for ranks in 2..600 {
+            let c = capacity_for(ranks);
+            assert!(valid_capacity(c), "{ranks} ranks: {c}");
+            assert!(
+                c == MIN_CAPACITY || c * (ranks - 1) <= RECEIVE_BUDGET,
+                "{ranks} ranks: {c} bytes per ring"
+            );
+        }
         let d = dir();
-        let mut w = RingWriter::create(&d.0, "a").expect("create");
+        assert!(RingWriter::create(&d.0, "x", 3 << 16).is_err());
+        let w = RingWriter::create(&d.0, "y", MIN_CAPACITY).expect("create");
+        let r = RingReader::attach(&d.0, "y").expect("attach");
+        assert_eq!(
+            (w.map.capacity, r.map.capacity),
+            (MIN_CAPACITY, MIN_CAPACITY)
+        );
+    }
+
+    fn cross_the_wrap_around(capacity: usize) {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "a", capacity).expect("create");
         let mut r = RingReader::attach(&d.0, "a").expect("attach");
         assert!(!d.0.join("a").exists(), "the receiver unlinks the file");
         let mut sent = 0u64;
@@ -597,7 +665,7 @@ mod tests {
     fn an_application_frame_decodes_from_its_two_parts() {
         use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
         let d = dir();
-        let mut w = RingWriter::create(&d.0, "m").expect("create");
+        let mut w = RingWriter::create(&d.0, "m", CAPACITY).expect("create");
         let mut r = RingReader::attach(&d.0, "m").expect("attach");
         for n in [0usize, 8, 100_000] {
             let msg = WireMsg::Frame(Frame {
@@ -628,11 +696,11 @@ mod tests {
     #[test]
     fn an_oversized_or_short_length_is_an_error() {
         let d = dir();
-        let mut w = RingWriter::create(&d.0, "b").expect("create");
+        let mut w = RingWriter::create(&d.0, "b", CAPACITY).expect("create");
         let mut r = RingReader::attach(&d.0, "b").expect("attach");
         w.push(&record(&[0u8; 100]));
         assert!(matches!(r.pull(50), Err(WireError::Oversized { .. })));
-        let mut w = RingWriter::create(&d.0, "c").expect("create");
+        let mut w = RingWriter::create(&d.0, "c", CAPACITY).expect("create");
         let mut r = RingReader::attach(&d.0, "c").expect("attach");
         w.push(&3u32.to_le_bytes());
         assert!(matches!(r.pull(1000), Err(WireError::Malformed(_))));
@@ -650,9 +718,9 @@ mod tests {
             RingReader::attach(&d.0, "f"),
             Err(ShmError::Invalid(_))
         ));
-        assert!(RingWriter::create(&d.0, "g").is_ok());
+        assert!(RingWriter::create(&d.0, "g", CAPACITY).is_ok());
         assert!(
-            RingWriter::create(&d.0, "g").is_err(),
+            RingWriter::create(&d.0, "g", CAPACITY).is_err(),
             "an existing file is never reused"
         );
     }
@@ -660,7 +728,7 @@ mod tests {
     #[test]
     fn a_sleeping_receiver_gets_exactly_one_doorbell() {
         let d = dir();
-        let mut w = RingWriter::create(&d.0, "s").expect("create");
+        let mut w = RingWriter::create(&d.0, "s", CAPACITY).expect("create");
         let mut r = RingReader::attach(&d.0, "s").expect("attach");
         assert!(!w.wake_needed());
         assert!(r.sleep());

@@ -30,7 +30,7 @@ use serde::Serialize;
 use super::LaunchEnv;
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Listener, Stream};
-use super::shm::{RingReader, RingWriter};
+use super::shm::{self, RingReader, RingWriter};
 use super::wire::{
     RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, read_msg, write_msg,
 };
@@ -467,7 +467,7 @@ impl ProcessEndpoint {
             self.rings_made
         );
         self.rings_made += 1;
-        let w = match RingWriter::create(&dir, &name) {
+        let w = match RingWriter::create(&dir, &name, shm::capacity_for(self.size)) {
             Ok(w) => w,
             Err(e) => {
                 if std::env::var_os("LAZARUS_DEBUG").is_some() {
