@@ -507,6 +507,8 @@ impl ProcessEndpoint {
     /// used for it, or `dest` died meanwhile (the caller decides where the
     /// frame goes, as for a socket).
     fn ring_send(&mut self, dest: Rank, msg: &WireMsg) -> Result<bool> {
+        /// Parts larger than this are published every this many bytes.
+        const STREAM_CHUNK: usize = 64 << 10;
         let Some(inc) = self.up_incarnation(dest) else {
             return Ok(false);
         };
@@ -537,10 +539,15 @@ impl ProcessEndpoint {
             let mut off = 0;
             let mut waits = 0u32;
             while off < part.len() {
-                let n = w.write(&part[off..]);
+                let n = w.write(&part[off..part.len().min(off + STREAM_CHUNK)]);
                 if n > 0 {
                     off += n;
                     waits = 0;
+                    // A large part is published as it goes, so the receiver
+                    // copies out while the rest is written.
+                    if part.len() > STREAM_CHUNK && w.publish() && w.wake_needed() {
+                        self.doorbell(dest);
+                    }
                     continue;
                 }
                 // Full: let the receiver have what is written.
