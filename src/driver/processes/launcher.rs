@@ -451,6 +451,14 @@ impl<'a> Launcher<'a> {
         if let Some(p) = s.protocol_override {
             env.push((var::PROTOCOL, p.name().into()));
         }
+        // Transparent huge pages for glibc's large allocations (received
+        // frames): memory a logging protocol keeps is new memory for every
+        // message, and faulting it in 4 KiB pages cost more than the copy
+        // (pingpong at 1 MiB under `pessimistic`: 3.0 -> 10.2 GB/s). A
+        // user's own GLIBC_TUNABLES is left alone.
+        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+            env.push(("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1".into()));
+        }
         env
     }
 
