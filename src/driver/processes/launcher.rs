@@ -626,6 +626,19 @@ impl<'a> Launcher<'a> {
         self.results()
     }
 
+    /// Those of `ranks` whose current incarnation is starting or running.
+    fn running(&self, ranks: &[Rank]) -> Vec<Rank> {
+        ranks
+            .iter()
+            .copied()
+            .filter(|&r| {
+                self.procs
+                    .get(r)
+                    .is_some_and(|p| matches!(p.status, Status::Starting | Status::Ready))
+            })
+            .collect()
+    }
+
     /// Whether `incarnation` is `rank`'s current one and still running (its
     /// messages count; its loss is a failure).
     fn is_live(&self, rank: Rank, incarnation: u64) -> bool {
@@ -731,16 +744,8 @@ impl<'a> Launcher<'a> {
                     .clone()
                     .unwrap_or_else(|| format!("node {node}"));
                 // Every rank of that host is lost with it.
-                let victims: Vec<Rank> = a
-                    .placement
-                    .ranks_on(node)
-                    .into_iter()
-                    .filter(|&r| {
-                        self.procs
-                            .get(r)
-                            .is_some_and(|p| matches!(p.status, Status::Starting | Status::Ready))
-                    })
-                    .collect();
+                let on_host = a.placement.ranks_on(node);
+                let victims = self.running(&on_host);
                 if !victims.is_empty() {
                     self.failure(&victims, &format!("the agent on {host} was lost ({why})"));
                 }
@@ -1017,15 +1022,7 @@ impl<'a> Launcher<'a> {
     /// have died before its `Done` reached the finalize leader), and nobody
     /// hears of a failure.
     fn died_after_the_end(&mut self, victims: &[Rank]) -> bool {
-        let running: Vec<Rank> = victims
-            .iter()
-            .copied()
-            .filter(|&v| {
-                self.procs
-                    .get(v)
-                    .is_some_and(|p| matches!(p.status, Status::Starting | Status::Ready))
-            })
-            .collect();
+        let running = self.running(victims);
         if running.is_empty() || running.iter().any(|&v| self.procs[v].finishing.is_none()) {
             return false;
         }

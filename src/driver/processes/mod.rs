@@ -6,6 +6,8 @@
 //!   program), detects deaths by exit status, lost control connection and
 //!   missed heartbeats, tells the survivors, starts replacements with the
 //!   dead rank's number, and fires the fault plan's kills with `SIGKILL`.
+//! - [`agent`]: with ranks on several hosts (`--hosts slurm`), one agent per
+//!   host, started by `srun`, starts, kills and reaps that host's ranks.
 //! - [`worker`]: a rank process's endpoint, its connections and the threads
 //!   serving them (frame delivery, RMA progress, heartbeats).
 //! - [`wire`]: the length-prefixed, versioned frame format.
