@@ -244,6 +244,9 @@ impl Config {
     /// Check the configuration as a whole.
     pub fn validate(&self) -> Result<Placement> {
         let pl = self.placement()?;
+        if self.backend == Backend::Processes {
+            self.hosts.check_listen(self.listen)?;
+        }
         if self.restart.is_some() && self.protocol == ProtocolKind::None {
             return Err(Error::config(
                 "--restart",

@@ -154,6 +154,12 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
     })?;
     let nodes = slurm_default(args.nodes, "SLURM_NNODES").unwrap_or(1);
     let placement = lazarus::topology::Placement::block(ranks, nodes).map_err(usage)?;
+    let hosts = match &args.hosts {
+        Some(h) => h.parse().map_err(usage)?,
+        None => Hosts::from_slurm_env(),
+    };
+    let listen: lazarus::driver::processes::net::Listen = args.listen.parse().map_err(usage)?;
+    hosts.check_listen(listen).map_err(usage)?;
     let kills = parse_kills(&args.kills)?;
     for k in &kills {
         k.validate(&placement, u64::MAX).map_err(usage)?;
@@ -168,11 +174,8 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         ranks,
         nodes,
         kills,
-        listen: args.listen.parse().map_err(usage)?,
-        hosts: match &args.hosts {
-            Some(h) => h.parse().map_err(usage)?,
-            None => Hosts::from_slurm_env(),
-        },
+        listen,
+        hosts,
         agent_program: std::env::current_exe()?,
         heartbeat_timeout: heartbeat(args.heartbeat_timeout)?,
         max_frame: Config::default().max_frame,

@@ -158,6 +158,28 @@ fn malformed_input_exits_2_with_a_clear_message() {
         ),
         (&["run", "cg", "--bogus"], "--bogus"),
         (
+            &["run", "cg", "--backend", "processes", "--hosts", "slurm"],
+            "--hosts slurm needs --listen tcp:IP",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--backend",
+                "processes",
+                "--hosts",
+                "slurm",
+                "--listen",
+                "tcp:0.0.0.0",
+            ],
+            "no address the other nodes can reach",
+        ),
+        (&["run", "cg", "--hosts", "moon"], "--hosts"),
+        (
+            &["launch", "-n", "2", "--hosts", "slurm", "--", "/bin/true"],
+            "--hosts slurm needs --listen tcp:IP",
+        ),
+        (
             &["bench", "cg", "--protocols", "none,nope"],
             "unknown protocol `nope`",
         ),

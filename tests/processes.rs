@@ -559,7 +559,8 @@ fn launch_runs_a_users_program_through_a_node_kill() {
     let example_s = example.to_string_lossy().to_string();
     let srun = fake_srun();
     let srun_s = srun.to_string_lossy().to_string();
-    let here: (&[&str], Vec<(&str, &str)>) = (&["-n", "4", "--nodes", "2"], Vec::new());
+    let here: (&[&str], Vec<(&str, &str)>) =
+        (&["-n", "4", "--nodes", "2", "--hosts", "local"], Vec::new());
     let slurm: (&[&str], Vec<(&str, &str)>) = (
         &["--listen", "tcp"],
         vec![

@@ -81,6 +81,28 @@ impl Hosts {
     }
 }
 
+impl Hosts {
+    /// Whether ranks placed this way can reach each other over `listen`:
+    /// across hosts only TCP on an address the other nodes reach will do.
+    pub fn check_listen(self, listen: super::net::Listen) -> Result<()> {
+        if self == Hosts::Local {
+            return Ok(());
+        }
+        match listen {
+            super::net::Listen::Tcp(ip) if ip.is_unspecified() => Err(Error::config(
+                "--listen",
+                format!("{ip} is no address the other nodes can reach: name one of this host's"),
+            )),
+            super::net::Listen::Tcp(_) => Ok(()),
+            super::net::Listen::Unix { .. } => Err(Error::config(
+                "--listen",
+                "ranks on several hosts talk over TCP: --hosts slurm needs --listen tcp:IP \
+                 (an address of this host the other nodes reach)",
+            )),
+        }
+    }
+}
+
 /// The `srun` command line that starts one agent on each of `nodes` nodes:
 /// `LAZARUS_SRUN` (split at white space) or `srun`, then the placement
 /// options, then `agent_program agent`.

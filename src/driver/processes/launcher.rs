@@ -1237,19 +1237,7 @@ fn start_agents(
     secret: &Secret,
     tx: Sender<Event>,
 ) -> Result<Agents> {
-    let Listen::Tcp(ip) = spec.listen else {
-        return Err(Error::config(
-            "--listen",
-            "ranks on several hosts talk over TCP: --hosts slurm needs --listen tcp:IP \
-             (an address of this host the other nodes reach)",
-        ));
-    };
-    if ip.is_unspecified() {
-        return Err(Error::config(
-            "--listen",
-            format!("{ip} is no address the other nodes can reach: name one of this host's"),
-        ));
-    }
+    spec.hosts.check_listen(spec.listen)?;
     let placement = Placement::block(spec.ranks, spec.nodes)?;
     let listener = Listener::bind(spec.listen, dir, "agents.sock")
         .map_err(|e| driver_err("cannot listen for agents", e))?;
