@@ -244,7 +244,7 @@ impl FaultPlan {
             }
             let max_delay = match k.spec.moment {
                 // Recovery and checkpoint exchanges are short: land within
-                // their first calls; after finalize there is one.
+                // their first calls; finalize has one fault point.
                 Moment::Recovery(_) | Moment::Checkpoint(_) => 1,
                 Moment::Finalize => 0,
                 _ => 12,

@@ -558,7 +558,6 @@ fn launch_runs_a_users_program_through_a_node_kill() {
     assert!(want.starts_with("RESULT "), "{want}");
     let example_s = example.to_string_lossy().to_string();
     let srun = fake_srun();
-    let srun_s = srun.to_string_lossy().to_string();
     let here: (&[&str], Vec<(&str, &str)>) =
         (&["-n", "4", "--nodes", "2", "--hosts", "local"], Vec::new());
     let slurm: (&[&str], Vec<(&str, &str)>) = (
@@ -567,7 +566,7 @@ fn launch_runs_a_users_program_through_a_node_kill() {
             ("SLURM_JOB_ID", "7"),
             ("SLURM_NNODES", "2"),
             ("SLURM_NTASKS", "4"),
-            ("LAZARUS_SRUN", &srun_s),
+            ("LAZARUS_SRUN", &srun.path),
         ],
     );
     for (what, (opts, env)) in [("local", here), ("slurm", slurm)] {
@@ -585,7 +584,6 @@ fn launch_runs_a_users_program_through_a_node_kill() {
             "{what}: the node kill happened: {err}"
         );
     }
-    let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
 }
 
 /// A program that dies before it connects (here `/bin/false`) is not
@@ -609,7 +607,20 @@ fn a_rank_that_never_connects_fails_the_job() {
 /// A stand-in for Slurm's `srun` (what `LAZARUS_SRUN` names): it starts its
 /// command once per node, on this host, with that node's `SLURM_NODEID`
 /// and `SLURMD_NODENAME`, as `srun --nodes=K --ntasks-per-node=1` would.
-fn fake_srun() -> PathBuf {
+/// Its directory goes when the value is dropped.
+struct FakeSrun {
+    dir: PathBuf,
+    /// The script's path.
+    path: String,
+}
+
+impl Drop for FakeSrun {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fake_srun() -> FakeSrun {
     let dir = tmp("srun");
     std::fs::create_dir_all(&dir).expect("temporary directory");
     let path = dir.join("srun");
@@ -632,7 +643,10 @@ wait
     std::fs::write(&path, script).expect("write the fake srun");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    path
+    FakeSrun {
+        path: path.to_string_lossy().into_owned(),
+        dir,
+    }
 }
 
 /// `--hosts slurm`: an agent per node (started through `srun`) starts the
@@ -644,7 +658,6 @@ fn slurm_agents_carry_a_job_through_a_node_kill() {
     let app: &[&str] = &["cg", "--class", "S"];
     let (want, _) = reference(app);
     let srun = fake_srun();
-    let srun_s = srun.to_string_lossy().to_string();
     for protocol in ["coordinated", "pessimistic"] {
         let extra = [
             "--hosts",
@@ -660,12 +673,11 @@ fn slurm_agents_carry_a_job_through_a_node_kill() {
             app,
             protocol,
             &extra,
-            &[("LAZARUS_SRUN", &srun_s)],
+            &[("LAZARUS_SRUN", &srun.path)],
             &want,
             &format!("slurm {protocol}"),
         );
     }
-    let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
 }
 
 /// A host lost for good (its agent killed with `kill -9`): its ranks die
@@ -676,8 +688,7 @@ fn slurm_job_survives_the_loss_of_a_host_and_dies_with_its_launcher() {
     let app: &[&str] = &["cg", "--class", "W"];
     let (want, _) = reference(app);
     let srun = fake_srun();
-    let srun_s = srun.to_string_lossy().to_string();
-    let env = [("LAZARUS_SRUN", srun_s.as_str())];
+    let env = [("LAZARUS_SRUN", srun.path.as_str())];
     let extra = ["--hosts", "slurm", "--listen", "tcp", "--nodes", "2"];
 
     let child = start_job_env(app, "coordinated", &extra, &env);
@@ -704,7 +715,6 @@ fn slurm_job_survives_the_loss_of_a_host_and_dies_with_its_launcher() {
     assert!(sigkill(launcher));
     let _ = finish(child);
     assert_no_orphans(launcher, "launcher of a slurm job killed");
-    let _ = std::fs::remove_dir_all(srun.parent().expect("dir"));
 }
 
 /// 24 ranks on one host: rings shrink (1 MiB each instead of 2 MiB, see

@@ -1333,7 +1333,9 @@ impl Engine {
 
     /// Finalize: every rank reports `Done` to rank 0, which answers `Exit`
     /// once all have; a failure meanwhile makes the protocol roll back (the
-    /// rank function runs again) or fail. No fault is injected here.
+    /// rank function runs again) or fail. Entering it is one fault point
+    /// (kill moment `finalize`); the driver may end it early
+    /// (`Incoming::JobComplete`) when every rank's value is known.
     pub fn finalize(&mut self) -> Result<()> {
         self.check()?;
         self.finalizing = true;

@@ -16,7 +16,9 @@
 //! exits (no orphans), and its ranks die with it (`PR_SET_PDEATHSIG`).
 //!
 //! The same machinery runs on one machine for tests: `LAZARUS_SRUN` names
-//! the command used in place of `srun`.
+//! the command used in place of `srun`. Agents run the `lazarus`
+//! executable: the launcher's own when it is `lazarus`, else
+//! `LAZARUS_AGENT_PROGRAM`, else `lazarus` on the `PATH`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -79,9 +81,7 @@ impl Hosts {
             _ => Hosts::Local,
         }
     }
-}
 
-impl Hosts {
     /// Whether ranks placed this way can reach each other over `listen`:
     /// across hosts only TCP on an address the other nodes reach will do.
     pub fn check_listen(self, listen: super::net::Listen) -> Result<()> {
@@ -280,7 +280,7 @@ pub fn run_agent() -> Result<()> {
             Ok(Ok(msg)) => match msg {
                 WireMsg::AgentFile { var, name, bytes } => {
                     // Only plain names: the file stays in the directory.
-                    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+                    if !super::plain_file_name(&name) {
                         break Err(fail("bad file name from the launcher", &name));
                     }
                     let path = dir.0.join(&name);
@@ -312,17 +312,7 @@ pub fn run_agent() -> Result<()> {
                     }
                 }
                 WireMsg::KillRanks { ranks: victims } => {
-                    // All first, back to back; then reap.
-                    for v in &victims {
-                        if let Some(c) = ranks.children.get_mut(v) {
-                            let _ = c.kill();
-                        }
-                    }
-                    for v in &victims {
-                        if let Some(mut c) = ranks.children.remove(v) {
-                            let _ = c.wait();
-                        }
-                    }
+                    ranks.kill(&victims);
                     if write_msg(&mut link, &WireMsg::Killed { ranks: victims }, max).is_err() {
                         break Ok(());
                     }
@@ -402,12 +392,23 @@ impl Ranks {
         out
     }
 
+    /// Kill `victims` with `SIGKILL`, all first, back to back; then reap
+    /// them.
+    fn kill(&mut self, victims: &[(Rank, u64)]) {
+        for v in victims {
+            if let Some(c) = self.children.get_mut(v) {
+                let _ = c.kill();
+            }
+        }
+        for v in victims {
+            if let Some(mut c) = self.children.remove(v) {
+                let _ = c.wait();
+            }
+        }
+    }
+
     fn kill_all(&mut self) {
-        for c in self.children.values_mut() {
-            let _ = c.kill();
-        }
-        for (_, mut c) in std::mem::take(&mut self.children) {
-            let _ = c.wait();
-        }
+        let all: Vec<(Rank, u64)> = self.children.keys().copied().collect();
+        self.kill(&all);
     }
 }

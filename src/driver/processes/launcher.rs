@@ -18,7 +18,7 @@
 //! With `--hosts slurm` the rank processes are started, killed and reaped
 //! by an agent on each node ([`super::agent`]); everything else stays here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -144,6 +144,67 @@ struct Agents {
     placement: Placement,
 }
 
+impl Agents {
+    /// The node whose agent starts `rank`: its own, or, when that node is
+    /// gone (its agent lost), the live node with the fewest running ranks,
+    /// so the job survives the loss of a host (that node then holds two
+    /// failure domains' ranks).
+    fn node_for(&self, procs: &[RankProc], rank: Rank) -> Result<usize> {
+        let home = self.placement.node_of(rank);
+        if self.links[home].is_some() {
+            return Ok(home);
+        }
+        let load = |n: usize| {
+            procs
+                .iter()
+                .filter(|p| matches!(p.child, Some(Process::Remote { node, .. }) if node == n))
+                .count()
+        };
+        let n = (0..self.links.len())
+            .filter(|&n| self.links[n].is_some())
+            .min_by_key(|&n| load(n))
+            .ok_or_else(|| driver_err(&format!("cannot start rank {rank}"), "no agent is left"))?;
+        eprintln!(
+            "lazarus launcher: node {home} is gone; rank {rank} restarts on node {n} ({})",
+            self.hosts[n].as_deref().unwrap_or("?")
+        );
+        Ok(n)
+    }
+
+    /// Have the agent of `rank`'s node start incarnation `incarnation` of
+    /// it with the environment `env`.
+    fn spawn(
+        &mut self,
+        procs: &[RankProc],
+        spec: &LaunchSpec,
+        rank: Rank,
+        incarnation: u64,
+        env: Vec<(&'static str, String)>,
+    ) -> Result<Process> {
+        use std::os::unix::ffi::OsStrExt;
+        let node = self.node_for(procs, rank)?;
+        let msg = WireMsg::Spawn {
+            rank,
+            incarnation,
+            program: spec.program.as_os_str().as_bytes().to_vec(),
+            args: spec.args.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            quiet_stdout: spec.quiet_stdout,
+        };
+        let sent = match self.links.get_mut(node).and_then(Option::as_mut) {
+            Some(link) => write_msg(link, &msg, spec.max_frame).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err(driver_err(
+                &format!("cannot start rank {rank}"),
+                format!("the agent of node {node} is gone"),
+            ));
+        }
+        Ok(Process::Remote { node, exit: None })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
     Starting,
@@ -165,6 +226,20 @@ struct RankProc {
     /// The value this incarnation reported on entering finalize (since the
     /// last failure event).
     finishing: Option<Vec<u8>>,
+}
+
+impl RankProc {
+    /// The process was killed: collect it, close its control connection,
+    /// and give it `status`.
+    fn reap(&mut self, status: Status) {
+        if let Some(Process::Local(mut c)) = self.child.take() {
+            let _ = c.wait();
+        }
+        if let Some(ctl) = self.ctl.take() {
+            ctl.shutdown();
+        }
+        self.status = status;
+    }
 }
 
 /// A failure event as the survivors hear it.
@@ -205,7 +280,7 @@ struct Launcher<'a> {
     /// With `--hosts slurm`.
     agents: Option<Agents>,
     /// Events set aside while a failure waited for finalize reports.
-    stash: std::collections::VecDeque<Event>,
+    stash: VecDeque<Event>,
 }
 
 /// How long a failure of ranks that had entered finalize waits for the
@@ -467,61 +542,8 @@ impl<'a> Launcher<'a> {
     fn spawn(&mut self, rank: Rank, incarnation: u64, epoch: u64) -> Result<Process> {
         let s = self.spec;
         let env = self.rank_env(rank, incarnation, epoch);
-        if let Some(a) = self.agents.as_ref() {
-            use std::os::unix::ffi::OsStrExt;
-            let home = a.placement.node_of(rank);
-            // A rank whose node is gone (its agent lost) restarts on the
-            // live node with the fewest running ranks: the job survives the
-            // loss of a host, though that node now holds two failure
-            // domains' ranks.
-            let node = if a.links[home].is_some() {
-                home
-            } else {
-                let load = |n: usize| {
-                    self.procs
-                        .iter()
-                        .filter(
-                            |p| matches!(p.child, Some(Process::Remote { node, .. }) if node == n),
-                        )
-                        .count()
-                };
-                let Some(n) = (0..a.links.len())
-                    .filter(|&n| a.links[n].is_some())
-                    .min_by_key(|&n| load(n))
-                else {
-                    return Err(driver_err(
-                        &format!("cannot start rank {rank}"),
-                        "no agent is left",
-                    ));
-                };
-                eprintln!(
-                    "lazarus launcher: node {home} is gone; rank {rank} restarts on node {n} ({})",
-                    a.hosts[n].as_deref().unwrap_or("?")
-                );
-                n
-            };
-            let Some(a) = self.agents.as_mut() else {
-                return Err(driver_err("agents", "gone"));
-            };
-            let msg = WireMsg::Spawn {
-                rank,
-                incarnation,
-                program: s.program.as_os_str().as_bytes().to_vec(),
-                args: s.args.iter().map(|a| a.as_bytes().to_vec()).collect(),
-                env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-                quiet_stdout: s.quiet_stdout,
-            };
-            let sent = match a.links.get_mut(node).and_then(Option::as_mut) {
-                Some(link) => write_msg(link, &msg, s.max_frame).is_ok(),
-                None => false,
-            };
-            if !sent {
-                return Err(driver_err(
-                    &format!("cannot start rank {rank}"),
-                    format!("the agent of node {node} is gone"),
-                ));
-            }
-            return Ok(Process::Remote { node, exit: None });
+        if let Some(a) = self.agents.as_mut() {
+            return a.spawn(&self.procs, s, rank, incarnation, env);
         }
         let mut cmd = Command::new(&s.program);
         cmd.args(&s.args).stdin(Stdio::null()).envs(env);
@@ -891,7 +913,7 @@ impl<'a> Launcher<'a> {
             eprintln!("launcher: failure of {victims:?}: {why}; states {st:?}");
         }
         // Kill them all first, back to back, before anyone is told.
-        let mut remote: Vec<Vec<(Rank, u64)>> = Vec::new();
+        let mut remote: BTreeMap<usize, Vec<(Rank, u64)>> = BTreeMap::new();
         for &v in victims {
             let Some(p) = self.procs.get_mut(v) else {
                 continue;
@@ -901,10 +923,7 @@ impl<'a> Launcher<'a> {
                     let _ = c.kill();
                 }
                 Some(Process::Remote { node, .. }) => {
-                    if remote.len() <= *node {
-                        remote.resize(*node + 1, Vec::new());
-                    }
-                    remote[*node].push((v, p.incarnation));
+                    remote.entry(*node).or_default().push((v, p.incarnation));
                 }
                 None => {}
             }
@@ -931,13 +950,7 @@ impl<'a> Launcher<'a> {
             if !matches!(p.status, Status::Starting | Status::Ready) {
                 continue;
             }
-            if let Some(Process::Local(mut c)) = p.child.take() {
-                let _ = c.wait();
-            }
-            if let Some(ctl) = p.ctl.take() {
-                ctl.shutdown();
-            }
-            p.status = Status::Dead;
+            p.reap(Status::Dead);
             dead.push((v, p.incarnation));
         }
         if dead.is_empty() {
@@ -1056,13 +1069,7 @@ impl<'a> Launcher<'a> {
         self.stats.stats.ranks_killed += running.len() as u64;
         for v in running {
             let p = &mut self.procs[v];
-            if let Some(Process::Local(mut c)) = p.child.take() {
-                let _ = c.wait();
-            }
-            if let Some(ctl) = p.ctl.take() {
-                ctl.shutdown();
-            }
-            p.status = Status::Finished;
+            p.reap(Status::Finished);
             let value = p.finishing.take().unwrap_or_default();
             if self.debug {
                 eprintln!("launcher: rank {v} died after the end; its reported value stands");
@@ -1076,16 +1083,13 @@ impl<'a> Launcher<'a> {
     /// Have the agents kill `per_node[n]` on node `n`, all at once, and
     /// wait (boundedly) until they are reaped, so that nobody hears of the
     /// failure while a victim still runs.
-    fn kill_remote(&mut self, per_node: Vec<Vec<(Rank, u64)>>) {
+    fn kill_remote(&mut self, per_node: BTreeMap<usize, Vec<(Rank, u64)>>) {
         let Some(a) = self.agents.as_mut() else {
             return;
         };
         while a.acks.try_recv().is_ok() {}
         let mut asked = 0;
-        for (node, ranks) in per_node.into_iter().enumerate() {
-            if ranks.is_empty() {
-                continue;
-            }
+        for (node, ranks) in per_node {
             if let Some(link) = a.links.get_mut(node).and_then(Option::as_mut)
                 && write_msg(link, &WireMsg::KillRanks { ranks }, self.spec.max_frame).is_ok()
             {
@@ -1321,15 +1325,13 @@ fn spawn_acceptor(
                             return;
                         }
                         loop {
-                            let conn = match read_msg(&mut s, max) {
-                                Ok(WireMsg::Killed { ranks }) if acks.is_some() => {
-                                    if let Some(a) = &acks {
-                                        let _ = a.send(ranks);
-                                    }
+                            let conn = match (read_msg(&mut s, max), &acks) {
+                                (Ok(WireMsg::Killed { ranks }), Some(a)) => {
+                                    let _ = a.send(ranks);
                                     continue;
                                 }
-                                Ok(msg) => Conn::Msg(msg),
-                                Err(e) => Conn::Lost(e.to_string()),
+                                (Ok(msg), _) => Conn::Msg(msg),
+                                (Err(e), _) => Conn::Lost(e.to_string()),
                             };
                             let lost = matches!(conn, Conn::Lost(_));
                             if !send(conn) || lost {

@@ -111,6 +111,12 @@ pub(crate) struct LaunchEnv {
     pub shm_dir: Option<PathBuf>,
 }
 
+/// Whether a file name a peer sent names a file directly inside a
+/// directory of ours (no path, no parent, no hidden file).
+pub(crate) fn plain_file_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('/') && !name.starts_with('.')
+}
+
 fn get(name: &str) -> Result<String> {
     std::env::var(name).map_err(|_| Error::Driver(format!("launched without {name}")))
 }

@@ -270,9 +270,9 @@ impl RingWriter {
     }
 
     /// Make everything written visible to the receiver; `false` if nothing
-    /// new was written. A frame written in parts is published once: one
-    /// store to the shared head, and no half frame for the receiver to come
-    /// back to.
+    /// new was written. A sender publishes a small frame once, whole (one
+    /// store to the shared head, no half frame for the receiver to come
+    /// back to), and a large one as it goes.
     pub fn publish(&mut self) -> bool {
         if self.head == self.published {
             return false;
@@ -349,7 +349,7 @@ pub struct RingReader {
 impl RingReader {
     /// Map the ring `dir/name` made by a peer, then unlink its file.
     pub fn attach(dir: &Path, name: &str) -> Result<RingReader, ShmError> {
-        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        if !super::plain_file_name(name) {
             return Err(ShmError::Invalid(format!("bad ring name `{name}`")));
         }
         let path = dir.join(name);
