@@ -139,8 +139,9 @@ struct Agents {
     links: Vec<Option<Stream>>,
     /// Per node: its host name, once the agent said hello.
     hosts: Vec<Option<String>>,
-    /// Agents' acknowledgements of `KillRanks`.
-    acks: Receiver<Vec<(Rank, u64)>>,
+    /// Agents' acknowledgements of `KillRanks`, and the loss of an
+    /// agent's connection (which ends its ranks too), by node.
+    acks: Receiver<AgentAck>,
     placement: Placement,
 }
 
@@ -182,7 +183,6 @@ impl Agents {
         env: Vec<(&'static str, String)>,
     ) -> Result<Process> {
         use std::os::unix::ffi::OsStrExt;
-        let node = self.node_for(procs, rank)?;
         let msg = WireMsg::Spawn {
             rank,
             incarnation,
@@ -191,18 +191,37 @@ impl Agents {
             env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             quiet_stdout: spec.quiet_stdout,
         };
-        let sent = match self.links.get_mut(node).and_then(Option::as_mut) {
-            Some(link) => write_msg(link, &msg, spec.max_frame).is_ok(),
-            None => false,
-        };
-        if !sent {
-            return Err(driver_err(
-                &format!("cannot start rank {rank}"),
-                format!("the agent of node {node} is gone"),
-            ));
+        // An agent whose connection broke is gone even before its loss
+        // reaches the event loop (which then fails the ranks still on its
+        // node): the rank goes to another node.
+        loop {
+            let node = self.node_for(procs, rank)?;
+            if let Some(link) = self.links[node].as_mut()
+                && write_msg(link, &msg, spec.max_frame).is_ok()
+            {
+                return Ok(Process::Remote { node, exit: None });
+            }
+            self.links[node] = None;
         }
-        Ok(Process::Remote { node, exit: None })
     }
+
+    /// The ranks whose current incarnation runs (or starts) on `node`.
+    fn ranks_on(procs: &[RankProc], node: usize) -> Vec<Rank> {
+        (0..procs.len())
+            .filter(|&r| {
+                matches!(procs[r].status, Status::Starting | Status::Ready)
+                    && matches!(procs[r].child, Some(Process::Remote { node: n, .. }) if n == node)
+            })
+            .collect()
+    }
+}
+
+/// What the agents' connections tell [`Launcher::kill_remote`].
+enum AgentAck {
+    /// The agent of this node reaped the ranks it was asked to kill.
+    Killed(usize),
+    /// The agent of this node is gone; its ranks end with it.
+    Lost(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -765,9 +784,9 @@ impl<'a> Launcher<'a> {
                 let host = a.hosts[node]
                     .clone()
                     .unwrap_or_else(|| format!("node {node}"));
-                // Every rank of that host is lost with it.
-                let on_host = a.placement.ranks_on(node);
-                let victims = self.running(&on_host);
+                // Every rank on that host is lost with it (its own ranks,
+                // or replacements of another node's started there).
+                let victims = Agents::ranks_on(&self.procs, node);
                 if !victims.is_empty() {
                     self.failure(&victims, &format!("the agent on {host} was lost ({why})"));
                 }
@@ -1087,21 +1106,41 @@ impl<'a> Launcher<'a> {
         let Some(a) = self.agents.as_mut() else {
             return;
         };
-        while a.acks.try_recv().is_ok() {}
-        let mut asked = 0;
-        for (node, ranks) in per_node {
-            if let Some(link) = a.links.get_mut(node).and_then(Option::as_mut)
-                && write_msg(link, &WireMsg::KillRanks { ranks }, self.spec.max_frame).is_ok()
-            {
-                asked += 1;
+        // Stale confirmations; a loss noticed here is kept (the event loop
+        // hears of it as well and fails what still runs there).
+        let mut lost = BTreeSet::new();
+        while let Ok(ack) = a.acks.try_recv() {
+            if let AgentAck::Lost(node) = ack {
+                lost.insert(node);
             }
         }
+        let mut asked = BTreeSet::new();
+        for (node, ranks) in per_node {
+            if lost.contains(&node) {
+                a.links[node] = None;
+            } else if let Some(link) = a.links.get_mut(node).and_then(Option::as_mut)
+                && write_msg(link, &WireMsg::KillRanks { ranks }, self.spec.max_frame).is_ok()
+            {
+                asked.insert(node);
+            }
+        }
+        // A lost agent answers nothing, but its ranks end with it (they
+        // die with their parent, and an agent kills them when its launcher
+        // connection ends).
         let deadline = Instant::now() + Duration::from_secs(5);
-        while asked > 0 {
+        while !asked.is_empty() {
             match a.acks.recv_deadline(deadline) {
-                Ok(_) => asked -= 1,
+                Ok(AgentAck::Killed(node)) => {
+                    asked.remove(&node);
+                }
+                Ok(AgentAck::Lost(node)) => {
+                    asked.remove(&node);
+                    a.links[node] = None;
+                }
                 Err(_) => {
-                    eprintln!("lazarus launcher: an agent did not confirm a kill within 5 s");
+                    eprintln!(
+                        "lazarus launcher: the agent(s) of node(s) {asked:?} did not confirm a kill within 5 s"
+                    );
                     break;
                 }
             }
@@ -1287,7 +1326,7 @@ fn spawn_acceptor(
     job: u64,
     max: usize,
     tx: Sender<Event>,
-    acks: Option<Sender<Vec<(Rank, u64)>>>,
+    acks: Option<Sender<AgentAck>>,
 ) -> Result<()> {
     let me = Identity {
         job,
@@ -1326,12 +1365,17 @@ fn spawn_acceptor(
                         }
                         loop {
                             let conn = match (read_msg(&mut s, max), &acks) {
-                                (Ok(WireMsg::Killed { ranks }), Some(a)) => {
-                                    let _ = a.send(ranks);
+                                (Ok(WireMsg::Killed { .. }), Some(a)) => {
+                                    let _ = a.send(AgentAck::Killed(id));
                                     continue;
                                 }
                                 (Ok(msg), _) => Conn::Msg(msg),
-                                (Err(e), _) => Conn::Lost(e.to_string()),
+                                (Err(e), acks) => {
+                                    if let Some(a) = acks {
+                                        let _ = a.send(AgentAck::Lost(id));
+                                    }
+                                    Conn::Lost(e.to_string())
+                                }
                             };
                             let lost = matches!(conn, Conn::Lost(_));
                             if !send(conn) || lost {
