@@ -87,6 +87,7 @@ pub enum FailureHandling {
 /// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
 /// | `log_budget` | `--log-budget BYTES` (message logging) | none |
+/// | `sets` | `--sets N` (protocol `correlated`) | one set per failure domain |
 /// | `failure_handling` | (set by the program) | fatal |
 /// | `seed` | `--seed` | 1 |
 /// | `iterations` | set by the application | unknown |
@@ -124,6 +125,8 @@ pub struct Config {
     /// Message logging: a sender whose log passes half of this many bytes
     /// asks its largest receiver to checkpoint (trimming the log).
     pub log_budget: Option<usize>,
+    /// Protocol `correlated`: how ranks form correlated sets.
+    pub sets: crate::protocol::correlated::SetRule,
     /// Whether failures end the run (or are recovered by the protocol), or
     /// are reported to the program (ULFM).
     pub failure_handling: FailureHandling,
@@ -171,6 +174,7 @@ impl Default for Config {
             restart: None,
             restart_generation: None,
             log_budget: None,
+            sets: Default::default(),
             failure_handling: FailureHandling::Fatal,
             seed: 1,
             iterations: None,
@@ -246,6 +250,14 @@ impl Config {
         let pl = self.placement()?;
         if self.backend == Backend::Processes {
             self.hosts.check_listen(self.listen)?;
+        }
+        if let crate::protocol::correlated::SetRule::Consecutive(n) = self.sets
+            && (n == 0 || n > self.ranks)
+        {
+            return Err(Error::config(
+                "--sets",
+                format!("a correlated set needs 1 to {} ranks, not {n}", self.ranks),
+            ));
         }
         if self.restart.is_some() && self.protocol == ProtocolKind::None {
             return Err(Error::config(

@@ -73,6 +73,24 @@ pub struct JobStats {
     /// Collectives completed from a logged result (ULML).
     #[serde(default)]
     pub collectives_from_log: u64,
+    /// Payload bytes sent inside correlated sets without a log copy
+    /// (`correlated`, 004 §3.2); every logged byte is inter-set.
+    #[serde(default)]
+    pub spared_log_bytes: u64,
+    /// Set synchronisations for checkpoints (`correlated`, 004 §3.3), one
+    /// per rank per set checkpoint.
+    #[serde(default)]
+    pub set_syncs: u64,
+    /// Their mean time (entering the checkpoint to the set's first
+    /// barrier), seconds.
+    #[serde(default)]
+    pub set_sync_s: f64,
+    /// Their longest, seconds.
+    #[serde(default)]
+    pub set_sync_max_s: f64,
+    /// Ranks in the largest correlated set.
+    #[serde(default)]
+    pub set_size: u64,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,
@@ -113,6 +131,16 @@ impl JobStats {
         self.determinants += e.determinants;
         self.messages_resent += e.messages_resent;
         self.collectives_from_log += e.collectives_from_log;
+        self.spared_log_bytes += e.spared_log_bytes;
+        let syncs = self.set_syncs + e.set_syncs;
+        if syncs > 0 {
+            self.set_sync_s = (self.set_sync_s * self.set_syncs as f64
+                + e.set_sync_s * e.set_syncs as f64)
+                / syncs as f64;
+        }
+        self.set_syncs = syncs;
+        self.set_sync_max_s = self.set_sync_max_s.max(e.set_sync_max_s);
+        self.set_size = self.set_size.max(e.set_size);
         self.job_restarts += e.job_restarts + 1;
         let mut detections = e.failure_detections;
         detections.append(&mut self.failure_detections);

@@ -462,13 +462,17 @@ struct JobArgs {
     /// asks its largest receiver to checkpoint, which trims the log.
     #[arg(long, value_name = "BYTES")]
     log_budget: Option<usize>,
+    /// Protocol correlated: sets of N consecutive ranks checkpoint and roll
+    /// back together (default: one set per node of --nodes).
+    #[arg(long, value_name = "N")]
+    sets: Option<usize>,
 }
 
 #[derive(Args, Debug)]
 struct RunArgs {
     #[command(flatten)]
     job: JobArgs,
-    /// Protocol: none, coordinated, pessimistic.
+    /// Protocol: none, coordinated, pessimistic, ulml, correlated.
     #[arg(long, default_value = "none")]
     protocol: String,
     /// Write the JSON summary here.
@@ -588,6 +592,10 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         restart: job.restart.clone(),
         restart_generation: None,
         log_budget: job.log_budget,
+        sets: match job.sets {
+            Some(n) => lazarus::protocol::correlated::SetRule::Consecutive(n),
+            None => Default::default(),
+        },
         failure_handling: lazarus::FailureHandling::Fatal,
         seed: job.seed,
         iterations: Some(n),
@@ -726,6 +734,12 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.job_restarts
         );
     }
+    if st.set_syncs > 0 || st.spared_log_bytes > 0 {
+        println!(
+            "correlated sets (up to {} ranks): {} bytes sent inside sets without a log copy; {} set synchronisations, mean {:.6} s, longest {:.6} s",
+            st.set_size, st.spared_log_bytes, st.set_syncs, st.set_sync_s, st.set_sync_max_s
+        );
+    }
     if let Some(sim) = &summary.sim {
         println!(
             "sim: trace hash {:016x}, {} events in {:.3} s wall ({:.0} events/s), virtual time {:.6} s{}",
@@ -856,6 +870,18 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 per(|s| s.determinants)
             );
         }
+        if p.runs.iter().any(|r| r.stats.set_syncs > 0) {
+            let per = |f: fn(&lazarus::JobStats) -> f64| {
+                median(&p.runs.iter().map(|r| f(&r.stats)).collect::<Vec<_>>())
+            };
+            println!(
+                "    correlated sets of up to {:.0}: {:.0} bytes spared from the log, set sync mean {:.1} us, longest {:.1} us",
+                per(|s| s.set_size as f64),
+                per(|s| s.spared_log_bytes as f64),
+                per(|s| s.set_sync_s * 1e6),
+                per(|s| s.set_sync_max_s * 1e6)
+            );
+        }
         if app == AppKind::Pingpong
             && let Some(points) = p.metrics.as_array()
         {
@@ -910,6 +936,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         storage: Vec::new(),
         restart: None,
         log_budget: None,
+        sets: None,
         seed: args.from,
     };
     let (app, params, base) = build(&job, ProtocolKind::None)?;

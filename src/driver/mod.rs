@@ -129,6 +129,9 @@ pub enum Stat {
         records: u64,
         /// Payload bytes logged.
         bytes: u64,
+        /// Payload bytes sent to ranks of the sender's correlated set,
+        /// which need no log copy (004 §3.2).
+        spared_bytes: u64,
         /// Determinants logged (sent to the holder).
         determinants: u64,
         /// Logged messages sent again to a recovering rank.
@@ -141,6 +144,15 @@ pub enum Stat {
         log_records: usize,
         /// Payload bytes in the log now.
         log_bytes: usize,
+    },
+    /// A correlated set synchronised for a checkpoint (004 §3.3): the time
+    /// from this rank entering the checkpoint to the set's first barrier
+    /// (tokens on every internal channel, then the barrier).
+    SetSync {
+        /// Seconds.
+        seconds: f64,
+        /// Ranks in the set.
+        set_size: usize,
     },
     /// The checkpoint interval was set by Daly's formula (003 §6.1).
     Interval {

@@ -338,6 +338,7 @@ impl StatsBook {
             Stat::Log {
                 records,
                 bytes,
+                spared_bytes,
                 determinants,
                 resent,
                 collectives_from_log,
@@ -345,12 +346,20 @@ impl StatsBook {
                 log_bytes,
             } => {
                 st.collectives_from_log += collectives_from_log;
+                st.spared_log_bytes += spared_bytes;
                 st.log_records += records;
                 st.log_bytes += bytes;
                 st.determinants += determinants;
                 st.messages_resent += resent;
                 st.peak_log_records = st.peak_log_records.max(log_records as u64);
                 st.peak_log_bytes = st.peak_log_bytes.max(log_bytes as u64);
+            }
+            Stat::SetSync { seconds, set_size } => {
+                st.set_sync_s =
+                    (st.set_sync_s * st.set_syncs as f64 + seconds) / (st.set_syncs + 1) as f64;
+                st.set_syncs += 1;
+                st.set_sync_max_s = st.set_sync_max_s.max(seconds);
+                st.set_size = st.set_size.max(set_size as u64);
             }
             Stat::Interval {
                 every,
@@ -397,6 +406,8 @@ pub(crate) fn rank_body<T>(
             cfg.checkpoint_every,
             cfg.mtbf.map(|d| d.as_secs_f64()),
             cfg.log_budget,
+            cfg.sets,
+            &placement,
         ),
         Box::new({
             let store = MultiLevel::new(

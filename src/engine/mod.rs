@@ -192,6 +192,9 @@ pub struct Engine {
     /// an application message is accepted only as the next SSN of its
     /// channel, and frames of survivors from older epochs stay valid.
     logging: bool,
+    /// Application messages that arrived during recovery, handled after
+    /// the restore (message logging).
+    early: Vec<AppMessage>,
     /// Frames from epochs before this are dropped (a global rollback).
     rollback_floor: u64,
     /// Per rank replaced under message logging: the epoch its current
@@ -322,6 +325,7 @@ impl Engine {
             rsn: 0,
             replay: VecDeque::new(),
             logging,
+            early: Vec::new(),
             rollback_floor: if logging { 0 } else { epoch },
             incarnations: BTreeMap::new(),
             withhold: false,
@@ -547,12 +551,13 @@ impl Engine {
                 }
                 self.epoch = epoch;
                 if self.logging || self.ulfm.is_some() {
-                    for &d in &dead {
+                    let again = self.proto.rolled_back_with(&dead);
+                    for &d in &again {
                         self.incarnations.insert(d, epoch);
                     }
                     // A dead rank's `Done` no longer stands: its replacement
                     // re-executes and needs everyone's logs until it is done.
-                    self.done_from.retain(|r| !dead.contains(r));
+                    self.done_from.retain(|r| !again.contains(r));
                 } else {
                     self.rollback_floor = epoch;
                 }
@@ -629,6 +634,10 @@ impl Engine {
             // resend), higher follows a message dropped during recovery,
             // which the sender resends from its log with everything after it.
             if self.recovering && msg.ssn != 0 {
+                // Judged once the restore set this channel's HSR: a rank
+                // of the same correlated set that resumed first sends
+                // unlogged messages nobody would resend.
+                self.early.push(msg);
                 return;
             }
             if msg.ssn == 0 {
@@ -1193,6 +1202,7 @@ impl Engine {
     /// Forget everything of the execution being rolled back.
     fn reset_execution(&mut self) {
         self.unexpected.clear();
+        self.early.clear();
         self.posted.clear();
         self.completed.clear();
         self.exit_received = false;
@@ -1251,6 +1261,9 @@ impl Engine {
                 self.recovering = false;
                 self.restore(generation)?;
                 self.handle(Event::Restored { generation })?;
+                for msg in std::mem::take(&mut self.early) {
+                    self.arrive(msg);
+                }
                 self.ep.record(Stat::Resumed {
                     epoch: self.epoch,
                     rolled_back: true,

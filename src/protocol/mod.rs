@@ -17,11 +17,12 @@
 //! | `chandy_lamport` | 000 | planned |
 //! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (message passing; not RMA) |
 //! | [`ulml`] | 002 | implemented (message passing; not RMA) |
-//! | `correlated` | 004 §3 | planned |
+//! | [`correlated`] | 004 §3 | implemented (message passing; not RMA) |
 //! | `rma` | 003 §3–§6 | planned |
 //! | `proactive` | 001 | planned |
 
 pub mod coordinated;
+pub mod correlated;
 pub mod none;
 pub mod pessimistic;
 pub mod ulml;
@@ -53,15 +54,19 @@ pub enum ProtocolKind {
     /// User-level message logging (002): point-to-point logged as under
     /// `pessimistic`, collectives logged as one result per rank.
     Ulml,
+    /// Correlated-set coordinated message logging (004 §3): checkpoints
+    /// coordinated inside a correlated set, messages between sets logged.
+    Correlated,
 }
 
 impl ProtocolKind {
     /// All protocols that exist.
-    pub const ALL: [ProtocolKind; 4] = [
+    pub const ALL: [ProtocolKind; 5] = [
         ProtocolKind::None,
         ProtocolKind::Coordinated,
         ProtocolKind::Pessimistic,
         ProtocolKind::Ulml,
+        ProtocolKind::Correlated,
     ];
 
     /// The name used on the command line.
@@ -71,18 +76,22 @@ impl ProtocolKind {
             ProtocolKind::Coordinated => "coordinated",
             ProtocolKind::Pessimistic => "pessimistic",
             ProtocolKind::Ulml => "ulml",
+            ProtocolKind::Correlated => "correlated",
         }
     }
 
     /// Build the protocol state machine for one rank: checkpoint every
     /// `checkpoint_every` safe points, or, with `mtbf_s`, at Daly's interval
     /// (003 §6.1) from the measured checkpoint cost, starting with
-    /// `checkpoint_every`.
+    /// `checkpoint_every`. `sets` and `placement` form the correlated sets
+    /// of `correlated`.
     pub fn build(
         self,
         checkpoint_every: u64,
         mtbf_s: Option<f64>,
         log_budget: Option<usize>,
+        sets: correlated::SetRule,
+        placement: &Placement,
     ) -> Box<dyn Protocol> {
         match self {
             ProtocolKind::None => Box::new(none::NoProtocol),
@@ -93,6 +102,12 @@ impl ProtocolKind {
                 Box::new(pessimistic::Pessimistic::new(checkpoint_every, log_budget))
             }
             ProtocolKind::Ulml => Box::new(ulml::Ulml::new(checkpoint_every, log_budget)),
+            ProtocolKind::Correlated => Box::new(correlated::Correlated::new(
+                checkpoint_every,
+                log_budget,
+                sets,
+                placement,
+            )),
         }
     }
 
@@ -105,7 +120,10 @@ impl ProtocolKind {
     /// Whether the protocol keeps sender-based message logs (survivors keep
     /// their progress and replay what a recovering rank needs).
     pub fn logs_messages(self) -> bool {
-        matches!(self, ProtocolKind::Pessimistic | ProtocolKind::Ulml)
+        matches!(
+            self,
+            ProtocolKind::Pessimistic | ProtocolKind::Ulml | ProtocolKind::Correlated
+        )
     }
 
     /// Whether the driver starts a replacement for a dead rank.
@@ -213,6 +231,8 @@ pub enum Control {
     Go,
     /// Message logging (pessimistic, ulml, correlated).
     Log(pessimistic::LogMsg),
+    /// Set coordination (correlated).
+    Set(correlated::SetMsg),
     /// User-level logging of collectives (ulml).
     Collective(ulml::CollMsg),
 }
@@ -559,6 +579,13 @@ pub trait Protocol: Send {
     /// epoch stay valid).
     fn rolls_back_survivors(&self) -> bool {
         true
+    }
+    /// The ranks that re-execute from a checkpoint when `dead` died: the
+    /// dead themselves under message logging, their whole correlated sets
+    /// under `correlated` (004 §3.2). Frames those ranks sent before the
+    /// failure belong to an execution that is rolled back.
+    fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
+        dead.to_vec()
     }
     /// Whether the rank may transmit an application message now. Pessimistic
     /// logging holds sends until every determinant they may depend on is

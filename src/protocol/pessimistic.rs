@@ -93,6 +93,11 @@ pub enum LogMsg {
     Located {
         /// Newest generation of the replacement's piece held.
         generation: Option<u64>,
+        /// Every generation of its piece held.
+        held: Vec<u64>,
+        /// The newest generation its owner said was stored for good
+        /// (`TrimHeld`).
+        committed: Option<u64>,
         /// Determinants held for it.
         determinants: Vec<Determinant>,
         /// Whether the holder's knowledge is complete (false: the holder was
@@ -121,6 +126,7 @@ pub enum LogMsg {
 struct Counters {
     records: u64,
     bytes: u64,
+    spared: u64,
     determinants: u64,
     resent: u64,
     collectives_from_log: u64,
@@ -145,7 +151,20 @@ struct SavedState {
 /// What a holder answered a replacement: `None` if it lost the
 /// replacement's state, else the newest generation it holds and the
 /// determinants.
-type HolderAnswer = Option<(Option<u64>, Vec<Determinant>)>;
+type HolderAnswer = Option<Holding>;
+
+/// What a holder holds of a recovering rank.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Holding {
+    /// Newest generation of its piece held.
+    pub(crate) newest: Option<u64>,
+    /// Every generation of its piece held.
+    pub(crate) held: Vec<u64>,
+    /// Newest generation its owner declared stored for good.
+    pub(crate) committed: Option<u64>,
+    /// Its determinants.
+    pub(crate) determinants: Vec<Determinant>,
+}
 
 /// A replacement's recovery.
 #[derive(Debug)]
@@ -159,6 +178,9 @@ enum Phase {
         holder: Rank,
         others: Vec<Rank>,
     },
+    /// Every holder answered; a set-coordinated protocol decides which
+    /// generation the whole set restores (see [`Pessimistic::located`]).
+    AwaitingDecision(BTreeMap<Rank, Holding>),
     /// Decided; the engine restores.
     Restoring,
     /// Restored (or never failed).
@@ -183,6 +205,16 @@ pub struct Pessimistic {
     log_budget: Option<usize>,
     /// Sender-based payload log per destination, in SSN order.
     log: BTreeMap<Rank, ChannelLog>,
+    /// Ranks checkpointed and rolled back together with this one (its
+    /// correlated set, 004 §3.2): messages to them are not copied into the
+    /// log, and they neither ask for nor serve resends to each other.
+    internal: BTreeSet<Rank>,
+    /// Checkpoints are coordinated by a set: the set decides which
+    /// generation a recovery restores, and a stored piece trims logs only
+    /// once the set commits it ([`Pessimistic::commit_stored`]).
+    set_coordinated: bool,
+    /// Per owner: the newest generation it declared stored (`TrimHeld`).
+    committed_of: BTreeMap<Rank, u64>,
     log_bytes: usize,
     log_records: usize,
     /// Per destination: SSNs up to this were trimmed by its checkpoint.
@@ -230,6 +262,9 @@ impl Pessimistic {
             next_generation: 1,
             log_budget,
             log: BTreeMap::new(),
+            internal: BTreeSet::new(),
+            set_coordinated: false,
+            committed_of: BTreeMap::new(),
             log_bytes: 0,
             log_records: 0,
             trimmed: BTreeMap::new(),
@@ -262,6 +297,64 @@ impl Pessimistic {
             .into_iter()
             .chain(cx.placement.second_partner(cx.rank))
             .collect()
+    }
+
+    /// Coordinate checkpoints and rollbacks with `peers` (this rank's
+    /// correlated set, itself included or not): no payload copy for
+    /// messages to them (004 §3.2), and recovery decided by the set.
+    pub(crate) fn with_correlated_set(mut self, peers: impl IntoIterator<Item = Rank>) -> Self {
+        self.internal = peers.into_iter().collect();
+        self.set_coordinated = true;
+        self
+    }
+
+    /// The next generation this rank will capture.
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.next_generation
+    }
+
+    /// Whether a checkpoint was asked for (log budget).
+    pub(crate) fn checkpoint_wanted(&self) -> bool {
+        self.forced || self.over_half_budget()
+    }
+
+    /// This rank is about to roll back with its set: requests for resends
+    /// wait until it is restored, and it asks nobody before then.
+    pub(crate) fn begin_rollback(&mut self) {
+        self.phase = Phase::Restoring;
+    }
+
+    /// The holders' answers once all are in (set-coordinated recovery),
+    /// for the set's decision.
+    pub(crate) fn located(&self) -> Option<&BTreeMap<Rank, Holding>> {
+        match &self.phase {
+            Phase::AwaitingDecision(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The set decided to restore `generation`: from this rank's own store
+    /// if it still holds its piece (a survivor rolling back), else from a
+    /// holder that has it.
+    pub(crate) fn restore_decided(&mut self, generation: Option<u64>, cx: &mut ProtocolCx<'_>) {
+        let Phase::AwaitingDecision(answers) = &self.phase else {
+            return;
+        };
+        let holders: Vec<Rank> = match generation {
+            Some(g) => answers
+                .iter()
+                .filter(|(_, h)| h.held.contains(&g))
+                .map(|(&r, _)| r)
+                .collect(),
+            None => Vec::new(),
+        };
+        match generation {
+            Some(g) if cx.store.get(g, cx.rank).is_none() => self.fetch_next(g, holders, cx),
+            _ => {
+                self.phase = Phase::Restoring;
+                cx.emit(Action::Resume { generation });
+            }
+        }
     }
 
     fn send(cx: &mut ProtocolCx<'_>, dest: Rank, msg: LogMsg) {
@@ -318,6 +411,7 @@ impl Pessimistic {
         cx.emit(Action::Record(Stat::Log {
             records: c.records - r.records,
             bytes: c.bytes - r.bytes,
+            spared_bytes: c.spared - r.spared,
             determinants: c.determinants - r.determinants,
             resent: c.resent - r.resent,
             collectives_from_log: c.collectives_from_log - r.collectives_from_log,
@@ -334,6 +428,11 @@ impl Pessimistic {
             return; // regenerated by re-execution: never needed from a log
         }
         let len = msg.payload.len();
+        if self.internal.contains(&dest) {
+            // Never in transit across the set's recovery line (004 §3.2).
+            self.counters.spared += len as u64;
+            return;
+        }
         let channel = self.log.entry(dest).or_default();
         channel.msgs.push_back(msg.clone());
         channel.bytes += len;
@@ -388,25 +487,34 @@ impl Pessimistic {
         self.since_last += 1;
         if (self.every > 0 && self.since_last >= self.every) || self.forced {
             self.since_last = 0;
-            self.forced = false;
-            let generation = self.next_generation;
-            self.next_generation += 1;
-            let hsr = cx.hsr.iter().map(|(&r, &n)| (r, n)).collect();
-            self.pending.insert(generation, (hsr, cx.rsn));
-            cx.emit(Action::Capture { generation });
-            cx.emit(Action::Checkpointed { generation });
+            self.capture(cx);
         }
         self.report(cx);
         cx.emit(Action::ReleaseSafePoint);
     }
 
-    fn on_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+    /// Capture the next generation here; returns it.
+    pub(crate) fn capture(&mut self, cx: &mut ProtocolCx<'_>) -> u64 {
+        self.forced = false;
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let hsr = cx.hsr.iter().map(|(&r, &n)| (r, n)).collect();
+        self.pending.insert(generation, (hsr, cx.rsn));
+        cx.emit(Action::Capture { generation });
+        cx.emit(Action::Checkpointed { generation });
+        generation
+    }
+
+    /// This rank's piece of `generation` is stored for good: trim the
+    /// senders' logs and the holders' determinants it makes unnecessary.
+    /// (Under set coordination, once the whole set stored it.)
+    pub(crate) fn commit_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
         let Some((hsr, rsn)) = self.pending.remove(&generation) else {
             return; // a re-replicated older piece
         };
         self.pending.retain(|&g, _| g > generation);
         for (src, upto) in hsr {
-            if src != cx.rank {
+            if src != cx.rank && !self.internal.contains(&src) {
                 Self::send(cx, src, LogMsg::Trim { upto });
             }
         }
@@ -439,6 +547,9 @@ impl Pessimistic {
 
     /// `r` has our messages up to `hsr` and needs the rest (002 §3.3).
     fn serve(&mut self, r: Rank, hsr: u64, cx: &mut ProtocolCx<'_>) {
+        if self.internal.contains(&r) {
+            return; // re-executes with this rank: nothing to resend
+        }
         let trimmed = self.trimmed.get(&r).copied().unwrap_or(0);
         if hsr < trimmed {
             cx.emit(Action::Fail(Error::Unrecoverable(
@@ -502,6 +613,8 @@ impl Pessimistic {
             LogMsg::DeterminantAck { upto } => self.unacked.retain(|&r| r > upto),
             LogMsg::Trim { upto } => self.trim(src, upto),
             LogMsg::TrimHeld { generation, rsn } => {
+                let c = self.committed_of.entry(src).or_insert(generation);
+                *c = (*c).max(generation);
                 if let Some(h) = self.held.get_mut(&src) {
                     h.retain(|&r, _| r > rsn);
                 }
@@ -511,13 +624,15 @@ impl Pessimistic {
                 });
             }
             LogMsg::Locate => {
-                let generation = cx
+                let held: Vec<u64> = cx
                     .store
                     .held()
                     .into_iter()
                     .filter(|&(_, owner)| owner == src)
                     .map(|(g, _)| g)
-                    .max();
+                    .collect();
+                let generation = held.iter().copied().max();
+                let committed = self.committed_of.get(&src).copied();
                 let determinants = self
                     .held
                     .get(&src)
@@ -529,6 +644,8 @@ impl Pessimistic {
                     src,
                     LogMsg::Located {
                         generation,
+                        held,
+                        committed,
                         determinants,
                         complete,
                     },
@@ -536,13 +653,21 @@ impl Pessimistic {
             }
             LogMsg::Located {
                 generation,
+                held,
+                committed,
                 determinants,
                 complete,
             } => {
                 if let Phase::Locating(located) = &mut self.phase
                     && located.contains_key(&src)
                 {
-                    located.insert(src, Some(complete.then_some((generation, determinants))));
+                    let holding = Holding {
+                        newest: generation,
+                        held,
+                        committed,
+                        determinants,
+                    };
+                    located.insert(src, Some(complete.then_some(holding)));
                     self.try_decide(cx);
                 }
             }
@@ -569,24 +694,29 @@ impl Pessimistic {
         if located.values().any(Option::is_none) {
             return; // waiting for an answer
         }
-        let answers: Vec<(Rank, Option<u64>, Vec<Determinant>)> = located
+        let answers: BTreeMap<Rank, Holding> = located
             .iter()
-            .filter_map(|(&h, a)| a.clone().flatten().map(|(g, d)| (h, g, d)))
+            .filter_map(|(&h, a)| a.clone().flatten().map(|a| (h, a)))
             .collect();
-        let Some(newest) = answers.iter().map(|a| a.1).max() else {
+        let Some(newest) = answers.values().map(|a| a.newest).max() else {
             let holders = Self::holders(cx);
             cx.emit(Action::Fail(Self::lost_with_holders(cx.rank, &holders)));
             return;
         };
         let mut dets: BTreeMap<u64, Determinant> = BTreeMap::new();
-        for (_, _, d) in &answers {
-            dets.extend(d.iter().map(|d| (d.rsn, *d)));
+        for a in answers.values() {
+            dets.extend(a.determinants.iter().map(|d| (d.rsn, *d)));
         }
         self.replay = dets.into_values().collect();
+        if self.set_coordinated {
+            // The set decides (every member must restore the same one).
+            self.phase = Phase::AwaitingDecision(answers);
+            return;
+        }
         let holders = answers
             .iter()
-            .filter(|a| a.1 == newest)
-            .map(|a| a.0)
+            .filter(|(_, a)| a.newest == newest)
+            .map(|(&h, _)| h)
             .collect();
         match newest {
             Some(generation) => self.fetch_next(generation, holders, cx),
@@ -695,7 +825,7 @@ impl Protocol for Pessimistic {
             }
             Event::AppDeliver { wildcard: None, .. } => {}
             Event::SafePoint { .. } => self.on_safe_point(cx),
-            Event::PieceStored { generation } => self.on_stored(generation, cx),
+            Event::PieceStored { generation } => self.commit_stored(generation, cx),
             Event::PieceRestored { generation } => {
                 if matches!(self.phase, Phase::Fetching { .. }) {
                     self.phase = Phase::Restoring;
@@ -747,13 +877,26 @@ impl Protocol for Pessimistic {
                             self.fetch_next(generation, others, cx);
                         }
                     }
+                    Phase::AwaitingDecision(answers) => {
+                        answers.retain(|h, _| !dead.contains(h));
+                    }
                     Phase::Restoring | Phase::Done => {}
                 }
                 cx.emit(Action::InRecovery(Some(epoch)));
             }
-            Event::Recover { epoch, .. } => {
-                // Only a replacement recovers under message logging.
-                self.since = epoch;
+            Event::Recover { epoch, replacement } => {
+                // Only a replacement recovers under message logging, and,
+                // under set coordination, the survivors of its set, which
+                // forget the execution they roll back.
+                if replacement {
+                    self.since = epoch;
+                }
+                self.own.clear();
+                self.unacked.clear();
+                self.pending.clear();
+                self.suppress.clear();
+                self.requested.clear();
+                self.replay.clear();
                 cx.emit(Action::InRecovery(Some(epoch)));
                 let holders = Self::holders(cx);
                 if holders.is_empty() {
@@ -768,11 +911,26 @@ impl Protocol for Pessimistic {
             }
             Event::Restored { .. } => {
                 self.phase = Phase::Done;
+                if self.set_coordinated {
+                    // A holder replaced in this rank's own set is never
+                    // re-provisioned by a resend request: give every holder
+                    // the determinants being replayed.
+                    for h in Self::holders(cx) {
+                        Self::send(
+                            cx,
+                            h,
+                            LogMsg::Determinants {
+                                determinants: self.replay.clone(),
+                                full: true,
+                            },
+                        );
+                    }
+                }
                 cx.emit(Action::Replay {
                     determinants: std::mem::take(&mut self.replay),
                 });
                 let me = cx.rank;
-                for d in (0..cx.size).filter(|&d| d != me) {
+                for d in (0..cx.size).filter(|&d| d != me && !self.internal.contains(&d)) {
                     let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
                     Self::send(cx, d, LogMsg::Recovering { hsr });
                 }
@@ -1030,6 +1188,8 @@ mod tests {
             1,
             LogMsg::Located {
                 generation: Some(1),
+                held: vec![1],
+                committed: None,
                 determinants: Vec::new(),
                 complete: true,
             },
@@ -1040,6 +1200,8 @@ mod tests {
             0,
             LogMsg::Located {
                 generation: Some(2),
+                held: vec![2],
+                committed: None,
                 determinants: vec![det],
                 complete: true,
             },
@@ -1105,6 +1267,8 @@ mod tests {
                 holder,
                 LogMsg::Located {
                     generation: None,
+                    held: Vec::new(),
+                    committed: None,
                     determinants: Vec::new(),
                     complete: false,
                 },

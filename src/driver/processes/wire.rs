@@ -34,7 +34,7 @@ use crate::driver::{RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
 
 /// Version of the wire format; a peer speaking another one is refused.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;

@@ -1,0 +1,630 @@
+//! Protocol `correlated`: correlated-set coordinated message logging
+//! (004 §3, Bouteiller et al.).
+//!
+//! Ranks that share a failure domain die together anyway, so they
+//! checkpoint and roll back together, while message logging keeps a failure
+//! in one set from rolling back the others. A *correlated set* is a failure
+//! domain of the placement (`--nodes K`), or, with `--sets N`, a group of N
+//! consecutive ranks. With respect to a set, a message is *internal* (both
+//! ends in it), *ingoing* or *outgoing* (004 §3.2).
+//!
+//! **Logging** is that of [`pessimistic`](super::pessimistic), built on it,
+//! with one difference: the payload of an internal message is not copied
+//! into the sender's log. Set checkpoints are coordinated, so no internal
+//! message crosses the set's recovery line, and its payload is never needed
+//! again. Determinants are logged for every nondeterministic reception,
+//! internal ones included (004 Theorem 1: an outgoing message may depend on
+//! the order of internal receptions). Here a determinant is the outcome of
+//! a wildcard-source reception; a reception from a named source is fixed by
+//! the program, since channels are FIFO and resent in SSN order.
+//!
+//! **Set checkpoints** follow the three phases of 004 §3.3, at the safe
+//! point where the set's schedule (every `every`-th) or an agreed forced
+//! checkpoint falls:
+//! 1. *eager silence*: the rank sends a token on every channel to a
+//!    correlated peer. It sends nothing more meanwhile: it is paused at its
+//!    safe point (a send posted after the token waits for the end of the
+//!    checkpoint). Channels are FIFO, so once a rank has every peer's token,
+//!    every internal message sent to it before the checkpoint has arrived
+//!    (the ones not yet matched are saved with its state, as the "unexpected"
+//!    queue).
+//! 2. *drain* (rendez-vous silence): every reception matched from a
+//!    correlated peer must complete. It is immediate here: messages are
+//!    whole frames, not fragments, and a safe point has no pending receive.
+//! 3. a barrier (through the set's leader, its lowest rank), the capture of
+//!    every member's piece, and a second barrier before anyone sends again.
+//!
+//! The time from entering the checkpoint to the first barrier is the set's
+//! synchronisation time (the quantity of 004 Fig. 3), reported per rank.
+//! A generation is committed by the set once every member's piece is
+//! stored; only then are the senders' logs trimmed (ingoing messages) and
+//! older pieces dropped. Sets checkpoint independently of each other. A log
+//! budget forces a set checkpoint: the leader asks every member where it is
+//! and names a safe point all can still reach.
+//!
+//! **Recovery.** A failure of any rank rolls its whole set back: the
+//! survivors of the set roll back as well, every member (survivor or
+//! replacement) asks its holders for its determinants, and the set's
+//! leader decides the generation to restore: the newest any member knows
+//! committed (every member's piece of it is stored). Other sets keep their
+//! progress; for them every member of the set is a recovering rank: they
+//! resend logged ingoing messages above the HSR it restored, and suppress
+//! duplicates it re-sends, exactly as for a replacement under
+//! `pessimistic`. Internal messages need no resend: both ends restart from
+//! the same coordinated checkpoint.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::pessimistic::Pessimistic;
+use super::{Action, Control, Event, Protocol, ProtocolCx};
+use crate::driver::Stat;
+use crate::topology::Placement;
+use crate::{Rank, Result};
+
+/// How ranks are grouped into correlated sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SetRule {
+    /// One set per failure domain of the placement (`--nodes K`).
+    #[default]
+    FailureDomains,
+    /// Sets of this many consecutive ranks (`--sets N`; the last may be
+    /// smaller).
+    Consecutive(usize),
+}
+
+impl SetRule {
+    /// The set of every rank, by rank.
+    pub fn sets(self, placement: &Placement, ranks: usize) -> Vec<usize> {
+        (0..ranks)
+            .map(|r| match self {
+                SetRule::FailureDomains => placement.node_of(r),
+                SetRule::Consecutive(n) => r / n.max(1),
+            })
+            .collect()
+    }
+}
+
+/// Control messages of set coordination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetMsg {
+    /// Eager silence (004 §3.3): the sender sends nothing more on this
+    /// channel before the set's checkpoint `generation` is captured.
+    Token {
+        /// Generation being checkpointed.
+        generation: u64,
+    },
+    /// To the leader: every peer's token arrived (first barrier).
+    Silent {
+        /// Generation.
+        generation: u64,
+    },
+    /// From the leader: the set is silent; capture.
+    Capture {
+        /// Generation.
+        generation: u64,
+    },
+    /// To the leader: captured (second barrier).
+    Captured {
+        /// Generation.
+        generation: u64,
+    },
+    /// From the leader: every member captured; send again.
+    Release {
+        /// Generation.
+        generation: u64,
+    },
+    /// To the leader: the sender's piece of `generation` is stored.
+    Stored {
+        /// Generation.
+        generation: u64,
+    },
+    /// From the leader: every member's piece of `generation` is stored.
+    Commit {
+        /// Generation.
+        generation: u64,
+    },
+    /// To the leader: the sender's log needs a checkpoint (log budget).
+    Pressure,
+    /// From the leader: at which safe point are you? Stop at your next one
+    /// until told where the set checkpoints.
+    Query {
+        /// Agreement round.
+        round: u64,
+    },
+    /// To the leader: safe points the sender has passed.
+    At {
+        /// Agreement round.
+        round: u64,
+        /// Safe point index.
+        index: u64,
+    },
+    /// From the leader: the set checkpoints at safe point `index`, which
+    /// every member can still reach.
+    CheckpointAt {
+        /// Agreement round.
+        round: u64,
+        /// Safe point index.
+        index: u64,
+    },
+    /// Recovery, to the leader: the newest generation the sender knows
+    /// committed (its own knowledge or its holders').
+    Report {
+        /// The failure event of the set being recovered.
+        epoch: u64,
+        /// Newest committed generation known.
+        committed: Option<u64>,
+    },
+    /// Recovery, from the leader: every member restores `generation`.
+    Decision {
+        /// The failure event of the set being recovered.
+        epoch: u64,
+        /// Generation (`None`: from the beginning).
+        generation: Option<u64>,
+    },
+}
+
+/// A set checkpoint this rank takes part in.
+#[derive(Debug)]
+struct Sync {
+    generation: u64,
+    entered: std::time::Duration,
+    silent_sent: bool,
+}
+
+/// What a checkpoint piece holds of this protocol (after the logging part).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SavedState {
+    /// Safe point of the set's checkpoint.
+    last_index: u64,
+}
+
+/// State of the correlated-set protocol on one rank.
+#[derive(Debug)]
+pub struct Correlated {
+    p2p: Pessimistic,
+    every: u64,
+    /// Set of every rank.
+    set_of: Vec<usize>,
+    /// This rank's set, itself included, ascending (known from the first
+    /// event).
+    members: Vec<Rank>,
+    /// Safe point index of the last set checkpoint.
+    last_index: u64,
+    /// Safe points passed.
+    index: u64,
+    /// Newest generation this rank knows the set committed.
+    committed: Option<u64>,
+    sync: Option<Sync>,
+    /// Tokens received, per generation (a peer may enter first).
+    tokens: BTreeMap<u64, BTreeSet<Rank>>,
+    /// Leader: barrier arrivals and stored pieces, per generation.
+    silent: BTreeMap<u64, BTreeSet<Rank>>,
+    captured: BTreeMap<u64, BTreeSet<Rank>>,
+    stored: BTreeMap<u64, BTreeSet<Rank>>,
+    /// Forced checkpoints (log budget): asked the leader.
+    pressure_sent: bool,
+    /// Leader: the agreement round in progress and its answers.
+    round: u64,
+    querying: bool,
+    at: BTreeMap<Rank, u64>,
+    /// Answered a query: stop at the next safe point until told.
+    hold: bool,
+    /// Paused at the current safe point (waiting for the agreement).
+    paused: bool,
+    /// Agreed forced checkpoint.
+    checkpoint_at: Option<u64>,
+    /// The failure event of the set's newest rollback.
+    set_epoch: u64,
+    /// Leader: recovery reports per set failure event.
+    reports: BTreeMap<u64, BTreeMap<Rank, Option<u64>>>,
+    /// Reported for `set_epoch`.
+    reported: bool,
+    /// The set's decision for `set_epoch`, if it came before the holders'
+    /// answers.
+    decision: Option<Option<u64>>,
+}
+
+impl Correlated {
+    /// Checkpoint every `every` safe points (0: only when a log budget asks
+    /// for it), sets by `rule` over `placement`.
+    pub fn new(
+        every: u64,
+        log_budget: Option<usize>,
+        rule: SetRule,
+        placement: &Placement,
+    ) -> Self {
+        let ranks = placement.ranks();
+        Correlated {
+            p2p: Pessimistic::new(0, log_budget),
+            every,
+            set_of: rule.sets(placement, ranks),
+            members: Vec::new(),
+            last_index: 0,
+            index: 0,
+            committed: None,
+            sync: None,
+            tokens: BTreeMap::new(),
+            silent: BTreeMap::new(),
+            captured: BTreeMap::new(),
+            stored: BTreeMap::new(),
+            pressure_sent: false,
+            round: 0,
+            querying: false,
+            at: BTreeMap::new(),
+            hold: false,
+            paused: false,
+            checkpoint_at: None,
+            set_epoch: 0,
+            reports: BTreeMap::new(),
+            reported: false,
+            decision: None,
+        }
+    }
+
+    fn init(&mut self, cx: &ProtocolCx<'_>) {
+        if !self.members.is_empty() {
+            return;
+        }
+        let mine = self.set_of.get(cx.rank).copied();
+        self.members = (0..self.set_of.len())
+            .filter(|&r| Some(self.set_of[r]) == mine)
+            .collect();
+        if self.members.is_empty() {
+            self.members.push(cx.rank);
+        }
+        let peers: Vec<Rank> = self
+            .members
+            .iter()
+            .copied()
+            .filter(|&r| r != cx.rank)
+            .collect();
+        let p2p = std::mem::replace(&mut self.p2p, Pessimistic::new(0, None));
+        self.p2p = p2p.with_correlated_set(peers);
+    }
+
+    /// The set's leader: its lowest rank (a replacement takes its number).
+    fn leader(&self) -> Rank {
+        self.members[0]
+    }
+
+    fn send(cx: &mut ProtocolCx<'_>, dest: Rank, msg: SetMsg) {
+        cx.emit(Action::Transmit {
+            dest,
+            msg: Control::Set(msg),
+        });
+    }
+
+    fn to_leader(&self, cx: &mut ProtocolCx<'_>, msg: SetMsg) {
+        Self::send(cx, self.leader(), msg);
+    }
+
+    fn to_members(&self, cx: &mut ProtocolCx<'_>, msg: SetMsg) {
+        for &m in &self.members {
+            Self::send(cx, m, msg.clone());
+        }
+    }
+
+    fn release(&mut self, cx: &mut ProtocolCx<'_>) {
+        self.paused = false;
+        if self.p2p.checkpoint_wanted() && !self.pressure_sent {
+            self.pressure_sent = true;
+            self.to_leader(cx, SetMsg::Pressure);
+        }
+        self.p2p.report(cx);
+        cx.emit(Action::ReleaseSafePoint);
+    }
+
+    fn on_safe_point(&mut self, index: u64, cx: &mut ProtocolCx<'_>) {
+        self.index = index;
+        let scheduled = self.every > 0 && index >= self.last_index + self.every;
+        if scheduled || self.checkpoint_at == Some(index) {
+            self.enter(cx);
+        } else if self.hold {
+            self.paused = true; // until the leader names the safe point
+        } else {
+            self.release(cx);
+        }
+    }
+
+    /// Phase 1: a token on every channel to a correlated peer.
+    fn enter(&mut self, cx: &mut ProtocolCx<'_>) {
+        let generation = self.p2p.next_generation();
+        self.sync = Some(Sync {
+            generation,
+            entered: cx.now,
+            silent_sent: false,
+        });
+        let me = cx.rank;
+        for &m in self.members.iter().filter(|&&m| m != me) {
+            Self::send(cx, m, SetMsg::Token { generation });
+        }
+        self.check_silent(cx);
+    }
+
+    /// Every peer's token arrived: this rank's internal inbound channels
+    /// are empty (phase 2 is immediate, see the module doc): barrier.
+    fn check_silent(&mut self, cx: &mut ProtocolCx<'_>) {
+        let Some(sync) = self.sync.as_mut() else {
+            return;
+        };
+        let g = sync.generation;
+        let have = self.tokens.get(&g).map_or(0, BTreeSet::len);
+        if sync.silent_sent || have + 1 < self.members.len() {
+            return;
+        }
+        sync.silent_sent = true;
+        self.to_leader(cx, SetMsg::Silent { generation: g });
+    }
+
+    /// Leader: count an arrival at a barrier; true once every member came.
+    fn arrive(
+        book: &mut BTreeMap<u64, BTreeSet<Rank>>,
+        members: usize,
+        generation: u64,
+        src: Rank,
+    ) -> bool {
+        let set = book.entry(generation).or_default();
+        set.insert(src);
+        if set.len() < members {
+            return false;
+        }
+        book.remove(&generation);
+        true
+    }
+
+    fn on_set(&mut self, src: Rank, msg: SetMsg, cx: &mut ProtocolCx<'_>) {
+        let n = self.members.len();
+        match msg {
+            SetMsg::Token { generation } => {
+                self.tokens.entry(generation).or_default().insert(src);
+                self.check_silent(cx);
+            }
+            SetMsg::Silent { generation } => {
+                if Self::arrive(&mut self.silent, n, generation, src) {
+                    self.to_members(cx, SetMsg::Capture { generation });
+                }
+            }
+            SetMsg::Capture { generation } => {
+                let Some(sync) = self.sync.as_ref().filter(|s| s.generation == generation) else {
+                    return;
+                };
+                let seconds = (cx.now.saturating_sub(sync.entered)).as_secs_f64();
+                cx.emit(Action::Record(Stat::SetSync {
+                    seconds,
+                    set_size: n,
+                }));
+                self.last_index = self.index;
+                self.p2p.capture(cx);
+                self.to_leader(cx, SetMsg::Captured { generation });
+            }
+            SetMsg::Captured { generation } => {
+                if Self::arrive(&mut self.captured, n, generation, src) {
+                    self.to_members(cx, SetMsg::Release { generation });
+                }
+            }
+            SetMsg::Release { generation } => {
+                if self
+                    .sync
+                    .as_ref()
+                    .is_some_and(|s| s.generation == generation)
+                {
+                    self.sync = None;
+                    self.tokens.retain(|&g, _| g > generation);
+                    if self.checkpoint_at == Some(self.index) {
+                        self.checkpoint_at = None;
+                    }
+                    self.pressure_sent = false;
+                    self.release(cx);
+                }
+            }
+            SetMsg::Stored { generation } => {
+                if Self::arrive(&mut self.stored, n, generation, src) {
+                    self.stored.retain(|&g, _| g > generation);
+                    self.to_members(cx, SetMsg::Commit { generation });
+                }
+            }
+            SetMsg::Commit { generation } => {
+                self.committed = self.committed.max(Some(generation));
+                self.p2p.commit_stored(generation, cx);
+            }
+            SetMsg::Pressure => {
+                if !self.querying {
+                    self.querying = true;
+                    self.round += 1;
+                    self.at.clear();
+                    let round = self.round;
+                    self.to_members(cx, SetMsg::Query { round });
+                }
+            }
+            SetMsg::Query { round } => {
+                self.hold = true;
+                let index = self.index;
+                self.to_leader(cx, SetMsg::At { round, index });
+            }
+            SetMsg::At { round, index } => {
+                if self.querying && round == self.round {
+                    self.at.insert(src, index);
+                    if self.at.len() == n {
+                        self.querying = false;
+                        let index = self.at.values().copied().max().unwrap_or(0) + 1;
+                        self.to_members(cx, SetMsg::CheckpointAt { round, index });
+                    }
+                }
+            }
+            SetMsg::CheckpointAt { index, .. } => {
+                self.hold = false;
+                self.checkpoint_at = Some(index);
+                if self.paused {
+                    self.paused = false;
+                    if self.index == index {
+                        self.enter(cx);
+                    } else {
+                        self.release(cx);
+                    }
+                }
+            }
+            SetMsg::Report { epoch, committed } => {
+                self.reports
+                    .entry(epoch)
+                    .or_default()
+                    .insert(src, committed);
+                self.try_decide(cx);
+            }
+            SetMsg::Decision { epoch, generation } => {
+                if epoch == self.set_epoch {
+                    self.decision = Some(generation);
+                    self.after_p2p(cx);
+                }
+            }
+        }
+    }
+
+    /// Leader: once every member reported for the set's newest failure,
+    /// restore the newest generation any of them knows committed: every
+    /// member's piece of it was stored before the first `Commit` of it.
+    fn try_decide(&mut self, cx: &mut ProtocolCx<'_>) {
+        let epoch = self.set_epoch;
+        self.reports.retain(|&e, _| e >= epoch);
+        let Some(reports) = self.reports.get(&epoch) else {
+            return;
+        };
+        if reports.len() < self.members.len() {
+            return;
+        }
+        let generation = reports.values().copied().max().flatten();
+        self.reports.remove(&epoch);
+        self.to_members(cx, SetMsg::Decision { epoch, generation });
+    }
+
+    /// After the logging part handled an event: report what the holders
+    /// answered, and restore once the set decided.
+    fn after_p2p(&mut self, cx: &mut ProtocolCx<'_>) {
+        let Some(located) = self.p2p.located() else {
+            return;
+        };
+        let holders = located.values().filter_map(|h| h.committed).max();
+        if !self.reported {
+            self.reported = true;
+            let committed = self.committed.max(holders);
+            let epoch = self.set_epoch;
+            self.to_leader(cx, SetMsg::Report { epoch, committed });
+        }
+        if let Some(generation) = self.decision.take() {
+            self.p2p.restore_decided(generation, cx);
+        }
+    }
+
+    /// Forget the execution being rolled back (set coordination).
+    fn forget_execution(&mut self) {
+        self.sync = None;
+        self.tokens.clear();
+        self.silent.clear();
+        self.captured.clear();
+        self.stored.clear();
+        self.pressure_sent = false;
+        self.querying = false;
+        self.at.clear();
+        self.hold = false;
+        self.paused = false;
+        self.checkpoint_at = None;
+        self.reported = false;
+        self.decision = None;
+    }
+}
+
+impl Protocol for Correlated {
+    fn name(&self) -> &'static str {
+        "correlated"
+    }
+
+    fn rolls_back_survivors(&self) -> bool {
+        false
+    }
+
+    fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
+        let sets: BTreeSet<usize> = dead
+            .iter()
+            .filter_map(|&d| self.set_of.get(d).copied())
+            .collect();
+        (0..self.set_of.len())
+            .filter(|&r| sets.contains(&self.set_of[r]) || dead.contains(&r))
+            .collect()
+    }
+
+    fn send_ready(&self) -> bool {
+        self.p2p.send_ready()
+    }
+
+    fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+        self.p2p.save_state(piece)?;
+        let st = SavedState {
+            last_index: self.last_index,
+        };
+        *piece = postcard::to_extend(&st, std::mem::take(piece))?;
+        Ok(())
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<()> {
+        let rest = self.p2p.load_prefix(state)?;
+        let st: SavedState = postcard::from_bytes(rest)?;
+        self.last_index = st.last_index;
+        self.index = st.last_index;
+        Ok(())
+    }
+
+    fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        self.init(cx);
+        match event {
+            Event::SafePoint { index } => self.on_safe_point(index, cx),
+            Event::PieceStored { generation } => {
+                self.to_leader(cx, SetMsg::Stored { generation });
+            }
+            Event::Control {
+                src,
+                msg: Control::Set(m),
+            } => self.on_set(src, m, cx),
+            Event::PeerFailed { epoch, dead } => {
+                let again = self.rolled_back_with(dead);
+                if again.contains(&cx.rank) {
+                    self.set_epoch = epoch;
+                    self.p2p.begin_rollback();
+                    cx.emit(Action::Rollback { epoch });
+                }
+                // For the logging part, every member of a set that rolls
+                // back is a recovering rank (its own set excepted).
+                let others: Vec<Rank> = again
+                    .into_iter()
+                    .filter(|r| !self.members.contains(r))
+                    .collect();
+                self.p2p.handle(
+                    Event::PeerFailed {
+                        epoch,
+                        dead: &others,
+                    },
+                    cx,
+                );
+                self.after_p2p(cx);
+            }
+            Event::Recover { epoch, replacement } => {
+                if replacement {
+                    self.set_epoch = self.set_epoch.max(epoch);
+                }
+                self.forget_execution();
+                self.p2p.handle(Event::Recover { epoch, replacement }, cx);
+                self.after_p2p(cx);
+            }
+            Event::Restored { generation } => {
+                self.p2p.handle(Event::Restored { generation }, cx);
+                if let Some(g) = generation {
+                    self.committed = self.committed.max(Some(g));
+                }
+            }
+            other => {
+                self.p2p.handle(other, cx);
+                self.after_p2p(cx);
+            }
+        }
+    }
+}
