@@ -60,6 +60,10 @@
 //!   [`api::ulfm`]).
 //! - **replacement** (substitute, 002): the new incarnation of a dead rank,
 //!   with its number.
+//! - **correlated set** (004 §3): ranks likely to fail together (a node, or
+//!   `--sets N` consecutive ranks) that checkpoint and roll back together
+//!   under `correlated`; a message is **internal** to a set, or **ingoing**
+//!   / **outgoing** across its boundary, and only the latter are logged.
 //!
 //! ## Layers
 //!

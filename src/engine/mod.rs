@@ -305,6 +305,18 @@ impl Engine {
         let (rank, size, epoch) = (ep.rank(), ep.size(), ep.start_epoch());
         let logging = !proto.rolls_back_survivors();
         let coll_results = proto.logs_collective_results();
+        // A replacement re-executes with every rank that rolled back with
+        // it (its correlated set): what they sent before this epoch belongs
+        // to the execution that was rolled back.
+        let incarnations = if logging && epoch > 0 {
+            proto
+                .rolled_back_with(&[rank])
+                .into_iter()
+                .map(|r| (r, epoch))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
         Engine {
             ep,
             proto,
@@ -327,7 +339,7 @@ impl Engine {
             logging,
             early: Vec::new(),
             rollback_floor: if logging { 0 } else { epoch },
-            incarnations: BTreeMap::new(),
+            incarnations,
             withhold: false,
             serving: None,
             app_sent: 0,

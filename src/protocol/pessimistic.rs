@@ -313,9 +313,10 @@ impl Pessimistic {
         self.next_generation
     }
 
-    /// Whether a checkpoint was asked for (log budget).
+    /// Whether a sender asked this rank to checkpoint (its log for this
+    /// rank passed half the budget; only this rank's checkpoint trims it).
     pub(crate) fn checkpoint_wanted(&self) -> bool {
-        self.forced || self.over_half_budget()
+        self.forced
     }
 
     /// This rank is about to roll back with its set: requests for resends
@@ -444,8 +445,11 @@ impl Pessimistic {
         {
             cx.emit(Action::Withhold);
         }
+        // A set-coordinated receiver first agrees with its set on a safe
+        // point (one more interval, 004 §3.3): ask it earlier.
+        let ask_at = if self.set_coordinated { 4 } else { 2 };
         if let Some(budget) = self.log_budget
-            && self.log_bytes > budget / 2
+            && self.log_bytes > budget / ask_at
         {
             let largest = self
                 .log

@@ -1,0 +1,227 @@
+//! Protocol `correlated` (004 §3) on every backend: CG (S and W) and the
+//! stencil on 8 ranks over 4 nodes (correlated sets of two) print their
+//! failure-free value through a rank kill, a node kill, two node kills at
+//! once and kills during a recovery; exactly the affected sets roll back;
+//! messages inside a set are never copied into a log, messages between sets
+//! are; `--sets N` regroups the ranks.
+
+mod common;
+
+use lazarus::apps::{AppKind, AppParams, Verification, run_app};
+use lazarus::protocol::correlated::SetRule;
+use lazarus::{Backend, Config, JobStats, ProtocolKind};
+
+const RANKS: usize = 8;
+const NODES: usize = 4;
+
+struct Scenario {
+    name: &'static str,
+    kills: &'static [&'static str],
+    /// Ranks that roll back: the sizes of the sets hit, over every
+    /// rollback (a kill inside a set that is recovering rolls it back once
+    /// more, possibly after some of it resumed).
+    rolled_back: std::ops::RangeInclusive<u64>,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "rank kill",
+        kills: &["3@50%"],
+        rolled_back: 2..=2,
+    },
+    Scenario {
+        name: "node kill",
+        kills: &["node:1@30%"],
+        rolled_back: 2..=2,
+    },
+    Scenario {
+        name: "two node kills at once",
+        kills: &["node:1@40%", "node:2@40%"],
+        rolled_back: 4..=4,
+    },
+    Scenario {
+        name: "kill in another set during recovery",
+        kills: &["1@40%", "5@recovery"],
+        rolled_back: 4..=4,
+    },
+    Scenario {
+        name: "kill in the recovering set during its recovery",
+        kills: &["2@40%", "3@recovery"],
+        rolled_back: 2..=4,
+    },
+];
+
+fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, JobStats) {
+    let r = run_app(app, params, cfg);
+    match r.outcome {
+        Ok(v) => (v, r.stats),
+        Err(e) => panic!("{app} under {} failed: {e}", cfg.protocol),
+    }
+}
+
+fn check_app(app: AppKind, params: AppParams, seeds: u64) {
+    for backend in Backend::ALL {
+        let base = common::config(backend, RANKS).nodes(NODES);
+        let (reference, _) = run(app, &params, &base);
+        assert!(reference.verified, "{app}: {}", reference.detail);
+        for sc in SCENARIOS {
+            for seed in 1..=seeds {
+                let cfg = sc.kills.iter().fold(
+                    base.clone()
+                        .protocol(ProtocolKind::Correlated)
+                        .checkpoint_every(2)
+                        .seed(seed),
+                    |c, k| c.kill(k.parse().expect("valid kill")),
+                );
+                let what = format!("{app} on {backend}, {} (seed {seed})", sc.name);
+                let (v, st) = run(app, &params, &cfg);
+                assert!(v.verified, "{what}: {}", v.detail);
+                assert_eq!(v.value, reference.value, "{what}: value differs");
+                assert!(
+                    st.unfired_kills.is_empty(),
+                    "{what}: {:?}",
+                    st.unfired_kills
+                );
+                assert!(
+                    sc.rolled_back.contains(&st.ranks_rolled_back),
+                    "{what}: {} ranks rolled back, expected {:?} (the sets hit)",
+                    st.ranks_rolled_back,
+                    sc.rolled_back
+                );
+                assert!(st.checkpoints > 0, "{what}: no set checkpoint");
+                assert_eq!(st.set_size, 2, "{what}: set size");
+                assert!(st.set_syncs > 0, "{what}: no set synchronisation counted");
+            }
+        }
+    }
+}
+
+#[test]
+fn cg_class_s_survives_every_scenario() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    check_app(AppKind::Cg, params, 2);
+}
+
+#[test]
+fn cg_class_w_survives_every_scenario() {
+    let params = AppParams {
+        class: Some('W'),
+        ..AppParams::default()
+    };
+    check_app(AppKind::Cg, params, 1);
+}
+
+#[test]
+fn stencil_survives_every_scenario() {
+    check_app(AppKind::Stencil, AppParams::default(), 2);
+}
+
+/// Rank 0 sends `rounds` messages of `bytes` to `dest` and gets an answer
+/// to each; returns the job's statistics.
+fn exchange(backend: Backend, cfg: Config, dest: usize, rounds: usize, bytes: usize) -> JobStats {
+    let cfg = common::for_this_test(Config { backend, ..cfg });
+    let r = lazarus::run(&cfg, move |ctx| {
+        let world = ctx.world();
+        let me = world.rank();
+        let payload = vec![7u8; bytes];
+        for _ in 0..rounds {
+            if me == 0 {
+                world.send(dest, 1, &payload)?;
+                world.receive::<u8>(dest, 2)?;
+            } else if me == dest {
+                let (m, _) = world.receive::<u8>(0, 1)?;
+                world.send(0, 2, &m)?;
+            }
+        }
+        Ok(())
+    });
+    r.outcome.expect("exchange");
+    r.stats
+}
+
+/// 004 §3.2: no payload copy for a message inside a correlated set; the
+/// full sender-based log for a message between sets.
+#[test]
+fn messages_inside_a_set_are_not_logged_and_between_sets_are() {
+    const ROUNDS: usize = 20;
+    const BYTES: usize = 4096;
+    for backend in Backend::ALL {
+        let cfg = Config::new(4)
+            .nodes(2)
+            .protocol(ProtocolKind::Correlated)
+            .checkpoint_every(0);
+        // Ranks 0 and 1 share a node: internal.
+        let st = exchange(backend, cfg.clone(), 1, ROUNDS, BYTES);
+        assert_eq!(st.log_records, 0, "{backend}: internal messages logged");
+        assert_eq!(st.peak_log_bytes, 0, "{backend}: internal payload in a log");
+        assert_eq!(
+            st.spared_log_bytes,
+            2 * (ROUNDS * BYTES) as u64,
+            "{backend}: spared bytes"
+        );
+        // Ranks 0 and 2 do not: every message is logged by its sender.
+        let st = exchange(backend, cfg.clone(), 2, ROUNDS, BYTES);
+        assert_eq!(
+            st.log_records,
+            2 * ROUNDS as u64,
+            "{backend}: inter-set records"
+        );
+        assert_eq!(
+            st.log_bytes,
+            2 * (ROUNDS * BYTES) as u64,
+            "{backend}: inter-set bytes"
+        );
+        assert_eq!(st.spared_log_bytes, 0, "{backend}");
+        // `--sets 4`: one set of all four ranks, nothing is logged.
+        let all = Config {
+            sets: SetRule::Consecutive(4),
+            ..cfg
+        };
+        let st = exchange(backend, all, 2, ROUNDS, BYTES);
+        assert_eq!(st.log_records, 0, "{backend}: --sets 4");
+    }
+}
+
+/// `--sets N` forms sets of N consecutive ranks; a kill rolls back exactly
+/// the victim's set, whatever the nodes.
+#[test]
+fn sets_of_n_consecutive_ranks_roll_back_together() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    for backend in Backend::ALL {
+        let base = common::config(backend, RANKS).nodes(2);
+        let (reference, _) = run(AppKind::Cg, &params, &base);
+        for n in [1usize, 4, 8] {
+            let cfg = Config {
+                sets: SetRule::Consecutive(n),
+                ..base
+                    .clone()
+                    .protocol(ProtocolKind::Correlated)
+                    .checkpoint_every(2)
+                    .kill("5@50%".parse().expect("kill"))
+            };
+            let (v, st) = run(AppKind::Cg, &params, &cfg);
+            let what = format!("{backend}, --sets {n}");
+            assert_eq!(v.value, reference.value, "{what}");
+            assert_eq!(st.ranks_rolled_back, n as u64, "{what}");
+            assert_eq!(st.set_size, n as u64, "{what}");
+        }
+    }
+}
+
+#[test]
+fn a_set_size_out_of_range_is_refused() {
+    for n in [0, 9] {
+        let cfg = Config {
+            sets: SetRule::Consecutive(n),
+            ..Config::new(RANKS).protocol(ProtocolKind::Correlated)
+        };
+        let e = cfg.validate().expect_err("bad --sets");
+        assert!(e.to_string().contains("--sets"), "{e}");
+    }
+}
