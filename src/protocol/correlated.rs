@@ -634,62 +634,16 @@ impl Protocol for Correlated {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::frame::{AppMessage, Envelope};
-    use crate::store::partner::PartnerStore;
-    use bytes::Bytes;
+    use crate::protocol::testing::Harness;
     use std::time::Duration;
 
     /// Rank `rank` of 4 on 2 nodes: sets {0, 1} and {2, 3}.
-    struct Harness {
-        rank: Rank,
-        pl: Placement,
-        store: PartnerStore,
-        hsr: BTreeMap<Rank, u64>,
-        now: Duration,
+    fn harness(rank: Rank) -> Harness {
+        Harness::new(rank, 4, 2)
     }
 
-    impl Harness {
-        fn new(rank: Rank) -> Self {
-            let pl = Placement::block(4, 2).expect("valid");
-            Harness {
-                rank,
-                store: PartnerStore::new(rank, &pl),
-                pl,
-                hsr: BTreeMap::new(),
-                now: Duration::ZERO,
-            }
-        }
-
-        fn run(&self, p: &mut Correlated, ev: Event<'_>) -> Vec<Action> {
-            let mut cx = ProtocolCx {
-                rank: self.rank,
-                size: 4,
-                placement: &self.pl,
-                store: &self.store,
-                now: self.now,
-                app_sent: 0,
-                app_arrived: 0,
-                hsr: &self.hsr,
-                rsn: 0,
-                actions: Vec::new(),
-            };
-            p.handle(ev, &mut cx);
-            cx.actions
-        }
-
-        fn set(&self, p: &mut Correlated, src: Rank, m: SetMsg) -> Vec<Action> {
-            self.run(
-                p,
-                Event::Control {
-                    src,
-                    msg: Control::Set(m),
-                },
-            )
-        }
-
-        fn protocol(&self, every: u64) -> Correlated {
-            Correlated::new(every, None, SetRule::FailureDomains, &self.pl)
-        }
+    fn correlated(h: &Harness, every: u64) -> Correlated {
+        Correlated::new(every, None, SetRule::FailureDomains, &h.pl)
     }
 
     fn sent(actions: &[Action]) -> Vec<(Rank, SetMsg)> {
@@ -705,23 +659,14 @@ mod tests {
             .collect()
     }
 
-    fn msg(src: Rank, dest: Rank, ssn: u64) -> AppMessage {
-        AppMessage {
-            envelope: Envelope {
-                src,
-                dest,
-                context: 0,
-                tag: 0,
-            },
-            ssn,
-            payload: Bytes::from(vec![1u8; 64]),
-        }
+    fn msg(src: Rank, dest: Rank, ssn: u64) -> crate::engine::frame::AppMessage {
+        crate::protocol::testing::app_message(src, dest, ssn, 64)
     }
 
     #[test]
     fn internal_messages_are_spared_and_inter_set_ones_logged() {
-        let h = Harness::new(0);
-        let mut p = h.protocol(2);
+        let h = harness(0);
+        let mut p = correlated(&h, 2);
         assert!(
             h.run(&mut p, Event::AppSend { msg: &msg(0, 1, 1) })
                 .is_empty()
@@ -748,8 +693,8 @@ mod tests {
     /// pieces are stored.
     #[test]
     fn a_set_checkpoint_runs_the_three_phases_then_commits() {
-        let mut h = Harness::new(0);
-        let mut p = h.protocol(2);
+        let mut h = harness(0);
+        let mut p = correlated(&h, 2);
         // Safe point 1: not scheduled, released at once.
         let a = h.run(&mut p, Event::SafePoint { index: 1 });
         assert!(a.contains(&Action::ReleaseSafePoint));
@@ -758,15 +703,15 @@ mod tests {
         assert_eq!(sent(&a), vec![(1, SetMsg::Token { generation: 1 })]);
         assert!(!a.contains(&Action::ReleaseSafePoint));
         // The peer's token: silent; the barrier at the leader (itself).
-        let a = h.set(&mut p, 1, SetMsg::Token { generation: 1 });
+        let a = h.control(&mut p, 1, SetMsg::Token { generation: 1 });
         assert_eq!(sent(&a), vec![(0, SetMsg::Silent { generation: 1 })]);
-        assert!(sent(&h.set(&mut p, 0, SetMsg::Silent { generation: 1 })).is_empty());
-        let a = h.set(&mut p, 1, SetMsg::Silent { generation: 1 });
+        assert!(sent(&h.control(&mut p, 0, SetMsg::Silent { generation: 1 })).is_empty());
+        let a = h.control(&mut p, 1, SetMsg::Silent { generation: 1 });
         let capture = SetMsg::Capture { generation: 1 };
         assert_eq!(sent(&a), vec![(0, capture.clone()), (1, capture.clone())]);
         // Capture: the synchronisation time is recorded, the piece captured.
         h.now = Duration::from_micros(30);
-        let a = h.set(&mut p, 0, capture);
+        let a = h.control(&mut p, 0, capture);
         assert!(a.contains(&Action::Record(Stat::SetSync {
             seconds: 30e-6,
             set_size: 2
@@ -774,20 +719,20 @@ mod tests {
         assert!(a.contains(&Action::Capture { generation: 1 }));
         assert_eq!(sent(&a), vec![(0, SetMsg::Captured { generation: 1 })]);
         // Second barrier: released only when both captured.
-        h.set(&mut p, 0, SetMsg::Captured { generation: 1 });
-        let a = h.set(&mut p, 1, SetMsg::Captured { generation: 1 });
+        h.control(&mut p, 0, SetMsg::Captured { generation: 1 });
+        let a = h.control(&mut p, 1, SetMsg::Captured { generation: 1 });
         let release = SetMsg::Release { generation: 1 };
         assert_eq!(sent(&a), vec![(0, release.clone()), (1, release.clone())]);
-        let a = h.set(&mut p, 0, release);
+        let a = h.control(&mut p, 0, release);
         assert!(a.contains(&Action::ReleaseSafePoint));
         // Stored pieces: committed once both are.
         let a = h.run(&mut p, Event::PieceStored { generation: 1 });
         assert_eq!(sent(&a), vec![(0, SetMsg::Stored { generation: 1 })]);
-        assert!(sent(&h.set(&mut p, 0, SetMsg::Stored { generation: 1 })).is_empty());
-        let a = h.set(&mut p, 1, SetMsg::Stored { generation: 1 });
+        assert!(sent(&h.control(&mut p, 0, SetMsg::Stored { generation: 1 })).is_empty());
+        let a = h.control(&mut p, 1, SetMsg::Stored { generation: 1 });
         let commit = SetMsg::Commit { generation: 1 };
         assert_eq!(sent(&a), vec![(0, commit.clone()), (1, commit.clone())]);
-        h.set(&mut p, 0, commit);
+        h.control(&mut p, 0, commit);
         assert_eq!(p.committed, Some(1));
         // Safe point 3 is not scheduled; 4 is.
         assert!(
@@ -803,23 +748,23 @@ mod tests {
     /// next safe point waits there for the answer.
     #[test]
     fn a_forced_checkpoint_is_agreed_on_a_reachable_safe_point() {
-        let h = Harness::new(0);
-        let mut p = h.protocol(0);
-        let a = h.set(&mut p, 1, SetMsg::Pressure);
+        let h = harness(0);
+        let mut p = correlated(&h, 0);
+        let a = h.control(&mut p, 1, SetMsg::Pressure);
         let q = SetMsg::Query { round: 1 };
         assert_eq!(sent(&a), vec![(0, q.clone()), (1, q.clone())]);
         h.run(&mut p, Event::SafePoint { index: 5 });
-        let a = h.set(&mut p, 0, q);
+        let a = h.control(&mut p, 0, q);
         assert_eq!(sent(&a), vec![(0, SetMsg::At { round: 1, index: 5 })]);
         // Held at the next safe point.
         let a = h.run(&mut p, Event::SafePoint { index: 6 });
         assert!(!a.contains(&Action::ReleaseSafePoint));
-        h.set(&mut p, 0, SetMsg::At { round: 1, index: 5 });
-        let a = h.set(&mut p, 1, SetMsg::At { round: 1, index: 7 });
+        h.control(&mut p, 0, SetMsg::At { round: 1, index: 5 });
+        let a = h.control(&mut p, 1, SetMsg::At { round: 1, index: 7 });
         let at = SetMsg::CheckpointAt { round: 1, index: 8 };
         assert_eq!(sent(&a), vec![(0, at.clone()), (1, at.clone())]);
         // Not there yet: released; the set checkpoints at 8.
-        assert!(h.set(&mut p, 0, at).contains(&Action::ReleaseSafePoint));
+        assert!(h.control(&mut p, 0, at).contains(&Action::ReleaseSafePoint));
         assert!(
             h.run(&mut p, Event::SafePoint { index: 7 })
                 .contains(&Action::ReleaseSafePoint)
@@ -832,8 +777,8 @@ mod tests {
     /// does not, and its members become recovering ranks for the log.
     #[test]
     fn a_failure_rolls_back_the_whole_set_and_only_it() {
-        let h = Harness::new(0);
-        let mut p = h.protocol(2);
+        let h = harness(0);
+        let mut p = correlated(&h, 2);
         assert_eq!(p.rolled_back_with(&[3]), vec![2, 3]);
         let a = h.run(
             &mut p,
@@ -864,8 +809,8 @@ mod tests {
     /// committed, once every member reported for the set's failure.
     #[test]
     fn the_leader_decides_the_newest_committed_generation() {
-        let h = Harness::new(0);
-        let mut p = h.protocol(2);
+        let h = harness(0);
+        let mut p = correlated(&h, 2);
         h.run(
             &mut p,
             Event::PeerFailed {
@@ -878,13 +823,13 @@ mod tests {
             epoch: 2,
             committed: Some(9),
         };
-        assert!(sent(&h.set(&mut p, 1, stale)).is_empty());
+        assert!(sent(&h.control(&mut p, 1, stale)).is_empty());
         let r = |c| SetMsg::Report {
             epoch: 3,
             committed: c,
         };
-        assert!(sent(&h.set(&mut p, 0, r(Some(4)))).is_empty());
-        let a = h.set(&mut p, 1, r(Some(5)));
+        assert!(sent(&h.control(&mut p, 0, r(Some(4)))).is_empty());
+        let a = h.control(&mut p, 1, r(Some(5)));
         let d = SetMsg::Decision {
             epoch: 3,
             generation: Some(5),

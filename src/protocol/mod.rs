@@ -237,6 +237,18 @@ pub enum Control {
     Collective(ulml::CollMsg),
 }
 
+impl From<pessimistic::LogMsg> for Control {
+    fn from(m: pessimistic::LogMsg) -> Self {
+        Control::Log(m)
+    }
+}
+
+impl From<correlated::SetMsg> for Control {
+    fn from(m: correlated::SetMsg) -> Self {
+        Control::Set(m)
+    }
+}
+
 /// The kinds of collective operation (MPI chapter 5), for the per-kind
 /// collective counters of 002 §3.1 ("statistics of collectives").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -609,5 +621,93 @@ pub trait Protocol: Send {
     /// Restore what [`Protocol::save_state`] appended (the rest of the piece).
     fn load_state(&mut self, _state: &[u8]) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A scripted stand-in for the engine in protocol tests: one rank's view
+/// (placement, store, HSR, RSN, time), feeding events and collecting the
+/// actions.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::{Action, Control, Event, Protocol, ProtocolCx};
+    use crate::Rank;
+    use crate::engine::frame::{AppMessage, Envelope};
+    use crate::store::partner::PartnerStore;
+    use crate::topology::Placement;
+
+    /// An application message of `len` bytes (each `ssn as u8`).
+    pub(crate) fn app_message(src: Rank, dest: Rank, ssn: u64, len: usize) -> AppMessage {
+        AppMessage {
+            envelope: Envelope {
+                src,
+                dest,
+                context: 0,
+                tag: 0,
+            },
+            ssn,
+            payload: bytes::Bytes::from(vec![ssn as u8; len]),
+        }
+    }
+
+    /// Rank `rank` of a job placed in blocks.
+    pub(crate) struct Harness {
+        pub(crate) rank: Rank,
+        pub(crate) pl: Placement,
+        pub(crate) store: PartnerStore,
+        pub(crate) hsr: BTreeMap<Rank, u64>,
+        pub(crate) rsn: u64,
+        pub(crate) now: Duration,
+    }
+
+    impl Harness {
+        /// Rank `rank` of `ranks` on `nodes` nodes.
+        pub(crate) fn new(rank: Rank, ranks: usize, nodes: usize) -> Self {
+            let pl = Placement::block(ranks, nodes).expect("valid placement");
+            Harness {
+                rank,
+                store: PartnerStore::new(rank, &pl),
+                pl,
+                hsr: BTreeMap::new(),
+                rsn: 0,
+                now: Duration::ZERO,
+            }
+        }
+
+        /// Feed `ev` to `p`; the actions it emitted.
+        pub(crate) fn run(&self, p: &mut dyn Protocol, ev: Event<'_>) -> Vec<Action> {
+            let mut cx = ProtocolCx {
+                rank: self.rank,
+                size: self.pl.ranks(),
+                placement: &self.pl,
+                store: &self.store,
+                now: self.now,
+                app_sent: 0,
+                app_arrived: 0,
+                hsr: &self.hsr,
+                rsn: self.rsn,
+                actions: Vec::new(),
+            };
+            p.handle(ev, &mut cx);
+            cx.actions
+        }
+
+        /// Feed a control frame from `src`.
+        pub(crate) fn control(
+            &self,
+            p: &mut dyn Protocol,
+            src: Rank,
+            msg: impl Into<Control>,
+        ) -> Vec<Action> {
+            self.run(
+                p,
+                Event::Control {
+                    src,
+                    msg: msg.into(),
+                },
+            )
+        }
     }
 }

@@ -955,73 +955,10 @@ impl Protocol for Pessimistic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::frame::Envelope;
-    use crate::store::partner::PartnerStore;
-    use crate::topology::Placement;
-    use bytes::Bytes;
-    use std::time::Duration;
 
-    /// Rank `rank` of 4 on one node (holder: the next rank).
-    struct Harness {
-        rank: Rank,
-        pl: Placement,
-        store: PartnerStore,
-        hsr: BTreeMap<Rank, u64>,
-        rsn: u64,
-    }
+    use crate::protocol::testing::Harness;
 
-    impl Harness {
-        fn new(rank: Rank) -> Self {
-            let pl = Placement::block(4, 1).expect("valid");
-            Harness {
-                rank,
-                store: PartnerStore::new(rank, &pl),
-                pl,
-                hsr: BTreeMap::new(),
-                rsn: 0,
-            }
-        }
-
-        fn run(&self, p: &mut Pessimistic, ev: Event<'_>) -> Vec<Action> {
-            let mut cx = ProtocolCx {
-                rank: self.rank,
-                size: 4,
-                placement: &self.pl,
-                store: &self.store,
-                now: Duration::ZERO,
-                app_sent: 0,
-                app_arrived: 0,
-                hsr: &self.hsr,
-                rsn: self.rsn,
-                actions: Vec::new(),
-            };
-            p.handle(ev, &mut cx);
-            cx.actions
-        }
-
-        fn control(&self, p: &mut Pessimistic, src: Rank, m: LogMsg) -> Vec<Action> {
-            self.run(
-                p,
-                Event::Control {
-                    src,
-                    msg: Control::Log(m),
-                },
-            )
-        }
-    }
-
-    fn msg(src: Rank, dest: Rank, ssn: u64, len: usize) -> AppMessage {
-        AppMessage {
-            envelope: Envelope {
-                src,
-                dest,
-                context: 0,
-                tag: 0,
-            },
-            ssn,
-            payload: Bytes::from(vec![ssn as u8; len]),
-        }
-    }
+    use crate::protocol::testing::app_message as msg;
 
     fn resent(actions: &[Action]) -> Vec<u64> {
         actions
@@ -1035,7 +972,7 @@ mod tests {
 
     #[test]
     fn logs_by_reference_trims_on_the_receivers_checkpoint_and_resends_above_hsr() {
-        let h = Harness::new(0);
+        let h = Harness::new(0, 4, 1);
         let mut p = Pessimistic::new(0, None);
         let mut sent = Vec::new();
         for ssn in 1..=5 {
@@ -1071,7 +1008,7 @@ mod tests {
 
     #[test]
     fn a_restart_behind_a_trim_is_an_error_not_a_silent_gap() {
-        let h = Harness::new(0);
+        let h = Harness::new(0, 4, 1);
         let mut p = Pessimistic::new(0, None);
         for ssn in 1..=4 {
             h.run(
@@ -1091,7 +1028,7 @@ mod tests {
 
     #[test]
     fn sends_wait_until_the_holder_acknowledges_determinants() {
-        let mut h = Harness::new(1); // holders: ranks 2 and 3
+        let mut h = Harness::new(1, 4, 1); // holders: ranks 2 and 3
         let mut p = Pessimistic::new(0, None);
         let m = msg(3, 1, 1, 8);
         h.rsn = 1;
@@ -1161,7 +1098,7 @@ mod tests {
 
     #[test]
     fn a_replacement_locates_fetches_replays_and_asks_everyone() {
-        let h = Harness::new(3); // holders: ranks 0 and 1
+        let h = Harness::new(3, 4, 1); // holders: ranks 0 and 1
         let mut p = Pessimistic::new(2, None);
         let a = h.run(
             &mut p,
@@ -1256,7 +1193,7 @@ mod tests {
 
     #[test]
     fn holders_that_lost_their_state_make_recovery_fail_clearly() {
-        let h = Harness::new(3);
+        let h = Harness::new(3, 4, 1);
         let mut p = Pessimistic::new(2, None);
         h.run(
             &mut p,
