@@ -387,6 +387,7 @@ fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
         kills: cfg.kills.clone(),
         listen: cfg.listen,
         hosts: cfg.hosts,
+        sets: cfg.sets,
         agent_program: agent_program(),
         heartbeat_timeout: cfg.heartbeat_timeout,
         max_frame: cfg.max_frame,

@@ -176,6 +176,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         kills,
         listen,
         hosts,
+        sets: Default::default(),
         agent_program: std::env::current_exe()?,
         heartbeat_timeout: heartbeat(args.heartbeat_timeout)?,
         max_frame: Config::default().max_frame,

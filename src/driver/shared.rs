@@ -254,31 +254,48 @@ fn apply_rma(w: &WinMem, id: WinId, op: RmaOp) -> Result<RmaReply> {
 }
 
 /// Job statistics as the driver aggregates them.
-#[derive(Default)]
 pub(crate) struct StatsBook {
     pub stats: JobStats,
     resumed: HashMap<u64, usize>,
     recovery_open: Option<Duration>,
-    /// Only the killed ranks roll back (message logging): a recovery ends
-    /// when they resumed, not the whole job.
-    only_victims_resume: bool,
-    /// Ranks killed since the open recovery began.
-    victims_open: usize,
+    protocol: crate::ProtocolKind,
+    sets: crate::protocol::correlated::SetRule,
+    placement: Option<crate::topology::Placement>,
+    /// Ranks rolling back in the open recovery (every rank without logs,
+    /// the killed ones under message logging, their sets under
+    /// `correlated`): it ends when they all resumed.
+    rolling_back: std::collections::BTreeSet<Rank>,
 }
 
 impl StatsBook {
-    /// Statistics of a job under `protocol`.
-    pub fn new(protocol: crate::ProtocolKind) -> Self {
+    /// Statistics of a job under `protocol` on `ranks` ranks over `nodes`
+    /// failure domains, correlated sets formed by `sets`.
+    pub fn new(
+        protocol: crate::ProtocolKind,
+        sets: crate::protocol::correlated::SetRule,
+        ranks: usize,
+        nodes: usize,
+    ) -> Self {
         StatsBook {
-            only_victims_resume: !protocol.rolls_back_survivors(),
-            ..StatsBook::default()
+            stats: JobStats::default(),
+            resumed: HashMap::new(),
+            recovery_open: None,
+            protocol,
+            sets,
+            placement: crate::topology::Placement::block(ranks, nodes).ok(),
+            rolling_back: std::collections::BTreeSet::new(),
         }
     }
 
-    pub fn on_kill(&mut self, victims: usize, now: Duration) {
+    pub fn on_kill(&mut self, victims: &[Rank], now: Duration) {
         self.stats.failures += 1;
-        self.stats.ranks_killed += victims as u64;
-        self.victims_open += victims;
+        self.stats.ranks_killed += victims.len() as u64;
+        match &self.placement {
+            Some(pl) => self
+                .rolling_back
+                .extend(self.protocol.rolled_back_with(victims, self.sets, pl)),
+            None => self.rolling_back.extend(victims),
+        }
         if self.recovery_open.is_none() {
             self.recovery_open = Some(now);
         }
@@ -322,17 +339,13 @@ impl StatsBook {
                 }
                 let n = self.resumed.entry(epoch).or_insert(0);
                 *n += 1;
-                let expected = if self.only_victims_resume {
-                    self.victims_open
-                } else {
-                    size
-                };
+                let expected = self.rolling_back.len().min(size);
                 if *n >= expected
                     && epoch == current_epoch
                     && let Some(t0) = self.recovery_open.take()
                 {
                     st.recovery_s += (now - t0).as_secs_f64();
-                    self.victims_open = 0;
+                    self.rolling_back.clear();
                 }
             }
             Stat::Log {

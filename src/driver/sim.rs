@@ -436,7 +436,7 @@ impl<T: Send + 'static> SimWorld<T> {
             }
         }
         mix(&mut s.trace, 0xdead ^ epoch);
-        s.stats.on_kill(victims.len(), now);
+        s.stats.on_kill(victims, now);
     }
 }
 
@@ -741,7 +741,7 @@ pub(crate) fn run<T: Send + 'static>(
             bytes: 0,
             epoch: 0,
             plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
-            stats: StatsBook::new(cfg.protocol),
+            stats: StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes),
             finals: Finals::new(size)
                 .reporting_failures(cfg.failure_handling == crate::config::FailureHandling::Return),
             hung: false,

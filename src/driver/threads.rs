@@ -103,7 +103,7 @@ impl World {
                 }
             }
         }
-        lock(&self.stats).on_kill(victims.len(), now);
+        lock(&self.stats).on_kill(victims, now);
     }
 }
 
@@ -301,7 +301,7 @@ pub(crate) fn run<T: Send + 'static>(
             plan: FaultPlan::new(&cfg.kills, placement.clone(), cfg.seed),
         }),
         armed: AtomicBool::new(!cfg.kills.is_empty()),
-        stats: Mutex::new(StatsBook::new(cfg.protocol)),
+        stats: Mutex::new(StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes)),
         start: Instant::now(),
         sup: sup_tx.clone(),
         progress: AtomicU64::new(0),

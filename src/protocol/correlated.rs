@@ -86,6 +86,17 @@ impl SetRule {
     }
 }
 
+/// The ranks of the sets of `dead` (`set_of`: the set of every rank).
+pub(crate) fn rolled_back_with(set_of: &[usize], dead: &[Rank]) -> Vec<Rank> {
+    let sets: BTreeSet<usize> = dead
+        .iter()
+        .filter_map(|&d| set_of.get(d).copied())
+        .collect();
+    (0..set_of.len())
+        .filter(|&r| sets.contains(&set_of[r]) || dead.contains(&r))
+        .collect()
+}
+
 /// Control messages of set coordination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SetMsg {
@@ -546,13 +557,7 @@ impl Protocol for Correlated {
     }
 
     fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
-        let sets: BTreeSet<usize> = dead
-            .iter()
-            .filter_map(|&d| self.set_of.get(d).copied())
-            .collect();
-        (0..self.set_of.len())
-            .filter(|&r| sets.contains(&self.set_of[r]) || dead.contains(&r))
-            .collect()
+        rolled_back_with(&self.set_of, dead)
     }
 
     fn send_ready(&self) -> bool {

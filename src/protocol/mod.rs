@@ -117,6 +117,26 @@ impl ProtocolKind {
         !self.logs_messages()
     }
 
+    /// The ranks that roll back when `dead` die: every rank under
+    /// checkpointing without logs, the dead under message logging, their
+    /// correlated sets (formed by `sets` over `placement`) under
+    /// `correlated`.
+    pub fn rolled_back_with(
+        self,
+        dead: &[Rank],
+        sets: correlated::SetRule,
+        placement: &Placement,
+    ) -> Vec<Rank> {
+        let ranks = placement.ranks();
+        match self {
+            ProtocolKind::None | ProtocolKind::Coordinated => (0..ranks).collect(),
+            ProtocolKind::Pessimistic | ProtocolKind::Ulml => dead.to_vec(),
+            ProtocolKind::Correlated => {
+                correlated::rolled_back_with(&sets.sets(placement, ranks), dead)
+            }
+        }
+    }
+
     /// Whether the protocol keeps sender-based message logs (survivors keep
     /// their progress and replay what a recovering rank needs).
     pub fn logs_messages(self) -> bool {

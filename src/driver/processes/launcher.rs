@@ -78,6 +78,9 @@ pub struct LaunchSpec {
     pub protocol_override: Option<crate::protocol::ProtocolKind>,
     /// Where the rank processes run.
     pub hosts: Hosts,
+    /// Protocol `correlated`: how ranks form correlated sets (for the
+    /// recovery statistics).
+    pub sets: crate::protocol::correlated::SetRule,
     /// The program agents run as (`PROGRAM agent`), with `--hosts slurm`:
     /// the `lazarus` executable.
     pub agent_program: PathBuf,
@@ -413,6 +416,9 @@ impl<'a> Launcher<'a> {
                 spec.protocol_override
                     .or_else(|| spec.protocol.parse().ok())
                     .unwrap_or(crate::ProtocolKind::Coordinated),
+                spec.sets,
+                spec.ranks,
+                spec.nodes,
             ),
             finals: Finals::new(spec.ranks),
             peers_sent: false,
@@ -981,7 +987,8 @@ impl<'a> Launcher<'a> {
             p.finishing = None;
         }
         let now = self.now();
-        self.stats.on_kill(dead.len(), now);
+        let ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
+        self.stats.on_kill(&ranks, now);
         // Before any rank reported its protocol, the launching call's
         // protocol decides; under `lazarus launch` a rank lost that early
         // is replaced (a program without recovery then fails as it would).
@@ -992,7 +999,6 @@ impl<'a> Launcher<'a> {
                 .protocol_override
                 .map(|p| p.replaces_failed_ranks()))
             .unwrap_or(true);
-        let ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
         let notice = WireMsg::FailureNotice {
             epoch: self.epoch,
             dead: dead.clone(),
