@@ -737,8 +737,12 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     if st.set_syncs > 0 || st.spared_log_bytes > 0 {
         println!(
-            "correlated sets (up to {} ranks): {} bytes sent inside sets without a log copy; {} set synchronisations, mean {:.6} s, longest {:.6} s",
-            st.set_size, st.spared_log_bytes, st.set_syncs, st.set_sync_s, st.set_sync_max_s
+            "correlated sets (up to {} ranks): {} bytes sent inside sets without a log copy; {} set synchronisations, mean {:.1} us, longest {:.1} us",
+            st.set_size,
+            st.spared_log_bytes,
+            st.set_syncs,
+            st.set_sync_s * 1e6,
+            st.set_sync_max_s * 1e6
         );
     }
     if let Some(sim) = &summary.sim {
