@@ -214,6 +214,35 @@ fn sets_of_n_consecutive_ranks_roll_back_together() {
     }
 }
 
+/// Found by `lazarus chaos` (seed 57): node 1 dies inside the first set
+/// checkpoint, so no generation is committed yet; rank 7 dies inside the
+/// second and rank 1 during its recovery. Set {0, 1} restarts from the
+/// beginning with a survivor that had captured a generation and a fresh
+/// replacement: both must number their next checkpoint alike and restart
+/// the schedule, or their tokens never meet.
+#[test]
+fn a_set_restarting_from_the_beginning_agrees_on_its_checkpoints() {
+    let params = AppParams {
+        class: Some('S'),
+        ..AppParams::default()
+    };
+    for backend in Backend::ALL {
+        let base = common::config(backend, RANKS).nodes(NODES);
+        let (reference, _) = run(AppKind::Cg, &params, &base);
+        let cfg = ["7@checkpoint:2", "node:1@checkpoint:1", "1@recovery:1"]
+            .iter()
+            .fold(
+                base.protocol(ProtocolKind::Correlated)
+                    .checkpoint_every(2)
+                    .seed(57),
+                |c, k| c.kill(k.parse().expect("valid kill")),
+            );
+        let (v, st) = run(AppKind::Cg, &params, &cfg);
+        assert_eq!(v.value, reference.value, "{backend}");
+        assert_eq!(st.failures, 3, "{backend}");
+    }
+}
+
 #[test]
 fn a_set_size_out_of_range_is_refused() {
     for n in [0, 9] {

@@ -166,6 +166,8 @@ pub enum SetMsg {
         epoch: u64,
         /// Newest committed generation known.
         committed: Option<u64>,
+        /// The next generation number the sender would capture.
+        next_generation: u64,
     },
     /// Recovery, from the leader: every member restores `generation`.
     Decision {
@@ -173,6 +175,10 @@ pub enum SetMsg {
         epoch: u64,
         /// Generation (`None`: from the beginning).
         generation: Option<u64>,
+        /// The next generation every member captures: above every number
+        /// any member used, so an uncommitted piece never shares its
+        /// number with a new one.
+        next_generation: u64,
     },
 }
 
@@ -228,13 +234,16 @@ pub struct Correlated {
     checkpoint_at: Option<u64>,
     /// The failure event of the set's newest rollback.
     set_epoch: u64,
-    /// Leader: recovery reports per set failure event.
-    reports: BTreeMap<u64, BTreeMap<Rank, Option<u64>>>,
+    /// Leader: recovery reports per set failure event: newest committed
+    /// generation known and next generation number, per member.
+    reports: BTreeMap<u64, BTreeMap<Rank, (Option<u64>, u64)>>,
     /// Reported for `set_epoch`.
     reported: bool,
     /// The set's decision for `set_epoch`, if it came before the holders'
     /// answers.
     decision: Option<Option<u64>>,
+    /// The set's next generation number, applied once restored.
+    next_generation: Option<u64>,
 }
 
 impl Correlated {
@@ -271,6 +280,7 @@ impl Correlated {
             reports: BTreeMap::new(),
             reported: false,
             decision: None,
+            next_generation: None,
         }
     }
 
@@ -472,16 +482,25 @@ impl Correlated {
                     }
                 }
             }
-            SetMsg::Report { epoch, committed } => {
+            SetMsg::Report {
+                epoch,
+                committed,
+                next_generation,
+            } => {
                 self.reports
                     .entry(epoch)
                     .or_default()
-                    .insert(src, committed);
+                    .insert(src, (committed, next_generation));
                 self.try_decide(cx);
             }
-            SetMsg::Decision { epoch, generation } => {
+            SetMsg::Decision {
+                epoch,
+                generation,
+                next_generation,
+            } => {
                 if epoch == self.set_epoch {
                     self.decision = Some(generation);
+                    self.next_generation = Some(next_generation);
                     self.after_p2p(cx);
                 }
             }
@@ -500,9 +519,22 @@ impl Correlated {
         if reports.len() < self.members.len() {
             return;
         }
-        let generation = reports.values().copied().max().flatten();
+        let generation = reports.values().map(|r| r.0).max().flatten();
+        let next_generation = reports
+            .values()
+            .map(|r| r.1)
+            .max()
+            .unwrap_or(1)
+            .max(generation.map_or(1, |g| g + 1));
         self.reports.remove(&epoch);
-        self.to_members(cx, SetMsg::Decision { epoch, generation });
+        self.to_members(
+            cx,
+            SetMsg::Decision {
+                epoch,
+                generation,
+                next_generation,
+            },
+        );
     }
 
     /// After the logging part handled an event: report what the holders
@@ -522,7 +554,15 @@ impl Correlated {
             self.reported = true;
             let committed = self.committed.max(holders);
             let epoch = self.set_epoch;
-            self.to_leader(cx, SetMsg::Report { epoch, committed });
+            let next_generation = self.p2p.next_generation();
+            self.to_leader(
+                cx,
+                SetMsg::Report {
+                    epoch,
+                    committed,
+                    next_generation,
+                },
+            );
         }
         if let Some(generation) = self.decision.take() {
             self.p2p.restore_decided(generation, cx);
@@ -544,6 +584,7 @@ impl Correlated {
         self.checkpoint_at = None;
         self.reported = false;
         self.decision = None;
+        self.next_generation = None;
     }
 }
 
@@ -623,6 +664,15 @@ impl Protocol for Correlated {
                 self.after_p2p(cx);
             }
             Event::Restored { generation } => {
+                if generation.is_none() {
+                    // From the beginning: the schedule starts again too
+                    // (otherwise `load_state` set it).
+                    self.last_index = 0;
+                    self.index = 0;
+                }
+                if let Some(n) = self.next_generation.take() {
+                    self.p2p.set_next_generation(n);
+                }
                 self.p2p.handle(Event::Restored { generation }, cx);
                 if let Some(g) = generation {
                     self.committed = self.committed.max(Some(g));
@@ -827,17 +877,22 @@ mod tests {
         let stale = SetMsg::Report {
             epoch: 2,
             committed: Some(9),
+            next_generation: 10,
         };
         assert!(sent(&h.control(&mut p, 1, stale)).is_empty());
-        let r = |c| SetMsg::Report {
+        let r = |c, n| SetMsg::Report {
             epoch: 3,
             committed: c,
+            next_generation: n,
         };
-        assert!(sent(&h.control(&mut p, 0, r(Some(4)))).is_empty());
-        let a = h.control(&mut p, 1, r(Some(5)));
+        // A member that captured generation 7 (never committed): the set
+        // numbers its next checkpoint past it.
+        assert!(sent(&h.control(&mut p, 0, r(Some(4), 8))).is_empty());
+        let a = h.control(&mut p, 1, r(Some(5), 6));
         let d = SetMsg::Decision {
             epoch: 3,
             generation: Some(5),
+            next_generation: 8,
         };
         assert_eq!(sent(&a), vec![(0, d.clone()), (1, d)]);
     }

@@ -313,6 +313,11 @@ impl Pessimistic {
         self.next_generation
     }
 
+    /// Number the next captured generation (a set's agreed numbering).
+    pub(crate) fn set_next_generation(&mut self, generation: u64) {
+        self.next_generation = generation;
+    }
+
     /// Whether a sender asked this rank to checkpoint (its log for this
     /// rank passed half the budget; only this rank's checkpoint trims it).
     pub(crate) fn checkpoint_wanted(&self) -> bool {
