@@ -229,7 +229,7 @@ fn external_kill_9_of_a_random_rank_is_survived() {
         let logging: &[&str] = if app[0] == "dht" {
             &[]
         } else {
-            &["pessimistic", "ulml"]
+            &["pessimistic", "ulml", "correlated"]
         };
         std::iter::once("coordinated")
             .chain(logging.iter().copied())
@@ -241,7 +241,7 @@ fn external_kill_9_of_a_random_rank_is_survived() {
             (true, "coordinated") => 20,
             (true, "pessimistic") => 10,
             (true, _) => 5,
-            (false, "ulml") => 3,
+            (false, "ulml" | "correlated") => 3,
             _ => 5,
         };
         for seed in 1..=seeds {
@@ -255,7 +255,12 @@ fn external_kill_9_of_a_random_rank_is_survived() {
                 std::fs::create_dir_all(&dir).expect("tmp dir");
                 let sum = dir.join("run.json");
                 let sum_s = sum.to_string_lossy().to_string();
-                let child = start_job(app, protocol, &["--json", &sum_s]);
+                // `correlated`: two correlated sets of two ranks.
+                let mut extra = vec!["--json", sum_s.as_str()];
+                if protocol == "correlated" {
+                    extra.extend_from_slice(&["--nodes", "2"]);
+                }
+                let child = start_job(app, protocol, &extra);
                 let launcher = child.id();
                 let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
                 std::thread::sleep(wall.mul_f64(frac));
@@ -278,7 +283,11 @@ fn external_kill_9_of_a_random_rank_is_survived() {
                 // (`launcher::died_after_the_end`): too late, try earlier.
                 let at_the_end = rolled_back == Some(0);
                 if hit && s["failures"].as_u64() == Some(1) && !at_the_end {
-                    let expected = if protocol == "coordinated" { 4 } else { 1 };
+                    let expected = match protocol {
+                        "coordinated" => 4,
+                        "correlated" => 2,
+                        _ => 1,
+                    };
                     assert_eq!(rolled_back, Some(expected), "{what}: ranks rolled back");
                     let notified = s["failure_detections"][0]["notified_unix_s"]
                         .as_f64()
