@@ -46,7 +46,10 @@
 //! survivors of the set roll back as well, every member (survivor or
 //! replacement) asks its holders for its determinants, and the set's
 //! leader decides the generation to restore: the newest any member knows
-//! committed (every member's piece of it is stored). Other sets keep their
+//! committed (every member's piece of it is stored), and the number of the
+//! set's next checkpoint (above any member's, so that a survivor and a
+//! fresh replacement number it alike and no new piece reuses the number of
+//! an uncommitted one). Other sets keep their
 //! progress; for them every member of the set is a recovering rank: they
 //! resend logged ingoing messages above the HSR it restored, and suppress
 //! duplicates it re-sends, exactly as for a replacement under
