@@ -7,7 +7,7 @@
 
 mod common;
 
-use lazarus::apps::{AppKind, AppParams, Verification, run_app};
+use lazarus::apps::{AppKind, AppParams};
 use lazarus::protocol::correlated::SetRule;
 use lazarus::{Backend, Config, JobStats, ProtocolKind};
 
@@ -51,18 +51,10 @@ const SCENARIOS: &[Scenario] = &[
     },
 ];
 
-fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, JobStats) {
-    let r = run_app(app, params, cfg);
-    match r.outcome {
-        Ok(v) => (v, r.stats),
-        Err(e) => panic!("{app} under {} failed: {e}", cfg.protocol),
-    }
-}
-
 fn check_app(app: AppKind, params: AppParams, seeds: u64) {
     for backend in Backend::ALL {
         let base = common::config(backend, RANKS).nodes(NODES);
-        let (reference, _) = run(app, &params, &base);
+        let (reference, _) = common::run(app, &params, &base);
         assert!(reference.verified, "{app}: {}", reference.detail);
         for sc in SCENARIOS {
             for seed in 1..=seeds {
@@ -74,7 +66,7 @@ fn check_app(app: AppKind, params: AppParams, seeds: u64) {
                     |c, k| c.kill(k.parse().expect("valid kill")),
                 );
                 let what = format!("{app} on {backend}, {} (seed {seed})", sc.name);
-                let (v, st) = run(app, &params, &cfg);
+                let (v, st) = common::run(app, &params, &cfg);
                 assert!(v.verified, "{what}: {}", v.detail);
                 assert_eq!(v.value, reference.value, "{what}: value differs");
                 assert!(
@@ -98,19 +90,13 @@ fn check_app(app: AppKind, params: AppParams, seeds: u64) {
 
 #[test]
 fn cg_class_s_survives_every_scenario() {
-    let params = AppParams {
-        class: Some('S'),
-        ..AppParams::default()
-    };
+    let params = common::class('S');
     check_app(AppKind::Cg, params, 2);
 }
 
 #[test]
 fn cg_class_w_survives_every_scenario() {
-    let params = AppParams {
-        class: Some('W'),
-        ..AppParams::default()
-    };
+    let params = common::class('W');
     check_app(AppKind::Cg, params, 1);
 }
 
@@ -189,13 +175,10 @@ fn messages_inside_a_set_are_not_logged_and_between_sets_are() {
 /// the victim's set, whatever the nodes.
 #[test]
 fn sets_of_n_consecutive_ranks_roll_back_together() {
-    let params = AppParams {
-        class: Some('S'),
-        ..AppParams::default()
-    };
+    let params = common::class('S');
     for backend in Backend::ALL {
         let base = common::config(backend, RANKS).nodes(2);
-        let (reference, _) = run(AppKind::Cg, &params, &base);
+        let (reference, _) = common::run(AppKind::Cg, &params, &base);
         for n in [1usize, 4, 8] {
             let cfg = Config {
                 sets: SetRule::Consecutive(n),
@@ -205,7 +188,7 @@ fn sets_of_n_consecutive_ranks_roll_back_together() {
                     .checkpoint_every(2)
                     .kill("5@50%".parse().expect("kill"))
             };
-            let (v, st) = run(AppKind::Cg, &params, &cfg);
+            let (v, st) = common::run(AppKind::Cg, &params, &cfg);
             let what = format!("{backend}, --sets {n}");
             assert_eq!(v.value, reference.value, "{what}");
             assert_eq!(st.ranks_rolled_back, n as u64, "{what}");
@@ -222,13 +205,10 @@ fn sets_of_n_consecutive_ranks_roll_back_together() {
 /// the schedule, or their tokens never meet.
 #[test]
 fn a_set_restarting_from_the_beginning_agrees_on_its_checkpoints() {
-    let params = AppParams {
-        class: Some('S'),
-        ..AppParams::default()
-    };
+    let params = common::class('S');
     for backend in Backend::ALL {
         let base = common::config(backend, RANKS).nodes(NODES);
-        let (reference, _) = run(AppKind::Cg, &params, &base);
+        let (reference, _) = common::run(AppKind::Cg, &params, &base);
         let cfg = ["7@checkpoint:2", "node:1@checkpoint:1", "1@recovery:1"]
             .iter()
             .fold(
@@ -237,7 +217,7 @@ fn a_set_restarting_from_the_beginning_agrees_on_its_checkpoints() {
                     .seed(57),
                 |c, k| c.kill(k.parse().expect("valid kill")),
             );
-        let (v, st) = run(AppKind::Cg, &params, &cfg);
+        let (v, st) = common::run(AppKind::Cg, &params, &cfg);
         assert_eq!(v.value, reference.value, "{backend}");
         assert_eq!(st.failures, 3, "{backend}");
     }

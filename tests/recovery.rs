@@ -7,8 +7,8 @@
 
 mod common;
 
-use lazarus::apps::{AppKind, AppParams, Verification, run_app};
-use lazarus::{Backend, Config, Error, JobStats, ProtocolKind, ReduceOp};
+use lazarus::apps::{AppKind, AppParams, run_app};
+use lazarus::{Backend, Config, Error, ProtocolKind, ReduceOp};
 
 struct Scenario {
     name: &'static str,
@@ -78,14 +78,6 @@ const GLOBAL_ONLY: Scenario = Scenario {
     dead: 3,
 };
 
-fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, JobStats) {
-    let r = run_app(app, params, cfg);
-    match r.outcome {
-        Ok(v) => (v, r.stats),
-        Err(e) => panic!("{app} under {} failed: {e}", cfg.protocol),
-    }
-}
-
 fn check_app(
     app: AppKind,
     params: AppParams,
@@ -95,7 +87,7 @@ fn check_app(
 ) {
     for backend in Backend::ALL {
         let base = common::config(backend, ranks);
-        let (reference, _) = run(app, &params, &base);
+        let (reference, _) = common::run(app, &params, &base);
         assert!(
             reference.verified,
             "{app}: failure-free run not verified: {}",
@@ -115,7 +107,7 @@ fn check_app(
                     for k in sc.kills {
                         cfg = cfg.kill(k.parse().expect("valid kill spec"));
                     }
-                    let (v, st) = run(app, &params, &cfg);
+                    let (v, st) = common::run(app, &params, &cfg);
                     let what = format!(
                         "{app} on {backend} under {protocol}, {} (seed {seed})",
                         sc.name
@@ -161,30 +153,12 @@ const MESSAGE_PASSING: &[ProtocolKind] = &[
 
 #[test]
 fn cg_class_s_survives_every_scenario() {
-    check_app(
-        AppKind::Cg,
-        AppParams {
-            class: Some('S'),
-            ..AppParams::default()
-        },
-        4,
-        3,
-        MESSAGE_PASSING,
-    );
+    check_app(AppKind::Cg, common::class('S'), 4, 3, MESSAGE_PASSING);
 }
 
 #[test]
 fn cg_class_w_survives_every_scenario() {
-    check_app(
-        AppKind::Cg,
-        AppParams {
-            class: Some('W'),
-            ..AppParams::default()
-        },
-        4,
-        1,
-        MESSAGE_PASSING,
-    );
+    check_app(AppKind::Cg, common::class('W'), 4, 1, MESSAGE_PASSING);
 }
 
 #[test]
@@ -213,7 +187,7 @@ fn dht_survives_every_scenario() {
 
 #[test]
 fn cg_class_s_zeta_matches_npb() {
-    let (v, _) = run(
+    let (v, _) = common::run(
         AppKind::Cg,
         &AppParams {
             class: Some('S'),
@@ -272,7 +246,7 @@ fn stencil_checksum_equals_one_rank_computation() {
         let cfg = Config::new(ranks)
             .protocol(ProtocolKind::Coordinated)
             .kill("1@50%".parse().expect("spec"));
-        let (v, _) = run(AppKind::Stencil, &params, &cfg);
+        let (v, _) = common::run(AppKind::Stencil, &params, &cfg);
         let expected = jacobi_checksum(n, it);
         assert_eq!(
             v.value,
@@ -358,7 +332,7 @@ fn random_kills_never_change_the_answer() {
         iterations: Some(40),
         ..AppParams::default()
     };
-    let (reference, _) = run(AppKind::Stencil, &params, &Config::new(6));
+    let (reference, _) = common::run(AppKind::Stencil, &params, &Config::new(6));
     for seed in 0..8u64 {
         let a = (seed * 7 % 6) as usize;
         let b = (seed * 5 % 6) as usize;
@@ -374,7 +348,7 @@ fn random_kills_never_change_the_answer() {
                     .expect("spec"),
             )
             .kill(format!("{b}@recovery:2").parse().expect("spec"));
-        let (v, st) = run(AppKind::Stencil, &params, &cfg);
+        let (v, st) = common::run(AppKind::Stencil, &params, &cfg);
         assert_eq!(v.value, reference.value, "seed {seed}");
         assert_eq!(st.failures, 3, "seed {seed}: {:?}", st.unfired_kills);
     }
@@ -391,14 +365,14 @@ fn restarts_from_the_beginning_are_counted() {
             .protocol(ProtocolKind::Coordinated)
             .checkpoint_every(4);
         // Before the first checkpoint (iteration 4): nothing to restore.
-        let (_, early) = run(
+        let (_, early) = common::run(
             AppKind::Cg,
             &params,
             &base.clone().kill("1@i1".parse().expect("spec")),
         );
         assert_eq!(early.ranks_restarted_from_scratch, 4, "{backend}");
         // After it: restored from a checkpoint.
-        let (_, late) = run(
+        let (_, late) = common::run(
             AppKind::Cg,
             &params,
             &base.kill("1@i9".parse().expect("spec")),
@@ -416,13 +390,10 @@ fn restarts_from_the_beginning_are_counted() {
 /// is recovered as any other.
 #[test]
 fn a_kill_as_a_rank_finishes_keeps_the_value() {
-    let params = AppParams {
-        class: Some('S'),
-        ..AppParams::default()
-    };
+    let params = common::class('S');
     for backend in Backend::ALL {
         let base = common::config(backend, 4);
-        let (reference, _) = run(AppKind::Cg, &params, &base);
+        let (reference, _) = common::run(AppKind::Cg, &params, &base);
         for protocol in [ProtocolKind::Coordinated, ProtocolKind::Pessimistic] {
             for seed in 1..=3 {
                 let cfg = base
@@ -431,7 +402,7 @@ fn a_kill_as_a_rank_finishes_keeps_the_value() {
                     .checkpoint_every(2)
                     .seed(seed)
                     .kill("1@finalize".parse().expect("valid kill spec"));
-                let (v, st) = run(AppKind::Cg, &params, &cfg);
+                let (v, st) = common::run(AppKind::Cg, &params, &cfg);
                 let what =
                     format!("cg on {backend} under {protocol}, kill at finalize (seed {seed})");
                 assert!(v.verified, "{what}: not verified: {}", v.detail);

@@ -304,8 +304,7 @@ impl Correlated {
             .copied()
             .filter(|&r| r != cx.rank)
             .collect();
-        let p2p = std::mem::replace(&mut self.p2p, Pessimistic::new(0, None));
-        self.p2p = p2p.with_correlated_set(peers);
+        self.p2p.set_correlated_set(peers);
     }
 
     /// The set's leader: its lowest rank (a replacement takes its number).

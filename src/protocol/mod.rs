@@ -612,10 +612,12 @@ pub trait Protocol: Send {
     fn rolls_back_survivors(&self) -> bool {
         true
     }
-    /// The ranks that re-execute from a checkpoint when `dead` died: the
-    /// dead themselves under message logging, their whole correlated sets
-    /// under `correlated` (004 §3.2). Frames those ranks sent before the
-    /// failure belong to an execution that is rolled back.
+    /// Under message logging (and ULFM): the ranks that re-execute from a
+    /// checkpoint when `dead` died, the dead themselves, or their whole
+    /// correlated sets under `correlated` (004 §3.2). Frames those ranks
+    /// sent before the failure belong to an execution that is rolled back.
+    /// (A protocol that rolls every rank back drops older frames by epoch
+    /// instead; [`ProtocolKind::rolled_back_with`] names its ranks.)
     fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
         dead.to_vec()
     }

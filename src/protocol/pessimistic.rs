@@ -91,9 +91,7 @@ pub enum LogMsg {
     Locate,
     /// Holder to replacement: the newest piece and the determinants held.
     Located {
-        /// Newest generation of the replacement's piece held.
-        generation: Option<u64>,
-        /// Every generation of its piece held.
+        /// Every generation of the replacement's piece held.
         held: Vec<u64>,
         /// The newest generation its owner said was stored for good
         /// (`TrimHeld`).
@@ -149,15 +147,12 @@ struct SavedState {
 }
 
 /// What a holder answered a replacement: `None` if it lost the
-/// replacement's state, else the newest generation it holds and the
-/// determinants.
+/// replacement's state, else what it holds.
 type HolderAnswer = Option<Holding>;
 
 /// What a holder holds of a recovering rank.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Holding {
-    /// Newest generation of its piece held.
-    pub(crate) newest: Option<u64>,
     /// Every generation of its piece held.
     pub(crate) held: Vec<u64>,
     /// Newest generation its owner declared stored for good.
@@ -302,10 +297,9 @@ impl Pessimistic {
     /// Coordinate checkpoints and rollbacks with `peers` (this rank's
     /// correlated set, itself included or not): no payload copy for
     /// messages to them (004 §3.2), and recovery decided by the set.
-    pub(crate) fn with_correlated_set(mut self, peers: impl IntoIterator<Item = Rank>) -> Self {
+    pub(crate) fn set_correlated_set(&mut self, peers: impl IntoIterator<Item = Rank>) {
         self.internal = peers.into_iter().collect();
         self.set_coordinated = true;
-        self
     }
 
     /// The next generation this rank will capture.
@@ -346,16 +340,15 @@ impl Pessimistic {
         let Phase::AwaitingDecision(answers) = &self.phase else {
             return;
         };
-        let holders: Vec<Rank> = match generation {
-            Some(g) => answers
-                .iter()
-                .filter(|(_, h)| h.held.contains(&g))
-                .map(|(&r, _)| r)
-                .collect(),
-            None => Vec::new(),
-        };
         match generation {
-            Some(g) if cx.store.get(g, cx.rank).is_none() => self.fetch_next(g, holders, cx),
+            Some(g) if cx.store.get(g, cx.rank).is_none() => {
+                let holders = answers
+                    .iter()
+                    .filter(|(_, h)| h.held.contains(&g))
+                    .map(|(&r, _)| r)
+                    .collect();
+                self.fetch_next(g, holders, cx);
+            }
             _ => {
                 self.phase = Phase::Restoring;
                 cx.emit(Action::Resume { generation });
@@ -640,7 +633,6 @@ impl Pessimistic {
                     .filter(|&(_, owner)| owner == src)
                     .map(|(g, _)| g)
                     .collect();
-                let generation = held.iter().copied().max();
                 let committed = self.committed_of.get(&src).copied();
                 let determinants = self
                     .held
@@ -652,7 +644,6 @@ impl Pessimistic {
                     cx,
                     src,
                     LogMsg::Located {
-                        generation,
                         held,
                         committed,
                         determinants,
@@ -661,7 +652,6 @@ impl Pessimistic {
                 );
             }
             LogMsg::Located {
-                generation,
                 held,
                 committed,
                 determinants,
@@ -671,7 +661,6 @@ impl Pessimistic {
                     && located.contains_key(&src)
                 {
                     let holding = Holding {
-                        newest: generation,
                         held,
                         committed,
                         determinants,
@@ -707,7 +696,8 @@ impl Pessimistic {
             .iter()
             .filter_map(|(&h, a)| a.clone().flatten().map(|a| (h, a)))
             .collect();
-        let Some(newest) = answers.values().map(|a| a.newest).max() else {
+        let newest_of = |a: &Holding| a.held.iter().copied().max();
+        let Some(newest) = answers.values().map(newest_of).max() else {
             let holders = Self::holders(cx);
             cx.emit(Action::Fail(Self::lost_with_holders(cx.rank, &holders)));
             return;
@@ -724,7 +714,7 @@ impl Pessimistic {
         }
         let holders = answers
             .iter()
-            .filter(|(_, a)| a.newest == newest)
+            .filter(|(_, a)| newest_of(a) == newest)
             .map(|(&h, _)| h)
             .collect();
         match newest {
@@ -921,10 +911,13 @@ impl Protocol for Pessimistic {
             Event::Restored { .. } => {
                 self.phase = Phase::Done;
                 if self.set_coordinated {
-                    // A holder replaced in this rank's own set is never
-                    // re-provisioned by a resend request: give every holder
-                    // the determinants being replayed.
-                    for h in Self::holders(cx) {
+                    // A holder in this rank's own set is never
+                    // re-provisioned by a resend request (set peers make
+                    // none): give it the determinants being replayed.
+                    let internal = Self::holders(cx)
+                        .into_iter()
+                        .filter(|h| self.internal.contains(h));
+                    for h in internal.collect::<Vec<_>>() {
                         Self::send(
                             cx,
                             h,
@@ -1133,7 +1126,6 @@ mod tests {
             &mut p,
             1,
             LogMsg::Located {
-                generation: Some(1),
                 held: vec![1],
                 committed: None,
                 determinants: Vec::new(),
@@ -1145,7 +1137,6 @@ mod tests {
             &mut p,
             0,
             LogMsg::Located {
-                generation: Some(2),
                 held: vec![2],
                 committed: None,
                 determinants: vec![det],
@@ -1212,7 +1203,6 @@ mod tests {
                 &mut p,
                 holder,
                 LogMsg::Located {
-                    generation: None,
                     held: Vec::new(),
                     committed: None,
                     determinants: Vec::new(),

@@ -11,7 +11,8 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use lazarus::{Backend, Config};
+use lazarus::apps::{AppKind, AppParams, Verification, run_app};
+use lazarus::{Backend, Config, JobStats};
 
 /// The name of the running test (libtest names the test's thread so).
 fn test_name() -> String {
@@ -92,4 +93,21 @@ pub fn last_line(out: &[u8]) -> String {
         .last()
         .unwrap_or_default()
         .to_string()
+}
+
+/// Run `app` under `cfg`; panics (naming the protocol) if the run fails.
+pub fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, JobStats) {
+    let r = run_app(app, params, cfg);
+    match r.outcome {
+        Ok(v) => (v, r.stats),
+        Err(e) => panic!("{app} under {} failed: {e}", cfg.protocol),
+    }
+}
+
+/// The parameters of problem class `class`.
+pub fn class(class: char) -> AppParams {
+    AppParams {
+        class: Some(class),
+        ..AppParams::default()
+    }
 }

@@ -1112,19 +1112,16 @@ impl<'a> Launcher<'a> {
         let Some(a) = self.agents.as_mut() else {
             return;
         };
-        // Stale confirmations; a loss noticed here is kept (the event loop
-        // hears of it as well and fails what still runs there).
-        let mut lost = BTreeSet::new();
+        // Stale confirmations; a loss noticed here drops the link at once
+        // (the event loop hears of it as well and fails what ran there).
         while let Ok(ack) = a.acks.try_recv() {
             if let AgentAck::Lost(node) = ack {
-                lost.insert(node);
+                a.links[node] = None;
             }
         }
         let mut asked = BTreeSet::new();
         for (node, ranks) in per_node {
-            if lost.contains(&node) {
-                a.links[node] = None;
-            } else if let Some(link) = a.links.get_mut(node).and_then(Option::as_mut)
+            if let Some(link) = a.links.get_mut(node).and_then(Option::as_mut)
                 && write_msg(link, &WireMsg::KillRanks { ranks }, self.spec.max_frame).is_ok()
             {
                 asked.insert(node);
