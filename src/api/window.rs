@@ -37,15 +37,25 @@ impl Communicator {
     /// Allocate a window of `len` zeroed elements on every rank (collective).
     /// After a rollback, re-allocating it in the same order restores its
     /// checkpointed contents.
+    ///
+    /// Under message logging a rank restored alone re-creates the window
+    /// from its checkpoint without the collective: the other ranks allocated
+    /// it before that checkpoint and do not take part again.
     pub fn allocate_window<T: Equivalence>(&self, len: usize) -> Result<Window<T>> {
-        let id = self.agree_context(1)?;
+        let recreated = self.engine.borrow_mut().recreated_window();
+        let id = match recreated {
+            Some(id) => id,
+            None => self.agree_context(1)?,
+        };
         let group = (0..self.size())
             .map(|r| self.world_rank(r))
             .collect::<Result<Vec<_>>>()?;
         self.engine
             .borrow_mut()
             .window_create(id, len * std::mem::size_of::<T>(), group)?;
-        self.barrier()?;
+        if recreated.is_none() {
+            self.barrier()?;
+        }
         Ok(Window {
             comm: self.clone(),
             id,

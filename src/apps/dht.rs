@@ -516,10 +516,14 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
         next_batch: 0,
         inserted: 0,
     })?;
+    // Checked when the job starts; a restored rank skips it (under message
+    // logging it re-executes alone and nobody would join the reduction).
+    if ctx.restored_generation().is_none() {
+        check_heap(&world, p, rank, ranks)?;
+    }
     // Re-allocated in the same order after a rollback, the window comes back
     // with its checkpointed contents.
     let win = world.allocate_window::<u64>(lay.len())?;
-    check_heap(&world, p, rank, ranks)?;
 
     while state.next_batch < p.batches {
         let keys = batch_range(state.next_batch, p.batches, p.keys_per_rank);

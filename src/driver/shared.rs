@@ -166,18 +166,6 @@ impl WindowRegistry {
 }
 
 fn apply_rma(w: &WinMem, id: WinId, op: RmaOp) -> Result<RmaReply> {
-    let range = |offset: usize, len: usize| -> Result<std::ops::Range<usize>> {
-        match offset.checked_add(len) {
-            Some(end) if end <= w.len => Ok(offset..end),
-            _ => Err(rma_error(
-                id,
-                format!(
-                    "access [{offset}, {offset}+{len}) outside the {}-byte target window",
-                    w.len
-                ),
-            )),
-        }
-    };
     match op {
         RmaOp::TryLock(kind) => {
             let mut l = lock(&w.lock);
@@ -204,52 +192,72 @@ fn apply_rma(w: &WinMem, id: WinId, op: RmaOp) -> Result<RmaReply> {
         }
         op => {
             let mut guard = lock(&w.mem);
-            let mem = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut guard)[..w.len];
-            match op {
-                RmaOp::Put { offset, data } => {
-                    mem[range(offset, data.len())?].copy_from_slice(&data);
-                    Ok(RmaReply::Done)
-                }
-                RmaOp::Get { offset, len } => Ok(RmaReply::Data(Bytes::copy_from_slice(
-                    &mem[range(offset, len)?],
-                ))),
-                RmaOp::Accumulate {
-                    offset,
-                    data,
-                    dtype,
-                    op,
-                    fetch,
-                } => {
-                    if !data.len().is_multiple_of(dtype.size()) {
-                        return Err(rma_error(
-                            id,
-                            "operand is not a whole number of elements".into(),
-                        ));
-                    }
-                    let r = range(offset, data.len())?;
-                    let old = fetch.then(|| Bytes::copy_from_slice(&mem[r.clone()]));
-                    combine_bytes(dtype, op, &mut mem[r], &data);
-                    Ok(old.map_or(RmaReply::Done, RmaReply::Data))
-                }
-                RmaOp::CompareAndSwap {
-                    offset,
-                    compare,
-                    swap,
-                    dtype,
-                } => {
-                    if compare.len() != dtype.size() || swap.len() != dtype.size() {
-                        return Err(rma_error(id, "compare_and_swap takes one element".into()));
-                    }
-                    let r = range(offset, compare.len())?;
-                    let old = Bytes::copy_from_slice(&mem[r.clone()]);
-                    if old == compare {
-                        mem[r].copy_from_slice(&swap);
-                    }
-                    Ok(RmaReply::Data(old))
-                }
-                RmaOp::TryLock(_) | RmaOp::Unlock(_) => Ok(RmaReply::Done),
-            }
+            apply_to_memory(
+                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut guard)[..w.len],
+                id,
+                op,
+            )
         }
+    }
+}
+
+/// Apply a communication action (PUT/GET family) to window memory `mem`
+/// (the target's, under its lock). Lock operations touch no memory and
+/// return `Done`: the caller keeps the lock state.
+pub(crate) fn apply_to_memory(mem: &mut [u8], id: WinId, op: RmaOp) -> Result<RmaReply> {
+    let len = mem.len();
+    let range = |offset: usize, n: usize| -> Result<std::ops::Range<usize>> {
+        match offset.checked_add(n) {
+            Some(end) if end <= len => Ok(offset..end),
+            _ => Err(rma_error(
+                id,
+                format!("access [{offset}, {offset}+{n}) outside the {len}-byte target window"),
+            )),
+        }
+    };
+    match op {
+        RmaOp::Put { offset, data } => {
+            mem[range(offset, data.len())?].copy_from_slice(&data);
+            Ok(RmaReply::Done)
+        }
+        RmaOp::Get { offset, len } => Ok(RmaReply::Data(Bytes::copy_from_slice(
+            &mem[range(offset, len)?],
+        ))),
+        RmaOp::Accumulate {
+            offset,
+            data,
+            dtype,
+            op,
+            fetch,
+        } => {
+            if !data.len().is_multiple_of(dtype.size()) {
+                return Err(rma_error(
+                    id,
+                    "operand is not a whole number of elements".into(),
+                ));
+            }
+            let r = range(offset, data.len())?;
+            let old = fetch.then(|| Bytes::copy_from_slice(&mem[r.clone()]));
+            combine_bytes(dtype, op, &mut mem[r], &data);
+            Ok(old.map_or(RmaReply::Done, RmaReply::Data))
+        }
+        RmaOp::CompareAndSwap {
+            offset,
+            compare,
+            swap,
+            dtype,
+        } => {
+            if compare.len() != dtype.size() || swap.len() != dtype.size() {
+                return Err(rma_error(id, "compare_and_swap takes one element".into()));
+            }
+            let r = range(offset, compare.len())?;
+            let old = Bytes::copy_from_slice(&mem[r.clone()]);
+            if old == compare {
+                mem[r].copy_from_slice(&swap);
+            }
+            Ok(RmaReply::Data(old))
+        }
+        RmaOp::TryLock(_) | RmaOp::Unlock(_) => Ok(RmaReply::Done),
     }
 }
 

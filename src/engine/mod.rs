@@ -10,6 +10,7 @@
 //! returns it, so the rank function unwinds with `?` back to the harness.
 
 pub mod frame;
+mod rma_logging;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
@@ -72,7 +73,33 @@ pub struct Snapshot {
     pub windows: Vec<(WinId, serde_bytes::ByteBuf)>,
     /// Collectives completed per collective context.
     pub collectives: Vec<(ContextId, u64)>,
+    /// Operations that order accesses to this rank's windows (message
+    /// logging; see `Engine::op_begin`).
+    pub ops: u64,
+    /// Passive-target lock state of this rank's windows as a target
+    /// (message logging): `(window, shared holders, exclusive held)`.
+    pub window_locks: Vec<(WinId, u32, bool)>,
 }
+
+/// The context that carries one-sided operations as messages under message
+/// logging (no communicator ever gets it: contexts are allocated upwards
+/// from [`FIRST_FREE_CONTEXT`]).
+const RMA_CONTEXT: ContextId = ContextId::MAX;
+/// Tag of a one-sided request (origin to target).
+const RMA_REQUEST: Tag = 0;
+/// Tag of its reply (target to origin).
+const RMA_REPLY: Tag = 1;
+
+/// A one-sided request as it travels under message logging.
+#[derive(Debug, Serialize, Deserialize)]
+struct RmaRequest {
+    window: WinId,
+    op: RmaOp,
+}
+
+/// The target's answer to an [`RmaRequest`]: the reply, or why the access
+/// failed (reported at the origin as [`Error::Rma`]).
+type RmaOutcome = std::result::Result<RmaReply, String>;
 
 /// How a collective call proceeds (see [`Engine::coll_begin`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -139,6 +166,12 @@ struct WinLocal {
     /// (sparse, so a window costs O(targets used), not O(ranks)).
     all_targets: u64,
     per_target: HashMap<Rank, u64>,
+    /// Shared locks held on this rank's window by origins (message logging:
+    /// the engine applies lock requests itself, so the state is saved in
+    /// checkpoints and replayed like the memory).
+    readers: u32,
+    /// An exclusive lock is held on this rank's window (message logging).
+    writer: bool,
 }
 
 /// Owned events queued inside the engine.
@@ -185,9 +218,18 @@ pub struct Engine {
     ssn_in: BTreeMap<Rank, u64>,
     /// Wildcard-source receptions in this execution (RSN of the last one).
     rsn: u64,
-    /// Logged outcomes of the next wildcard receptions, `(src, ssn)` in RSN
-    /// order (re-execution under message logging).
-    replay: VecDeque<(Rank, u64)>,
+    /// Logged outcomes of the next nondeterministic receptions (wildcard
+    /// receptions and applied one-sided requests) in RSN order
+    /// (re-execution under message logging).
+    replay: VecDeque<Determinant>,
+    /// Operations begun that order accesses to this rank's windows
+    /// (message logging; see [`Engine::op_begin`]).
+    ops: u64,
+    /// One-sided requests arrived and not yet applied (message logging).
+    rma_inbox: VecDeque<AppMessage>,
+    /// Applying requests now (the replies it sends may wait for progress,
+    /// which must not apply requests in turn).
+    serving_rma: bool,
     /// The protocol logs messages: a failure rolls back only the dead ranks,
     /// an application message is accepted only as the next SSN of its
     /// channel, and frames of survivors from older epochs stay valid.
@@ -234,6 +276,8 @@ pub struct Engine {
     progress: f64,
     restore_app: Option<Vec<u8>>,
     restore_windows: BTreeMap<WinId, Vec<u8>>,
+    /// Lock state of restored windows, set when each is re-created.
+    restore_locks: BTreeMap<WinId, (u32, bool)>,
     restored_generation: Option<u64>,
 
     windows: BTreeMap<WinId, WinLocal>,
@@ -336,6 +380,9 @@ impl Engine {
             ssn_in: BTreeMap::new(),
             rsn: 0,
             replay: VecDeque::new(),
+            ops: 0,
+            rma_inbox: VecDeque::new(),
+            serving_rma: false,
             logging,
             early: Vec::new(),
             rollback_floor: if logging { 0 } else { epoch },
@@ -361,6 +408,7 @@ impl Engine {
             progress: 0.0,
             restore_app: None,
             restore_windows: BTreeMap::new(),
+            restore_locks: BTreeMap::new(),
             restored_generation: None,
             windows: BTreeMap::new(),
             next_context: FIRST_FREE_CONTEXT,
@@ -461,7 +509,8 @@ impl Engine {
     /// fault injection.
     pub fn enter(&mut self) -> Result<()> {
         self.check()?;
-        self.fault()
+        self.fault()?;
+        self.serve_rma()
     }
 
     /// Record application progress (0..=1), used by `--kill R@P%` and
@@ -511,7 +560,7 @@ impl Engine {
         if let Some(inc) = inc {
             self.handle_arrival(inc)?;
         }
-        Ok(())
+        self.serve_rma()
     }
 
     /// Handle everything already arrived, without blocking.
@@ -526,7 +575,7 @@ impl Engine {
             };
             self.handle_arrival(inc)?;
         }
-        Ok(())
+        self.serve_rma()
     }
 
     /// Handle one arrival. A survivor serving a recovery may be blocked on
@@ -639,6 +688,9 @@ impl Engine {
         {
             return;
         }
+        if std::env::var("DBG").is_ok() && msg.envelope.context == RMA_CONTEXT {
+            eprintln!("r{} arrive tag {} from {} ssn {} hsr {:?} recovering {}", self.rank, msg.envelope.tag, msg.envelope.src, msg.ssn, self.ssn_in.get(&msg.envelope.src), self.recovering);
+        }
         if self.logging {
             // A recovering rank's state is about to be replaced: the sender
             // resends logged messages after the restore. Otherwise accept only
@@ -674,6 +726,12 @@ impl Engine {
             }
         }
         self.app_arrived += 1;
+        if msg.envelope.context == RMA_CONTEXT && msg.envelope.tag == RMA_REQUEST {
+            // Applied by `serve_rma`, outside this arrival (its reply may
+            // have to wait for progress).
+            self.rma_inbox.push_back(msg);
+            return;
+        }
         if let Some(i) = self.posted.iter().position(|(_, s)| self.accepts(s, &msg)) {
             let (id, spec) = self.posted.remove(i);
             self.deliver(id, msg, spec.source.is_none());
@@ -690,7 +748,9 @@ impl Engine {
                 || self
                     .replay
                     .front()
-                    .is_none_or(|&(src, ssn)| src == msg.envelope.src && ssn == msg.ssn))
+                    .is_none_or(|d| {
+                        d.at.is_none() && d.src == msg.envelope.src && d.ssn == msg.ssn
+                    }))
     }
 
     fn deliver(&mut self, id: ReqId, msg: AppMessage, wildcard: bool) {
@@ -707,6 +767,7 @@ impl Engine {
             let _ = self.handle(Event::AppDeliver {
                 msg: &msg,
                 wildcard: rsn,
+                applied_at: None,
                 replayed,
             });
         }
@@ -860,6 +921,9 @@ impl Engine {
         if let Some(e) = self.ulfm_send_failure(dest, context) {
             return Err(e);
         }
+        if sequenced && !self.serving_rma {
+            self.op_begin()?;
+        }
         let ssn = if sequenced {
             let ssn = self.ssn_out.entry(dest).or_insert(0);
             *ssn += 1;
@@ -895,6 +959,7 @@ impl Engine {
             self.progress(None)?;
         }
         if std::mem::take(&mut self.withhold) {
+            if std::env::var("DBG").is_ok() { eprintln!("r{} withholds to {dest} ssn {ssn} tag {tag}", self.rank); }
             return Ok(());
         }
         self.transmit(dest, Body::App(msg))
@@ -1130,6 +1195,7 @@ impl Engine {
                 "window {id} has an open passive-target (lock) epoch"
             )));
         }
+        self.op_begin()?;
         self.safe_points += 1;
         self.released = false;
         self.capture_due = None;
@@ -1193,16 +1259,31 @@ impl Engine {
             self.ep.with_local_window(id, &mut |m| mem = m.to_vec())?;
             windows.push((id, serde_bytes::ByteBuf::from(mem)));
         }
+        let window_locks = self
+            .windows
+            .iter()
+            .filter(|(_, w)| w.readers > 0 || w.writer)
+            .map(|(&id, w)| (id, w.readers, w.writer))
+            .collect();
         let snap = Snapshot {
             safe_points: self.safe_points,
             progress: self.progress,
             app,
-            unexpected: self.unexpected.iter().cloned().collect(),
+            // Requests not yet applied count as arrived (their SSNs are in
+            // the HSR), so they are saved like unexpected messages.
+            unexpected: self
+                .unexpected
+                .iter()
+                .chain(&self.rma_inbox)
+                .cloned()
+                .collect(),
             ssn_out: self.ssn_out.iter().map(|(&r, &n)| (r, n)).collect(),
             ssn_in: self.ssn_in.iter().map(|(&r, &n)| (r, n)).collect(),
             rsn: self.rsn,
             windows,
             collectives: self.coll_seq.iter().map(|(&c, &n)| (c, n)).collect(),
+            ops: self.ops,
+            window_locks,
         };
         let mut piece = postcard::to_allocvec(&snap)?;
         self.proto.save_state(&mut piece)?;
@@ -1223,6 +1304,10 @@ impl Engine {
         self.ssn_in.clear();
         self.rsn = 0;
         self.replay.clear();
+        self.ops = 0;
+        self.rma_inbox.clear();
+        self.serving_rma = false;
+        self.restore_locks.clear();
         self.capture_due = None;
         self.committed_now = None;
         self.released = false;
@@ -1313,9 +1398,20 @@ impl Engine {
         // that arrived during recovery come from ranks that already resumed,
         // so they follow.
         let arrived = std::mem::take(&mut self.unexpected);
-        self.unexpected = snap.unexpected.into();
+        let (requests, unexpected): (Vec<AppMessage>, Vec<AppMessage>) =
+            snap.unexpected.into_iter().partition(|m| {
+                m.envelope.context == RMA_CONTEXT && m.envelope.tag == RMA_REQUEST
+            });
+        self.unexpected = unexpected.into();
+        self.rma_inbox = requests.into();
         self.ssn_in = snap.ssn_in.into_iter().collect();
         self.unexpected.extend(arrived);
+        self.ops = snap.ops;
+        self.restore_locks = snap
+            .window_locks
+            .into_iter()
+            .map(|(id, r, w)| (id, (r, w)))
+            .collect();
         self.ssn_out = snap.ssn_out.into_iter().collect();
         self.rsn = snap.rsn;
         self.coll_seq = snap.collectives.into_iter().collect();
@@ -1339,7 +1435,7 @@ impl Engine {
             if d.rsn != self.rsn + 1 + i as u64 {
                 return Err(Error::Unrecoverable(
                     format!(
-                        "rank {}: the determinant of wildcard reception {} is missing",
+                        "rank {}: the determinant of nondeterministic reception {} is missing",
                         self.rank,
                         self.rsn + 1 + i as u64
                     )
@@ -1347,7 +1443,7 @@ impl Engine {
                 ));
             }
         }
-        self.replay = dets.into_iter().map(|d| (d.src, d.ssn)).collect();
+        self.replay = dets.into();
         Ok(())
     }
 
@@ -1758,20 +1854,13 @@ impl Engine {
     /// world ranks `group`.
     pub fn window_create(&mut self, id: WinId, bytes: usize, group: Vec<Rank>) -> Result<()> {
         self.enter()?;
-        if self.logging {
-            // Survivors keep their progress, so a restored window would miss
-            // the one-sided updates made since its checkpoint: that needs
-            // RMA access logging (003 §3.2), not message logging.
-            return Err(Error::config(
-                "--protocol",
-                format!(
-                    "protocol `{}` logs messages, not one-sided RMA: windows need a \
-                     checkpointing protocol (coordinated)",
-                    self.proto.name()
-                ),
-            ));
-        }
         let init = self.restore_windows.remove(&id);
+        if !(self.logging && init.is_some()) {
+            // A re-creation from the checkpoint happened before it, in the
+            // first execution.
+            self.op_begin()?;
+        }
+        let (readers, writer) = self.restore_locks.remove(&id).unwrap_or_default();
         if let Some(m) = &init
             && m.len() != bytes
         {
@@ -1794,9 +1883,25 @@ impl Engine {
                 lock_all: false,
                 all_targets: 0,
                 per_target: HashMap::new(),
+                readers,
+                writer,
             },
         );
-        Ok(())
+        // Requests that waited for this window (re-created after a restore).
+        self.serve_rma()
+    }
+
+    /// Under message logging, the id of the next window to re-create from
+    /// the restored checkpoint (its contexts are taken): a rank restored
+    /// alone re-executes the allocation without the others, so it must not
+    /// run the allocation's collectives.
+    pub fn recreated_window(&mut self) -> Option<WinId> {
+        if !self.logging {
+            return None;
+        }
+        let id = *self.restore_windows.keys().next()?;
+        self.take_contexts(id, 1);
+        Some(id)
     }
 
     /// Withdraw a window.
@@ -1816,6 +1921,7 @@ impl Engine {
     pub fn window_local(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         self.check()?;
         self.win(id)?;
+        self.op_begin()?;
         self.ep.with_local_window(id, f)
     }
 
@@ -1845,6 +1951,9 @@ impl Engine {
     /// Issue an operation to the driver; if the target is gone, wait for the
     /// failure notice and return what the protocol decided.
     fn rma_raw(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
+        if self.logging {
+            return self.rma_logged(id, target, op);
+        }
         match self.ep.rma(self.epoch, target, id, op) {
             Ok(r) => Ok(r),
             Err(Error::Driver(why)) => {

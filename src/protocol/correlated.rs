@@ -607,6 +607,10 @@ impl Protocol for Correlated {
         self.p2p.send_ready()
     }
 
+    fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
+        self.p2p.regenerating(ssn_out)
+    }
+
     fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
         self.p2p.save_state(piece)?;
         let st = SavedState {

@@ -342,17 +342,31 @@ impl Collective {
 /// A determinant (004 §2.2, event logging): the outcome of one
 /// nondeterministic reception. The `rsn`-th reception of the receiver that
 /// could have matched messages of several senders (a wildcard-source receive
-/// or probe) matched message `ssn` of `src`. Receptions from a named source
-/// need none: channels are FIFO and resent in SSN order, so their outcome is
-/// fixed by the program.
+/// or probe, or a one-sided request applied to the receiver's window)
+/// matched message `ssn` of `src`. Receptions from a named source need none:
+/// channels are FIFO and resent in SSN order, so their outcome is fixed by
+/// the program.
+///
+/// One-sided accesses under message logging travel as request messages that
+/// the target's engine applies to its window in arrival order; that order
+/// across origins is the target-side access order 003 §4.1 asks to record
+/// (here exactly, so even combining accesses such as compare-and-swap replay
+/// to the same result). `at` places the access among the target's own
+/// operations that touch its window or its channels (see
+/// `Engine::op_begin`): a replay applies it before the target's operation
+/// number `at + 1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Determinant {
-    /// Reception sequence number among the receiver's wildcard receptions.
+    /// Reception sequence number among the receiver's nondeterministic
+    /// receptions (wildcard receptions and applied one-sided requests).
     pub rsn: u64,
     /// Sender of the matched message.
     pub src: Rank,
     /// Its send sequence number.
     pub ssn: u64,
+    /// For a one-sided request: the receiver's operation count when it was
+    /// applied. `None` for a wildcard reception.
+    pub at: Option<u64>,
 }
 
 /// What happened, as the protocol sees it.
@@ -368,9 +382,12 @@ pub enum Event<'a> {
     AppDeliver {
         /// The message.
         msg: &'a AppMessage,
-        /// For a wildcard-source reception: its reception sequence number
-        /// (the determinant to log).
+        /// For a wildcard-source reception or an applied one-sided request:
+        /// its reception sequence number (the determinant to log).
         wildcard: Option<u64>,
+        /// For a one-sided request: the operation count it was applied at
+        /// ([`Determinant::at`]).
+        applied_at: Option<u64>,
         /// The reception was forced by a logged determinant (replay).
         replayed: bool,
     },
@@ -626,6 +643,14 @@ pub trait Protocol: Send {
     /// stored (004 §2.2: no unlogged nondeterministic event precedes a send).
     fn send_ready(&self) -> bool {
         true
+    }
+    /// Whether this rank's re-execution may still regenerate messages that
+    /// receivers already have (`ssn_out`: the SSNs sent so far per
+    /// destination). Their SSNs must come out as in the first execution, so
+    /// a nondeterministic event the log does not order (applying a new
+    /// one-sided request) waits until this is false.
+    fn regenerating(&self, _ssn_out: &BTreeMap<Rank, u64>) -> bool {
+        false
     }
     /// Whether collectives whose result is the same everywhere are logged
     /// as one result per rank (002 §2.2) instead of as their point-to-point

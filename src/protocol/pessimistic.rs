@@ -234,6 +234,10 @@ pub struct Pessimistic {
     awaiting: BTreeSet<Rank>,
     /// Per destination: it already has our messages up to this SSN.
     suppress: BTreeMap<Rank, u64>,
+    /// Ranks asked for their HSR after this rank's restore that have not
+    /// answered yet (until then the re-execution may be regenerating
+    /// messages they have).
+    hsr_pending: BTreeSet<Rank>,
     /// Recovery of this replacement.
     phase: Phase,
     replay: Vec<Determinant>,
@@ -274,6 +278,7 @@ impl Pessimistic {
             forced: false,
             awaiting: BTreeSet::new(),
             suppress: BTreeMap::new(),
+            hsr_pending: BTreeSet::new(),
             phase: Phase::Done,
             replay: Vec::new(),
             deferred: Vec::new(),
@@ -678,6 +683,7 @@ impl Pessimistic {
             }
             LogMsg::Hsr { hsr } => {
                 self.suppress.insert(src, hsr);
+                self.hsr_pending.remove(&src);
             }
             LogMsg::CheckpointRequest => self.forced = true,
         }
@@ -793,6 +799,14 @@ impl Protocol for Pessimistic {
         self.unacked.is_empty()
     }
 
+    fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
+        !self.hsr_pending.is_empty()
+            || self
+                .suppress
+                .iter()
+                .any(|(d, &h)| ssn_out.get(d).copied().unwrap_or(0) < h)
+    }
+
     fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
         let st = SavedStateRef {
             log: self.log.iter().map(|(&d, c)| (d, &c.msgs)).collect(),
@@ -813,12 +827,14 @@ impl Protocol for Pessimistic {
             Event::AppDeliver {
                 msg,
                 wildcard: Some(rsn),
+                applied_at,
                 replayed,
             } => {
                 let det = Determinant {
                     rsn,
                     src: msg.envelope.src,
                     ssn: msg.ssn,
+                    at: applied_at,
                 };
                 self.on_deliver(det, replayed, cx);
             }
@@ -894,6 +910,7 @@ impl Protocol for Pessimistic {
                 self.unacked.clear();
                 self.pending.clear();
                 self.suppress.clear();
+                self.hsr_pending.clear();
                 self.requested.clear();
                 self.replay.clear();
                 cx.emit(Action::InRecovery(Some(epoch)));
@@ -935,6 +952,7 @@ impl Protocol for Pessimistic {
                 for d in (0..cx.size).filter(|&d| d != me && !self.internal.contains(&d)) {
                     let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
                     Self::send(cx, d, LogMsg::Recovering { hsr });
+                    self.hsr_pending.insert(d);
                 }
                 for (r, hsr) in std::mem::take(&mut self.deferred) {
                     self.serve(r, hsr, cx);
@@ -1035,6 +1053,7 @@ mod tests {
             Event::AppDeliver {
                 msg: &m,
                 wildcard: Some(1),
+                applied_at: None,
                 replayed: false,
             },
         );
@@ -1042,6 +1061,7 @@ mod tests {
             rsn: 1,
             src: 3,
             ssn: 1,
+            at: None,
         };
         assert!(a.contains(&Action::Transmit {
             dest: 2,
@@ -1059,6 +1079,7 @@ mod tests {
             Event::AppDeliver {
                 msg: &msg(3, 1, 2, 8),
                 wildcard: Some(2),
+                applied_at: None,
                 replayed: true,
             },
         );
@@ -1120,6 +1141,7 @@ mod tests {
             rsn: 4,
             src: 1,
             ssn: 9,
+            at: None,
         };
         // The second holder missed the newest piece; the newest is used.
         let a = h.control(

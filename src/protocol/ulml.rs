@@ -506,6 +506,10 @@ impl Protocol for Ulml {
         self.p2p.send_ready()
     }
 
+    fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
+        self.p2p.regenerating(ssn_out)
+    }
+
     fn logs_collective_results(&self) -> bool {
         true
     }

@@ -1,0 +1,222 @@
+//! One-sided operations under message logging (`pessimistic`, `ulml`,
+//! `correlated`).
+//!
+//! Under these protocols only the dead ranks roll back, so a restored window
+//! must get back every access survivors made to it since its checkpoint, in
+//! the order they were applied, and a re-executing origin must neither apply
+//! its accesses to survivors' windows a second time nor see other results
+//! than the first time (003 §3.2 and §4.2: combining accesses such as
+//! compare-and-swap or fetch-and-op cannot be replayed blindly). Rather than
+//! a second logging mechanism beside the message log, one-sided operations
+//! travel here as messages on a context of their own:
+//!
+//! - the origin sends a request (a sequenced application message, so it is
+//!   kept in the origin's payload log by reference, like any other) and
+//!   waits for the reply (also sequenced and logged, by the target);
+//! - the target's engine applies requests to its window in arrival order.
+//!   That order across origins is nondeterministic, so each application is
+//!   a reception with a [`Determinant`](crate::protocol::Determinant) that
+//!   records the origin's SSN and where it fell among the target's own
+//!   operations (`at`), and the reply leaves only once the determinant is
+//!   stored (the pessimistic condition);
+//! - a restored target re-applies the resent requests exactly where the
+//!   determinants say, so its window, its lock state and the replies it
+//!   re-sends are those of the first execution (003 §4.1's orders are kept
+//!   by recording the actual target-side order, which also covers accesses
+//!   that are not access-deterministic);
+//! - a re-executing origin's requests are withheld as duplicates (the
+//!   target's HSR) and the logged replies are resent to it, so every access
+//!   is applied exactly once (003 §4.2) with no fallback to a global
+//!   rollback.
+//!
+//! The position `at` counts the rank's operations that can observe or
+//! order accesses to its window: sends of sequenced messages (a reply's SSN
+//! depends on what the target sent before it), window creation, local
+//! window accesses and accesses to its own window, and safe points. Receives
+//! are not counted: their outcome is fixed by SSNs and determinants.
+
+use bytes::Bytes;
+
+use super::{
+    Engine, MatchSpec, RMA_CONTEXT, RMA_REPLY, RMA_REQUEST, RmaOutcome, RmaRequest, WinLocal,
+};
+use crate::driver::shared::apply_to_memory;
+use crate::driver::{LockType, RmaOp, RmaReply, WinId};
+use crate::protocol::Event;
+use crate::{Error, Rank, Result};
+
+impl Engine {
+    /// Begin an operation that orders accesses to this rank's windows. In a
+    /// replay, the requests the log places before it are applied first
+    /// (waiting for their resent messages if need be).
+    pub(super) fn op_begin(&mut self) -> Result<()> {
+        if !self.logging {
+            return Ok(());
+        }
+        while self.replay_due() {
+            if std::env::var("DBG").is_ok() {
+                eprintln!("r{} ops {} rsn {} op_begin waits: front {:?} inbox {:?}", self.rank, self.ops, self.rsn, self.replay.front(), self.rma_inbox.iter().map(|m| (m.envelope.src, m.ssn)).collect::<Vec<_>>());
+            }
+            self.check()?;
+            self.serve_rma()?;
+            if self.replay_due() {
+                self.progress(None)?;
+            }
+        }
+        self.ops += 1;
+        Ok(())
+    }
+
+    /// Whether the replay holds a request to apply at or before the current
+    /// operation.
+    fn replay_due(&self) -> bool {
+        self.replay
+            .iter()
+            .find_map(|d| d.at)
+            .is_some_and(|at| at <= self.ops)
+    }
+
+    /// Apply the requests that may be applied now: in a replay, the one the
+    /// next determinant names (once due); otherwise every request arrived,
+    /// in arrival order. A request for a window not (yet) re-created waits.
+    pub(super) fn serve_rma(&mut self) -> Result<()> {
+        if self.serving_rma
+            || self.rma_inbox.is_empty()
+            || self.recovering
+            || self.interrupt.is_some()
+        {
+            return Ok(());
+        }
+        self.serving_rma = true;
+        let r = self.serve_requests();
+        self.serving_rma = false;
+        r
+    }
+
+    fn serve_requests(&mut self) -> Result<()> {
+        loop {
+            self.check()?;
+            let next = match self.replay.front() {
+                Some(d) => match d.at {
+                    Some(at) if at <= self.ops => self
+                        .rma_inbox
+                        .iter()
+                        .position(|m| m.envelope.src == d.src && m.ssn == d.ssn),
+                    // A wildcard reception, or a later operation, comes first.
+                    _ => None,
+                },
+                // A request the log does not place is applied only once the
+                // re-execution has regenerated every message receivers
+                // already have: its reply takes the next SSN, which must
+                // not be one of theirs.
+                None if self.proto.regenerating(&self.ssn_out) => None,
+                None => (!self.rma_inbox.is_empty()).then_some(0),
+            };
+            let Some(i) = next else {
+                if std::env::var("DBG2").is_ok() {
+                    eprintln!("r{} ops {} rsn {} serve stop: front {:?} inbox {:?}", self.rank, self.ops, self.rsn, self.replay.front(), self.rma_inbox.iter().map(|m| (m.envelope.src, m.ssn)).collect::<Vec<_>>());
+                }
+                return Ok(());
+            };
+            let request: RmaRequest =
+                postcard::from_bytes(&self.rma_inbox[i].payload).map_err(|e| Error::Codec {
+                    what: "one-sided request".into(),
+                    detail: format!("from rank {}: {e}", self.rma_inbox[i].envelope.src),
+                })?;
+            if !self.windows.contains_key(&request.window) {
+                return Ok(());
+            }
+            let Some(msg) = self.rma_inbox.remove(i) else {
+                return Ok(());
+            };
+            let outcome = self.apply_own(request.window, request.op);
+            let replayed = self.replay.pop_front().is_some();
+            self.rsn += 1;
+            self.handle(Event::AppDeliver {
+                msg: &msg,
+                wildcard: Some(self.rsn),
+                applied_at: Some(self.ops),
+                replayed,
+            })?;
+            let reply = postcard::to_allocvec(&outcome)?;
+            self.send_message(
+                msg.envelope.src,
+                RMA_CONTEXT,
+                RMA_REPLY,
+                Bytes::from(reply),
+                true,
+            )?;
+        }
+    }
+
+    /// Apply `op` to this rank's own window `id`; lock operations use the
+    /// engine's lock state (checkpointed with the window).
+    fn apply_own(&mut self, id: WinId, op: RmaOp) -> RmaOutcome {
+        let w: &mut WinLocal = self
+            .windows
+            .get_mut(&id)
+            .ok_or_else(|| format!("rank {} has no window {id}", self.rank))?;
+        match op {
+            RmaOp::TryLock(LockType::Shared) => {
+                let granted = !w.writer;
+                w.readers += u32::from(granted);
+                Ok(RmaReply::Granted(granted))
+            }
+            RmaOp::TryLock(LockType::Exclusive) => {
+                let granted = !w.writer && w.readers == 0;
+                w.writer |= granted;
+                Ok(RmaReply::Granted(granted))
+            }
+            RmaOp::Unlock(LockType::Shared) => {
+                w.readers = w.readers.saturating_sub(1);
+                Ok(RmaReply::Done)
+            }
+            RmaOp::Unlock(LockType::Exclusive) => {
+                w.writer = false;
+                Ok(RmaReply::Done)
+            }
+            op => {
+                let mut outcome = Err(String::new());
+                let r = self.ep.with_local_window(id, &mut |mem| {
+                    outcome = apply_to_memory(mem, id, op.clone()).map_err(|e| match e {
+                        Error::Rma { detail, .. } => detail,
+                        e => e.to_string(),
+                    });
+                });
+                r.map_err(|e| e.to_string())?;
+                outcome
+            }
+        }
+    }
+
+    /// A one-sided operation under message logging: applied at once to this
+    /// rank's own window, else sent as a request to `target`, whose reply
+    /// is awaited (arrivals, including requests to this rank, are handled
+    /// meanwhile).
+    pub(super) fn rma_logged(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
+        let outcome = if target == self.rank {
+            self.op_begin()?;
+            self.apply_own(id, op)
+        } else {
+            let request = postcard::to_allocvec(&RmaRequest { window: id, op })?;
+            self.send_message(target, RMA_CONTEXT, RMA_REQUEST, Bytes::from(request), true)?;
+            let reply = self.post_receive(MatchSpec {
+                context: RMA_CONTEXT,
+                source: Some(target),
+                tag: Some(RMA_REPLY),
+            })?;
+            if std::env::var("DBG").is_ok() {
+                eprintln!("r{} waits reply from {target} (ssn_out {:?})", self.rank, self.ssn_out.get(&target));
+            }
+            let msg = self.wait(reply)?;
+            if std::env::var("DBG").is_ok() {
+                eprintln!("r{} got reply from {target} ssn {}", self.rank, msg.ssn);
+            }
+            postcard::from_bytes::<RmaOutcome>(&msg.payload).map_err(|e| Error::Codec {
+                what: "one-sided reply".into(),
+                detail: format!("from rank {target}: {e}"),
+            })?
+        };
+        outcome.map_err(|detail| Error::Rma { window: id, detail })
+    }
+}
