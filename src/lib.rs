@@ -44,10 +44,12 @@
 //! - **protocol**: a state machine from events to actions (module
 //!   [`protocol`]); it owns no thread, socket or clock.
 //! - **driver / backend**: what runs ranks and carries frames (module
-//!   [`driver`]): `threads` today; `processes`, `mpi`, `sim` plug in there.
+//!   [`driver`]): `threads`, `processes` and `sim`; `mpi` plugs in there.
 //! - **SSN**: send sequence number, per channel (002 §3.1).
 //! - **determinant**: the logged outcome of a nondeterministic reception
-//!   (004 §2; logging protocols).
+//!   (004 §2; logging protocols): which message a wildcard receive matched,
+//!   or which one-sided request a target applied to its window next and
+//!   where among its own operations.
 //! - **HSR / HSD**: highest SSN received from a sender (kept by the
 //!   receiver); the HSR a restored rank announces is what each sender has
 //!   delivered (HSD) and resends above (002 §3.3).

@@ -1,5 +1,5 @@
-//! Protocol `correlated` (004 §3) on every backend: CG (S and W) and the
-//! stencil on 8 ranks over 4 nodes (correlated sets of two) print their
+//! Protocol `correlated` (004 §3) on every backend: CG (S and W), the
+//! stencil and the DHT (one-sided RMA) on 8 ranks over 4 nodes (correlated sets of two) print their
 //! failure-free value through a rank kill, a node kill, two node kills at
 //! once and kills during a recovery; exactly the affected sets roll back;
 //! messages inside a set are never copied into a log, messages between sets
@@ -103,6 +103,18 @@ fn cg_class_w_survives_every_scenario() {
 #[test]
 fn stencil_survives_every_scenario() {
     check_app(AppKind::Stencil, AppParams::default(), 2);
+}
+
+/// One-sided accesses inside a set are replayed by the set's re-execution;
+/// accesses from other sets are logged requests resent to it.
+#[test]
+fn dht_survives_every_scenario() {
+    // (An eighth of class S: every access is a message round trip here.)
+    let params = AppParams {
+        size: Some(512),
+        ..AppParams::default()
+    };
+    check_app(AppKind::Dht, params, 1);
 }
 
 /// Rank 0 sends `rounds` messages of `bytes` to `dest` and gets an answer

@@ -214,7 +214,7 @@ const APPS: [&[&str]; 4] = [
     &["cg", "--class", "S"],
     &["cg", "--class", "W"],
     &["stencil"],
-    &["dht"],
+    &["dht", "--size", "1024"],
 ];
 
 /// `kill -9` of a random rank process at a random moment, as anyone could
@@ -224,15 +224,9 @@ const APPS: [&[&str]; 4] = [
 #[test]
 fn external_kill_9_of_a_random_rank_is_survived() {
     let mut latencies = Vec::new();
-    // Message logging does not cover RMA (dht): coordinated only there.
     let runs = APPS.iter().flat_map(|&app| {
-        let logging: &[&str] = if app[0] == "dht" {
-            &[]
-        } else {
-            &["pessimistic", "ulml", "correlated"]
-        };
-        std::iter::once("coordinated")
-            .chain(logging.iter().copied())
+        ["coordinated", "pessimistic", "ulml", "correlated"]
+            .into_iter()
             .map(move |p| (app, p))
     });
     for (app, protocol) in runs {

@@ -688,9 +688,6 @@ impl Engine {
         {
             return;
         }
-        if std::env::var("DBG").is_ok() && msg.envelope.context == RMA_CONTEXT {
-            eprintln!("r{} arrive tag {} from {} ssn {} hsr {:?} recovering {}", self.rank, msg.envelope.tag, msg.envelope.src, msg.ssn, self.ssn_in.get(&msg.envelope.src), self.recovering);
-        }
         if self.logging {
             // A recovering rank's state is about to be replaced: the sender
             // resends logged messages after the restore. Otherwise accept only
@@ -745,12 +742,9 @@ impl Engine {
     fn accepts(&self, spec: &MatchSpec, msg: &AppMessage) -> bool {
         spec.matches(&msg.envelope)
             && (spec.source.is_some()
-                || self
-                    .replay
-                    .front()
-                    .is_none_or(|d| {
-                        d.at.is_none() && d.src == msg.envelope.src && d.ssn == msg.ssn
-                    }))
+                || self.replay.front().is_none_or(|d| {
+                    d.at.is_none() && d.src == msg.envelope.src && d.ssn == msg.ssn
+                }))
     }
 
     fn deliver(&mut self, id: ReqId, msg: AppMessage, wildcard: bool) {
@@ -959,7 +953,6 @@ impl Engine {
             self.progress(None)?;
         }
         if std::mem::take(&mut self.withhold) {
-            if std::env::var("DBG").is_ok() { eprintln!("r{} withholds to {dest} ssn {ssn} tag {tag}", self.rank); }
             return Ok(());
         }
         self.transmit(dest, Body::App(msg))
@@ -1398,10 +1391,10 @@ impl Engine {
         // that arrived during recovery come from ranks that already resumed,
         // so they follow.
         let arrived = std::mem::take(&mut self.unexpected);
-        let (requests, unexpected): (Vec<AppMessage>, Vec<AppMessage>) =
-            snap.unexpected.into_iter().partition(|m| {
-                m.envelope.context == RMA_CONTEXT && m.envelope.tag == RMA_REQUEST
-            });
+        let (requests, unexpected): (Vec<AppMessage>, Vec<AppMessage>) = snap
+            .unexpected
+            .into_iter()
+            .partition(|m| m.envelope.context == RMA_CONTEXT && m.envelope.tag == RMA_REQUEST);
         self.unexpected = unexpected.into();
         self.rma_inbox = requests.into();
         self.ssn_in = snap.ssn_in.into_iter().collect();

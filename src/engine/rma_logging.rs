@@ -54,9 +54,6 @@ impl Engine {
             return Ok(());
         }
         while self.replay_due() {
-            if std::env::var("DBG").is_ok() {
-                eprintln!("r{} ops {} rsn {} op_begin waits: front {:?} inbox {:?}", self.rank, self.ops, self.rsn, self.replay.front(), self.rma_inbox.iter().map(|m| (m.envelope.src, m.ssn)).collect::<Vec<_>>());
-            }
             self.check()?;
             self.serve_rma()?;
             if self.replay_due() {
@@ -113,9 +110,6 @@ impl Engine {
                 None => (!self.rma_inbox.is_empty()).then_some(0),
             };
             let Some(i) = next else {
-                if std::env::var("DBG2").is_ok() {
-                    eprintln!("r{} ops {} rsn {} serve stop: front {:?} inbox {:?}", self.rank, self.ops, self.rsn, self.replay.front(), self.rma_inbox.iter().map(|m| (m.envelope.src, m.ssn)).collect::<Vec<_>>());
-                }
                 return Ok(());
             };
             let request: RmaRequest =
@@ -205,13 +199,7 @@ impl Engine {
                 source: Some(target),
                 tag: Some(RMA_REPLY),
             })?;
-            if std::env::var("DBG").is_ok() {
-                eprintln!("r{} waits reply from {target} (ssn_out {:?})", self.rank, self.ssn_out.get(&target));
-            }
             let msg = self.wait(reply)?;
-            if std::env::var("DBG").is_ok() {
-                eprintln!("r{} got reply from {target} ssn {}", self.rank, msg.ssn);
-            }
             postcard::from_bytes::<RmaOutcome>(&msg.payload).map_err(|e| Error::Codec {
                 what: "one-sided reply".into(),
                 detail: format!("from rank {target}: {e}"),

@@ -15,9 +15,9 @@
 //! | [`none`] | baseline | implemented |
 //! | [`coordinated`] | 004 §2.2, 003 §3.1 | implemented |
 //! | `chandy_lamport` | 000 | planned |
-//! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (message passing; not RMA) |
-//! | [`ulml`] | 002 | implemented (message passing; not RMA) |
-//! | [`correlated`] | 004 §3 | implemented (message passing; not RMA) |
+//! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (messages and RMA windows) |
+//! | [`ulml`] | 002 | implemented (messages and RMA windows) |
+//! | [`correlated`] | 004 §3 | implemented (messages and RMA windows) |
 //! | `rma` | 003 §3–§6 | planned |
 //! | `proactive` | 001 | planned |
 

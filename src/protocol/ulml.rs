@@ -376,12 +376,19 @@ impl Ulml {
         self.per_kind[kind.index()] += 1;
         let Some(result) = result else { return };
         let cur = self.current.take();
+        // Completed with every member at this collective now (a real
+        // attempt, or caught up with a member that made one): a requester
+        // told so may stop asking. A result taken from a log says nothing
+        // about the other members, which may be far ahead and never take
+        // part in this collective again.
+        let mut with_members = false;
         if let Some(c) = &cur {
             if c.from_log {
                 self.p2p.count_collective_from_log();
             }
             if c.caught_up || (!c.from_log && !c.disturbed) {
                 self.settled.insert(context);
+                with_members = true;
             }
         }
         self.done.insert(context, index);
@@ -396,7 +403,7 @@ impl Ulml {
                         context,
                         from: index,
                         results: vec![result.clone()],
-                        on_completion: true,
+                        on_completion: with_members,
                     },
                 );
             }
