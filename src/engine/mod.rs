@@ -228,7 +228,8 @@ pub struct Engine {
     /// One-sided requests arrived and not yet applied (message logging).
     rma_inbox: VecDeque<AppMessage>,
     /// Applying requests now (the replies it sends may wait for progress,
-    /// which must not apply requests in turn).
+    /// which must not apply requests in turn), or a message waits to leave
+    /// (a reply sent meanwhile would overtake it on its channel).
     serving_rma: bool,
     /// The protocol logs messages: a failure rolls back only the dead ranks,
     /// an application message is accepted only as the next SSN of its
@@ -948,10 +949,15 @@ impl Engine {
         // Pessimistic condition: nothing leaves before the determinants it
         // may depend on are stored (also for a withheld message: it may be
         // resent later).
-        while !self.proto.send_ready() {
-            self.check()?;
-            self.progress(None)?;
+        // No request is applied meanwhile: its reply would take a later SSN
+        // on a channel this message has not left on yet, and overtake it.
+        let serving = std::mem::replace(&mut self.serving_rma, true);
+        let mut ready = Ok(());
+        while ready.is_ok() && !self.proto.send_ready() {
+            ready = self.check().and_then(|()| self.progress(None));
         }
+        self.serving_rma = serving;
+        ready?;
         if std::mem::take(&mut self.withhold) {
             return Ok(());
         }

@@ -122,6 +122,12 @@ struct Current {
 struct SavedState {
     done: Vec<(ContextId, u64)>,
     per_kind: Vec<u64>,
+    /// The logged results not yet trimmed: like the sender log, they are
+    /// part of the checkpoint (a rank restored past a collective still owes
+    /// its result to a member that restores from before it).
+    results: Vec<(ContextId, Vec<(u64, Bytes)>)>,
+    /// How far each context's results were trimmed.
+    trimmed: Vec<(ContextId, u64)>,
 }
 
 /// State of the ULML protocol on one rank.
@@ -526,6 +532,12 @@ impl Protocol for Ulml {
         let st = SavedState {
             done: self.counts(),
             per_kind: self.per_kind.to_vec(),
+            results: self
+                .results
+                .iter()
+                .map(|(&c, l)| (c, l.iter().map(|(&i, b)| (i, b.clone())).collect()))
+                .collect(),
+            trimmed: self.trimmed.iter().map(|(&c, &n)| (c, n)).collect(),
         };
         *piece = postcard::to_extend(&st, std::mem::take(piece))?;
         Ok(())
@@ -538,6 +550,12 @@ impl Protocol for Ulml {
         for (slot, n) in self.per_kind.iter_mut().zip(st.per_kind) {
             *slot = n;
         }
+        self.results = st
+            .results
+            .into_iter()
+            .map(|(c, l)| (c, l.into_iter().collect()))
+            .collect();
+        self.trimmed = st.trimmed.into_iter().collect();
         Ok(())
     }
 
