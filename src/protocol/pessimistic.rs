@@ -383,6 +383,13 @@ impl Pessimistic {
         self.log_bytes += bytes;
     }
 
+    /// Records kept outside the channel logs came back with a restored
+    /// checkpoint: held again (they were counted as logged when first kept).
+    pub(crate) fn count_restored(&mut self, records: usize, bytes: usize) {
+        self.log_records += records;
+        self.log_bytes += bytes;
+    }
+
     /// Records kept outside the channel logs were dropped.
     pub(crate) fn count_dropped(&mut self, records: usize, bytes: usize) {
         self.log_records -= records;

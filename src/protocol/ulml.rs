@@ -550,12 +550,26 @@ impl Protocol for Ulml {
         for (slot, n) in self.per_kind.iter_mut().zip(st.per_kind) {
             *slot = n;
         }
-        self.results = st
-            .results
-            .into_iter()
-            .map(|(c, l)| (c, l.into_iter().collect()))
-            .collect();
-        self.trimmed = st.trimmed.into_iter().collect();
+        // Results members sent while this rank recovered are kept too, and
+        // a trim it heard of meanwhile (the coordinator re-sends its last
+        // one to a dead rank) applies to the restored results.
+        for (context, upto) in st.trimmed {
+            let t = self.trimmed.entry(context).or_insert(0);
+            *t = (*t).max(upto);
+        }
+        let (mut records, mut bytes) = (0, 0);
+        for (context, list) in st.results {
+            let trimmed = self.trimmed_upto(context);
+            let log = self.results.entry(context).or_default();
+            for (index, result) in list.into_iter().filter(|&(i, _)| i > trimmed) {
+                if let std::collections::btree_map::Entry::Vacant(e) = log.entry(index) {
+                    records += 1;
+                    bytes += result.len();
+                    e.insert(result);
+                }
+            }
+        }
+        self.p2p.count_restored(records, bytes);
         Ok(())
     }
 
@@ -649,6 +663,22 @@ impl Protocol for Ulml {
                 // survivor waits for is missing.
                 for set in self.pending.values_mut() {
                     set.retain(|r| !dead.contains(r));
+                }
+                // A replacement restores results its checkpoint held; tell
+                // it how far everyone's stored checkpoints have passed.
+                if cx.rank == TRIM_COORDINATOR && !self.trimmed.is_empty() {
+                    let counts: Vec<(ContextId, u64)> =
+                        self.trimmed.iter().map(|(&c, &n)| (c, n)).collect();
+                    let me = cx.rank;
+                    for &d in dead.iter().filter(|&&d| d != me) {
+                        Self::send(
+                            cx,
+                            d,
+                            CollMsg::Trim {
+                                counts: counts.clone(),
+                            },
+                        );
+                    }
                 }
                 self.pending.retain(|_, s| !s.is_empty());
                 if let Some(cur) = &mut self.current
