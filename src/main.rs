@@ -796,6 +796,14 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         progress_bar: false,
         ..cfg
     };
+    if !cfg.kills.is_empty() {
+        // The failure-free runs are the baseline of every ratio: a kill
+        // there would fail `none` and inflate the others.
+        anyhow::bail!(
+            "lazarus bench runs failure-free: give kills with --failure SPEC (each recovering \
+             protocol is then also run with them), not --kill"
+        );
+    }
     let failure = parse_kills(&args.failure)?;
     for k in &failure {
         k.validate(
