@@ -8,7 +8,7 @@
 mod common;
 
 use lazarus::apps::{AppKind, AppParams, run_app};
-use lazarus::{Backend, Config, Ctx, LockType, ProtocolKind, ReduceOp, Result, Source};
+use lazarus::{Backend, Config, Ctx, JobStats, LockType, ProtocolKind, ReduceOp, Result, Source};
 use serde::{Deserialize, Serialize};
 
 const ITERATIONS: u64 = 24;
@@ -62,6 +62,32 @@ fn wildcard_app(ctx: &mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
     Ok((st.chain, st.arrivals))
 }
 
+/// Run `app` on 4 ranks under `protocol` on `backend`, checkpointing every
+/// third safe point, with `kill`: the case's name, every rank's value and
+/// the job's statistics.
+fn run_with_kill<T>(
+    name: &str,
+    app: fn(&mut Ctx) -> Result<T>,
+    protocol: ProtocolKind,
+    backend: Backend,
+    kill: &str,
+) -> (String, Vec<T>, JobStats)
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    let cfg = common::config(backend, 4)
+        .protocol(protocol)
+        .nodes(nodes_for(protocol))
+        .checkpoint_every(3)
+        .kill(kill.parse().expect("valid kill"));
+    let what = format!("{name} app under {protocol} on {backend}, kill {kill}");
+    let report = lazarus::run(&cfg, app);
+    let ranks = report
+        .outcome
+        .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+    (what, ranks, report.stats)
+}
+
 /// The protocols that log messages.
 const LOGGING: [ProtocolKind; 3] = [
     ProtocolKind::Pessimistic,
@@ -94,16 +120,7 @@ fn check_wildcard(protocol: ProtocolKind, backend: Backend, kill: &str) {
     // from ranks 2 and 3 outside it: the internal receptions' order must
     // be logged too (004 Theorem 1), or rank 0 would re-send other values
     // to the other set after its set rolled back.
-    let cfg = common::config(backend, 4)
-        .protocol(protocol)
-        .nodes(nodes_for(protocol))
-        .checkpoint_every(3)
-        .kill(kill.parse().expect("valid kill"));
-    let what = format!("wildcard app under {protocol} on {backend}, kill {kill}");
-    let report = lazarus::run(&cfg, wildcard_app);
-    let ranks = report
-        .outcome
-        .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+    let (what, ranks, st) = run_with_kill("wildcard", wildcard_app, protocol, backend, kill);
     let (chain0, arrivals) = &ranks[0];
     assert_eq!(chain0.len() as u64, ITERATIONS, "{what}");
     for (r, (chain, _)) in ranks.iter().enumerate() {
@@ -113,7 +130,6 @@ fn check_wildcard(protocol: ProtocolKind, backend: Backend, kill: &str) {
              did not reproduce the original reception order"
         );
     }
-    let st = &report.stats;
     assert_eq!(st.failures, 1, "{what}");
     assert_eq!(
         st.ranks_rolled_back,
@@ -199,16 +215,8 @@ fn one_sided_accesses_apply_exactly_once_across_a_failure() {
         for &backend in backends {
             // The target of every fetch-and-op dies; then an origin.
             for kill in ["0@55%", "2@55%"] {
-                let cfg = common::config(backend, 4)
-                    .protocol(protocol)
-                    .nodes(nodes_for(protocol))
-                    .checkpoint_every(3)
-                    .kill(kill.parse().expect("valid kill"));
-                let what = format!("one-sided app under {protocol} on {backend}, kill {kill}");
-                let report = lazarus::run(&cfg, tickets_app);
-                let ranks = report
-                    .outcome
-                    .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+                let (what, ranks, st) =
+                    run_with_kill("one-sided", tickets_app, protocol, backend, kill);
                 let mut all: Vec<u64> = ranks.iter().flat_map(|(t, _)| t.clone()).collect();
                 all.sort_unstable();
                 let want: Vec<u64> = (0..4 * ITERATIONS).collect();
@@ -219,9 +227,9 @@ fn one_sided_accesses_apply_exactly_once_across_a_failure() {
                     (1..=4).sum::<u64>() * ITERATIONS,
                     "{what}: rank 1's counter (get + put under an exclusive lock)"
                 );
-                assert_eq!(report.stats.failures, 1, "{what}");
+                assert_eq!(st.failures, 1, "{what}");
                 assert_eq!(
-                    report.stats.ranks_rolled_back,
+                    st.ranks_rolled_back,
                     rolled_back_per_death(protocol),
                     "{what}: only the dead rank (its correlated set) rolls back"
                 );
