@@ -202,17 +202,7 @@ fn tickets_app(ctx: &mut Ctx) -> Result<(Vec<u64>, u64)> {
 #[test]
 fn one_sided_accesses_apply_exactly_once_across_a_failure() {
     for protocol in LOGGING {
-        // Known open bug: under `correlated` this program (a get + put under
-        // an exclusive lock between the two ranks of a rolled-back set)
-        // hangs in about one run in five on the threads backend: the set's
-        // two re-executing ranks end up waiting for each other's replies.
-        // It is run on the deterministic simulator only until that is fixed.
-        let backends: &[Backend] = if protocol == ProtocolKind::Correlated {
-            &[Backend::Sim]
-        } else {
-            &Backend::ALL
-        };
-        for &backend in backends {
+        for backend in Backend::ALL {
             // The target of every fetch-and-op dies; then an origin.
             for kill in ["0@55%", "2@55%"] {
                 let (what, ranks, st) =

@@ -551,6 +551,11 @@ impl Engine {
     /// recovery starts (so a protocol never sees a frame of the new epoch
     /// before its own `Recover` event).
     fn progress(&mut self, timeout: Option<Duration>) -> Result<()> {
+        // Requests a replay places at the current operation are applied
+        // before blocking: the operation that made them due (a safe point
+        // waiting for its set, a request awaiting its reply) may otherwise
+        // wait for an arrival that depends on them.
+        self.serve_rma()?;
         if self.interrupt.is_some() {
             return Ok(());
         }

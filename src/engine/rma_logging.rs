@@ -93,6 +93,14 @@ impl Engine {
     fn serve_requests(&mut self) -> Result<()> {
         loop {
             self.check()?;
+            // Between the protocol's decision to capture (a set's
+            // checkpoint, agreed with its peers) and the snapshot, nothing
+            // may change the window: the decision can arrive while a reply
+            // waits to leave, and a request applied after it would be in
+            // this rank's checkpoint but after the cut in its origin's.
+            if self.capture_due.is_some() {
+                return Ok(());
+            }
             let next = match self.replay.front() {
                 Some(d) => match d.at {
                     Some(at) if at <= self.ops => self
