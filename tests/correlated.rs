@@ -235,6 +235,43 @@ fn a_set_restarting_from_the_beginning_agrees_on_its_checkpoints() {
     }
 }
 
+/// With two sets, each set's checkpoints and determinants are held by the
+/// other. A kill in each rolls both back; the members that only rolled
+/// back keep what they hold for the other set, so both restore their own
+/// checkpoints instead of restarting the job (which they did while a
+/// rolled-back holder counted as lost).
+#[test]
+fn two_sets_holding_each_others_checkpoints_both_recover() {
+    let apps = [
+        (AppKind::Cg, common::class('S')),
+        (
+            AppKind::Dht,
+            AppParams {
+                size: Some(512),
+                ..AppParams::default()
+            },
+        ),
+    ];
+    for backend in Backend::ALL {
+        let base = common::config(backend, 4).nodes(2);
+        for (app, params) in &apps {
+            let (reference, _) = common::run(*app, params, &base);
+            let cfg = ["1@50%", "2@50%"].iter().fold(
+                base.clone()
+                    .protocol(ProtocolKind::Correlated)
+                    .checkpoint_every(2),
+                |c, k| c.kill(k.parse().expect("valid kill")),
+            );
+            let what = format!("{app} on {backend}");
+            let (v, st) = common::run(*app, params, &cfg);
+            assert_eq!(v.value, reference.value, "{what}");
+            assert_eq!(st.failures, 2, "{what}");
+            assert_eq!(st.job_restarts, 0, "{what}: the job restarted");
+            assert_eq!(st.ranks_rolled_back, 4, "{what}: both sets roll back");
+        }
+    }
+}
+
 #[test]
 fn a_set_size_out_of_range_is_refused() {
     for n in [0, 9] {

@@ -652,13 +652,9 @@ impl Protocol for Correlated {
                     .into_iter()
                     .filter(|r| !self.members.contains(r))
                     .collect();
-                self.p2p.handle(
-                    Event::PeerFailed {
-                        epoch,
-                        dead: &others,
-                    },
-                    cx,
-                );
+                // Only the dead lost what they held for others: a member
+                // that rolls back with its set keeps its store.
+                self.p2p.peer_failed(epoch, &others, dead, cx);
                 self.after_p2p(cx);
             }
             Event::Recover { epoch, replacement } => {

@@ -766,6 +766,75 @@ impl Pessimistic {
             .into(),
         )
     }
+    /// Ranks `recovering` re-execute from their checkpoints (epoch
+    /// `epoch`): they are resent what they lack and sent nothing meanwhile.
+    /// Of them, `lost` died, and with them what they held for others; a
+    /// rank that only rolls back with its correlated set keeps its store.
+    pub(crate) fn peer_failed(
+        &mut self,
+        epoch: u64,
+        recovering: &[Rank],
+        lost: &[Rank],
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        let holders = Self::holders(cx);
+        for &d in recovering {
+            self.awaiting.insert(d);
+            self.suppress.remove(&d);
+            self.requested.remove(&d);
+            self.deferred.retain(|&(r, _)| r != d);
+            // Its replacement serves this from its restored log:
+            // messages sent before its checkpoint that we lack. (A
+            // rank still recovering asks everyone once restored.)
+            if matches!(self.phase, Phase::Done) {
+                let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
+                Self::send(cx, d, LogMsg::Recovering { hsr });
+            }
+        }
+        for &h in holders.iter().filter(|h| lost.contains(h)) {
+            self.dead_holders.insert(h);
+        }
+        if !holders.is_empty() && holders.iter().all(|h| self.dead_holders.contains(h)) {
+            // No holder has our determinants any more: only this rank.
+            self.unacked = self.own.iter().map(|d| d.rsn).collect();
+        }
+        // A holder that only rolls back with its set keeps its store, but
+        // its answer, sent before, is dropped here as coming from the
+        // execution it rolls back: it is asked again.
+        let rolled_back = |h: &Rank| recovering.contains(h) && !lost.contains(h);
+        match &mut self.phase {
+            Phase::Locating(located) => {
+                located.retain(|h, _| !lost.contains(h));
+                for (&h, answer) in located.iter_mut().filter(|(h, _)| rolled_back(h)) {
+                    *answer = None;
+                    Self::send(cx, h, LogMsg::Locate);
+                }
+                self.try_decide(cx);
+            }
+            Phase::Fetching {
+                generation,
+                holder,
+                others,
+            } => {
+                others.retain(|h| !lost.contains(h));
+                if lost.contains(holder) {
+                    let (generation, others) = (*generation, std::mem::take(others));
+                    self.fetch_next(generation, others, cx);
+                } else if rolled_back(holder) {
+                    cx.emit(Action::Fetch {
+                        generation: *generation,
+                        holder: *holder,
+                    });
+                }
+            }
+            Phase::AwaitingDecision(answers) => {
+                answers.retain(|h, _| !lost.contains(h));
+            }
+            Phase::Restoring | Phase::Done => {}
+        }
+        cx.emit(Action::InRecovery(Some(epoch)));
+    }
+
     /// Restore what `save_state` wrote at the start of `state`; returns the
     /// rest (state a protocol built on this one appended).
     pub(crate) fn load_prefix<'s>(&mut self, state: &'s [u8]) -> Result<&'s [u8]> {
@@ -861,51 +930,7 @@ impl Protocol for Pessimistic {
                 msg: Control::Log(m),
             } => self.on_log(src, m, cx),
             Event::Control { .. } => {}
-            Event::PeerFailed { epoch, dead } => {
-                let holders = Self::holders(cx);
-                for &d in dead {
-                    self.awaiting.insert(d);
-                    self.suppress.remove(&d);
-                    self.requested.remove(&d);
-                    self.deferred.retain(|&(r, _)| r != d);
-                    // Its replacement serves this from its restored log:
-                    // messages sent before its checkpoint that we lack. (A
-                    // rank still recovering asks everyone once restored.)
-                    if matches!(self.phase, Phase::Done) {
-                        let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
-                        Self::send(cx, d, LogMsg::Recovering { hsr });
-                    }
-                }
-                for &h in holders.iter().filter(|h| dead.contains(h)) {
-                    self.dead_holders.insert(h);
-                }
-                if !holders.is_empty() && holders.iter().all(|h| self.dead_holders.contains(h)) {
-                    // No holder has our determinants any more: only this rank.
-                    self.unacked = self.own.iter().map(|d| d.rsn).collect();
-                }
-                match &mut self.phase {
-                    Phase::Locating(located) => {
-                        located.retain(|h, _| !dead.contains(h));
-                        self.try_decide(cx);
-                    }
-                    Phase::Fetching {
-                        generation,
-                        holder,
-                        others,
-                    } => {
-                        others.retain(|h| !dead.contains(h));
-                        if dead.contains(holder) {
-                            let (generation, others) = (*generation, std::mem::take(others));
-                            self.fetch_next(generation, others, cx);
-                        }
-                    }
-                    Phase::AwaitingDecision(answers) => {
-                        answers.retain(|h, _| !dead.contains(h));
-                    }
-                    Phase::Restoring | Phase::Done => {}
-                }
-                cx.emit(Action::InRecovery(Some(epoch)));
-            }
+            Event::PeerFailed { epoch, dead } => self.peer_failed(epoch, dead, dead, cx),
             Event::Recover { epoch, replacement } => {
                 // Only a replacement recovers under message logging, and,
                 // under set coordination, the survivors of its set, which
