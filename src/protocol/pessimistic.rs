@@ -216,8 +216,8 @@ pub struct Pessimistic {
     trimmed: BTreeMap<Rank, u64>,
     /// This rank's determinants since its last stored checkpoint.
     own: Vec<Determinant>,
-    /// RSNs no holder has acknowledged yet (sends wait).
-    unacked: BTreeSet<u64>,
+    /// Whether this rank's determinants are stored safely (sends wait).
+    stability: Stability,
     /// This rank's holders that died and have not been re-provisioned.
     dead_holders: BTreeSet<Rank>,
     /// Determinants held for other ranks, by owner and RSN.
@@ -268,7 +268,7 @@ impl Pessimistic {
             log_records: 0,
             trimmed: BTreeMap::new(),
             own: Vec::new(),
-            unacked: BTreeSet::new(),
+            stability: Stability::default(),
             dead_holders: BTreeSet::new(),
             held: BTreeMap::new(),
             provisioned: BTreeSet::new(),
@@ -484,8 +484,10 @@ impl Pessimistic {
         self.counters.determinants += 1;
         // Counted now: the rank may die before its next safe point.
         self.report(cx);
-        self.unacked.insert(det.rsn);
-        for h in Self::holders(cx) {
+        let holders = Self::holders(cx);
+        self.stability.needed = det.rsn;
+        self.stability.holders.clone_from(&holders);
+        for h in holders {
             Self::send(
                 cx,
                 h,
@@ -540,7 +542,7 @@ impl Pessimistic {
             keep: generation,
         });
         self.own.retain(|d| d.rsn > rsn);
-        self.unacked.retain(|&r| r > rsn);
+        self.stability.floor = self.stability.floor.max(rsn);
         self.stored = Some(generation);
     }
 
@@ -624,7 +626,10 @@ impl Pessimistic {
                     Self::send(cx, src, LogMsg::DeterminantAck { upto });
                 }
             }
-            LogMsg::DeterminantAck { upto } => self.unacked.retain(|&r| r > upto),
+            LogMsg::DeterminantAck { upto } => {
+                let a = self.stability.acked.entry(src).or_insert(0);
+                *a = (*a).max(upto);
+            }
             LogMsg::Trim { upto } => self.trim(src, upto),
             LogMsg::TrimHeld { generation, rsn } => {
                 let c = self.committed_of.entry(src).or_insert(generation);
@@ -796,7 +801,10 @@ impl Pessimistic {
         }
         if !holders.is_empty() && holders.iter().all(|h| self.dead_holders.contains(h)) {
             // No holder has our determinants any more: only this rank.
-            self.unacked = self.own.iter().map(|d| d.rsn).collect();
+            // (Its replacement is given them again, and acknowledges.)
+            let newest = self.own.iter().map(|d| d.rsn).max().unwrap_or(0);
+            self.stability.needed = self.stability.needed.max(newest);
+            self.stability.holders = holders.clone();
         }
         // A holder that only rolls back with its set keeps its store, but
         // its answer, sent before, is dropped here as coming from the
@@ -862,6 +870,38 @@ impl Pessimistic {
     }
 }
 
+/// Whether a rank's determinants are stored safely (the pessimistic
+/// condition of 004 §2.1: nothing that depends on a reception leaves before
+/// its determinant is). Safely means acknowledged by every holder still
+/// alive, not just the first to answer: a rank that dies together with that
+/// holder would otherwise lose a determinant that messages it sent depend
+/// on, and its replay would diverge from what the survivors received.
+#[derive(Debug, Default)]
+struct Stability {
+    /// The newest RSN that must be stable before the next send.
+    needed: u64,
+    /// RSNs up to this one are covered by a stored checkpoint.
+    floor: u64,
+    /// Per holder: the newest RSN it acknowledged.
+    acked: BTreeMap<Rank, u64>,
+    /// The rank's holders (fixed by the placement).
+    holders: Vec<Rank>,
+}
+
+impl Stability {
+    fn ready(&self, dead_holders: &BTreeSet<Rank>) -> bool {
+        if self.needed <= self.floor {
+            return true;
+        }
+        let mut live = self
+            .holders
+            .iter()
+            .filter(|h| !dead_holders.contains(h))
+            .peekable();
+        live.peek().is_some() && live.all(|h| self.acked.get(h).is_some_and(|&a| a >= self.needed))
+    }
+}
+
 impl Protocol for Pessimistic {
     fn name(&self) -> &'static str {
         "pessimistic"
@@ -872,7 +912,7 @@ impl Protocol for Pessimistic {
     }
 
     fn send_ready(&self) -> bool {
-        self.unacked.is_empty()
+        self.stability.ready(&self.dead_holders)
     }
 
     fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
@@ -939,7 +979,7 @@ impl Protocol for Pessimistic {
                     self.since = epoch;
                 }
                 self.own.clear();
-                self.unacked.clear();
+                self.stability = Stability::default();
                 self.pending.clear();
                 self.suppress.clear();
                 self.hsr_pending.clear();
@@ -1075,7 +1115,7 @@ mod tests {
     }
 
     #[test]
-    fn sends_wait_until_the_holder_acknowledges_determinants() {
+    fn sends_wait_until_every_live_holder_acknowledges_determinants() {
         let mut h = Harness::new(1, 4, 1); // holders: ranks 2 and 3
         let mut p = Pessimistic::new(0, None);
         let m = msg(3, 1, 1, 8);
@@ -1104,6 +1144,10 @@ mod tests {
         }));
         assert!(!p.send_ready());
         h.control(&mut p, 2, LogMsg::DeterminantAck { upto: 1 });
+        // One holder is not enough while the other is alive: this rank and
+        // rank 2 dying together would lose the determinant.
+        assert!(!p.send_ready());
+        h.control(&mut p, 3, LogMsg::DeterminantAck { upto: 1 });
         assert!(p.send_ready());
         // A replayed reception is not logged again.
         let a = h.run(
