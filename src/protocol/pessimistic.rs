@@ -16,10 +16,12 @@
 //! channel's messages in SSN order (channels are FIFO and are resent in SSN
 //! order), so its outcome is fixed by the program; a wildcard-source receive
 //! (or probe) is not, and its outcome, a [`Determinant`] (RSN → sender,
-//! SSN), is sent to the rank's *determinant holder*: its checkpoint partner,
-//! in another failure domain. The rank sends nothing until the holder has
-//! acknowledged every determinant (the pessimistic condition: no unlogged
-//! nondeterministic event precedes a send).
+//! SSN), is sent to the rank's *determinant holders*: its checkpoint
+//! partner, in another failure domain, and a second partner. The rank sends
+//! nothing until every holder still alive has acknowledged every
+//! determinant (the pessimistic condition: no unlogged nondeterministic
+//! event precedes a send; waiting for one holder only would lose, when the
+//! rank dies together with it, determinants its sends depended on).
 //!
 //! **Checkpoints** are taken by each rank alone, every `every`-th safe
 //! point, and stored by the partner level. Once a rank's checkpoint is
