@@ -999,8 +999,18 @@ impl Protocol for Pessimistic {
                     self.phase = Phase::Locating(holders.into_iter().map(|h| (h, None)).collect());
                 }
             }
-            Event::Restored { .. } => {
+            Event::Restored { generation } => {
                 self.phase = Phase::Done;
+                if generation.is_none() {
+                    // From the beginning: a member rolled back with its set
+                    // still has the log of the execution it rolls back,
+                    // which it must not resend (a restored piece replaces
+                    // it in `load_prefix`).
+                    self.log.clear();
+                    self.trimmed.clear();
+                    self.log_bytes = 0;
+                    self.log_records = 0;
+                }
                 if self.set_coordinated {
                     // A holder in this rank's own set is never
                     // re-provisioned by a resend request (set peers make
