@@ -204,6 +204,17 @@ impl Config {
         self
     }
 
+    /// This configuration as one protocol of a comparison (`lazarus bench`,
+    /// `chaos`, `scale`): options only protocol `correlated` takes
+    /// (`--sets`) are kept for it and dropped for the others.
+    pub fn compared_under(mut self, p: ProtocolKind) -> Self {
+        self.protocol = p;
+        if p != ProtocolKind::Correlated {
+            self.sets = crate::protocol::correlated::SetRule::default();
+        }
+        self
+    }
+
     /// Place ranks on `k` failure domains.
     pub fn nodes(mut self, k: usize) -> Self {
         self.nodes = k;
@@ -257,6 +268,17 @@ impl Config {
             return Err(Error::config(
                 "--sets",
                 format!("a correlated set needs 1 to {} ranks, not {n}", self.ranks),
+            ));
+        }
+        if self.sets != crate::protocol::correlated::SetRule::default()
+            && self.protocol != ProtocolKind::Correlated
+        {
+            return Err(Error::config(
+                "--sets",
+                format!(
+                    "correlated sets are formed by protocol `correlated` only, not `{}`",
+                    self.protocol
+                ),
             ));
         }
         if self.restart.is_some() && self.protocol == ProtocolKind::None {

@@ -791,7 +791,14 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
 
 fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     let protocols = protocols(&args.protocols)?;
-    let (app, params, cfg) = build(&args.job, ProtocolKind::None)?;
+    // Validated as the protocol that takes every option given (`--sets`:
+    // `correlated`); each run then drops what its protocol does not take.
+    let base = if protocols.contains(&ProtocolKind::Correlated) {
+        ProtocolKind::Correlated
+    } else {
+        ProtocolKind::None
+    };
+    let (app, params, cfg) = build(&args.job, base)?;
     let cfg = Config {
         progress_bar: false,
         ..cfg

@@ -279,7 +279,7 @@ fn two_sets_holding_each_others_checkpoints_both_recover() {
 }
 
 #[test]
-fn a_set_size_out_of_range_is_refused() {
+fn a_set_size_out_of_range_or_for_another_protocol_is_refused() {
     for n in [0, 9] {
         let cfg = Config {
             sets: SetRule::Consecutive(n),
@@ -288,4 +288,11 @@ fn a_set_size_out_of_range_is_refused() {
         let e = cfg.validate().expect_err("bad --sets");
         assert!(e.to_string().contains("--sets"), "{e}");
     }
+    // Only `correlated` forms sets: elsewhere `--sets` would be ignored.
+    let cfg = Config {
+        sets: SetRule::Consecutive(2),
+        ..Config::new(RANKS).protocol(ProtocolKind::Pessimistic)
+    };
+    let e = cfg.validate().expect_err("--sets under pessimistic");
+    assert!(e.to_string().contains("`correlated` only"), "{e}");
 }

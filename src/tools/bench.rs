@@ -183,7 +183,7 @@ pub fn bench(
     // Failure-free and failure runs alternate too, so noise hits both alike.
     for _ in 0..reps {
         for (i, &p) in protocols.iter().enumerate() {
-            let cfg = base.clone().protocol(p);
+            let cfg = base.clone().compared_under(p);
             let run = run_app(app, params, &cfg);
             let s = RunSummary::new(app, params, &cfg, &run);
             on_run(&s);

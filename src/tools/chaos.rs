@@ -234,7 +234,7 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
     let reference = run_app(
         plan.app,
         &plan.params,
-        &base.clone().protocol(ProtocolKind::None),
+        &base.clone().compared_under(ProtocolKind::None),
     );
     let expected = match reference.outcome {
         Ok(v) if v.verified => v.value,
@@ -250,7 +250,7 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
     let mut cases = 0;
     for seed in plan.from..plan.from + plan.seeds {
         for &protocol in &plan.protocols {
-            let mut cfg = base.clone().protocol(protocol).seed(seed);
+            let mut cfg = base.clone().compared_under(protocol).seed(seed);
             cfg.kills = scenario(seed, &cfg, n);
             let case = run_case(plan.app, &plan.params, &cfg, &expected, plan.bound);
             cases += 1;

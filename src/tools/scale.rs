@@ -102,7 +102,7 @@ pub fn scale_study(
     }
     let mut rows = Vec::with_capacity(protocols.len());
     for &protocol in protocols {
-        let cfg = base.clone().backend(Backend::Sim).protocol(protocol);
+        let cfg = base.clone().backend(Backend::Sim).compared_under(protocol);
         reset_peak_rss();
         let report = run_pattern(pattern, params, &cfg);
         let peak_rss_mib = peak_rss_mib();
