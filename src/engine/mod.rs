@@ -90,6 +90,12 @@ const RMA_REQUEST: Tag = 0;
 /// Tag of its reply (target to origin).
 const RMA_REPLY: Tag = 1;
 
+/// Whether `msg` is a one-sided request (applied by `serve_rma`, not
+/// matched by a receive).
+fn is_rma_request(msg: &AppMessage) -> bool {
+    msg.envelope.context == RMA_CONTEXT && msg.envelope.tag == RMA_REQUEST
+}
+
 /// A one-sided request as it travels under message logging.
 #[derive(Debug, Serialize, Deserialize)]
 struct RmaRequest {
@@ -729,7 +735,7 @@ impl Engine {
             }
         }
         self.app_arrived += 1;
-        if msg.envelope.context == RMA_CONTEXT && msg.envelope.tag == RMA_REQUEST {
+        if is_rma_request(&msg) {
             // Applied by `serve_rma`, outside this arrival (its reply may
             // have to wait for progress).
             self.rma_inbox.push_back(msg);
@@ -1402,10 +1408,8 @@ impl Engine {
         // that arrived during recovery come from ranks that already resumed,
         // so they follow.
         let arrived = std::mem::take(&mut self.unexpected);
-        let (requests, unexpected): (Vec<AppMessage>, Vec<AppMessage>) = snap
-            .unexpected
-            .into_iter()
-            .partition(|m| m.envelope.context == RMA_CONTEXT && m.envelope.tag == RMA_REQUEST);
+        let (requests, unexpected): (Vec<AppMessage>, Vec<AppMessage>) =
+            snap.unexpected.into_iter().partition(is_rma_request);
         self.unexpected = unexpected.into();
         self.rma_inbox = requests.into();
         self.ssn_in = snap.ssn_in.into_iter().collect();
