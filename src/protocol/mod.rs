@@ -665,6 +665,12 @@ pub trait Protocol: Send {
     fn save_state(&self, _piece: &mut Vec<u8>) -> Result<()> {
         Ok(())
     }
+    /// About how many bytes [`Protocol::save_state`] appends: the piece is
+    /// allocated once at its full size (a log of megabytes grown by
+    /// doubling was copied again at every step, each time into fresh pages).
+    fn state_size_hint(&self) -> usize {
+        0
+    }
     /// Restore what [`Protocol::save_state`] appended (the rest of the piece).
     fn load_state(&mut self, _state: &[u8]) -> Result<()> {
         Ok(())

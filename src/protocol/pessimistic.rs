@@ -49,13 +49,15 @@
 //! recovered, except the loss of a rank together with its holder before the
 //! rank's replacement fetched its state: that is reported as an error.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use bytes::Bytes;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::driver::Stat;
-use crate::engine::frame::AppMessage;
+use crate::engine::frame::{AppMessage, Envelope};
 use crate::{Error, Rank, Result};
 
 /// Control messages of the logging protocols.
@@ -132,10 +134,22 @@ struct Counters {
     collectives_from_log: u64,
 }
 
-/// [`SavedState`] as written, borrowing the log (same encoding).
+/// A logged message as a checkpoint piece holds it: its payload is an index
+/// into the piece's distinct payloads. A payload sent to several ranks (a
+/// broadcast tree forwards the buffer it received) is logged once per
+/// destination but saved once.
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedMsg {
+    envelope: Envelope,
+    ssn: u64,
+    payload: u32,
+}
+
+/// [`SavedState`] as written, borrowing the payloads (same encoding).
 #[derive(Serialize)]
 struct SavedStateRef<'a> {
-    log: Vec<(Rank, &'a VecDeque<AppMessage>)>,
+    payloads: Vec<&'a Bytes>,
+    log: Vec<(Rank, Vec<SavedMsg>)>,
     trimmed: Vec<(Rank, u64)>,
     next_generation: u64,
 }
@@ -143,7 +157,8 @@ struct SavedStateRef<'a> {
 /// What a checkpoint piece holds of this protocol.
 #[derive(Debug, Default, Deserialize)]
 struct SavedState {
-    log: Vec<(Rank, Vec<AppMessage>)>,
+    payloads: Vec<Bytes>,
+    log: Vec<(Rank, Vec<SavedMsg>)>,
     trimmed: Vec<(Rank, u64)>,
     next_generation: u64,
 }
@@ -850,20 +865,32 @@ impl Pessimistic {
     pub(crate) fn load_prefix<'s>(&mut self, state: &'s [u8]) -> Result<&'s [u8]> {
         let (st, rest): (SavedState, &[u8]) = postcard::take_from_bytes(state)?;
 
-        self.log = st
-            .log
-            .into_iter()
-            .map(|(d, v)| {
-                let bytes = v.iter().map(|m| m.payload.len()).sum();
-                (
-                    d,
-                    ChannelLog {
-                        msgs: v.into(),
-                        bytes,
-                    },
-                )
-            })
-            .collect();
+        let mut log = BTreeMap::new();
+        for (d, saved) in st.log {
+            let mut c = ChannelLog::default();
+            for m in saved {
+                let payload = st
+                    .payloads
+                    .get(m.payload as usize)
+                    .ok_or_else(|| Error::Codec {
+                        what: "a checkpoint piece's message log".into(),
+                        detail: format!(
+                            "message {} to rank {d} names payload {} of {}",
+                            m.ssn,
+                            m.payload,
+                            st.payloads.len()
+                        ),
+                    })?;
+                c.bytes += payload.len();
+                c.msgs.push_back(AppMessage {
+                    envelope: m.envelope,
+                    ssn: m.ssn,
+                    payload: payload.clone(),
+                });
+            }
+            log.insert(d, c);
+        }
+        self.log = log;
         self.log_bytes = self.log.values().map(|c| c.bytes).sum();
         self.log_records = self.log.values().map(|c| c.msgs.len()).sum();
         self.trimmed = st.trimmed.into_iter().collect();
@@ -926,8 +953,30 @@ impl Protocol for Pessimistic {
     }
 
     fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+        // Payloads are told apart by buffer: the same bytes at the same
+        // address are the same payload.
+        let mut payloads: Vec<&Bytes> = Vec::new();
+        let mut index: HashMap<(usize, usize), u32> = HashMap::new();
+        let mut log = Vec::with_capacity(self.log.len());
+        for (&d, c) in &self.log {
+            let mut msgs = Vec::with_capacity(c.msgs.len());
+            for m in &c.msgs {
+                let key = (m.payload.as_ptr() as usize, m.payload.len());
+                let payload = *index.entry(key).or_insert_with(|| {
+                    payloads.push(&m.payload);
+                    (payloads.len() - 1) as u32
+                });
+                msgs.push(SavedMsg {
+                    envelope: m.envelope,
+                    ssn: m.ssn,
+                    payload,
+                });
+            }
+            log.push((d, msgs));
+        }
         let st = SavedStateRef {
-            log: self.log.iter().map(|(&d, c)| (d, &c.msgs)).collect(),
+            payloads,
+            log,
             trimmed: self.trimmed.iter().map(|(&d, &n)| (d, n)).collect(),
             next_generation: self.next_generation,
         };
@@ -937,6 +986,11 @@ impl Protocol for Pessimistic {
 
     fn load_state(&mut self, state: &[u8]) -> Result<()> {
         self.load_prefix(state).map(|_| ())
+    }
+
+    fn state_size_hint(&self) -> usize {
+        // Payloads, plus an envelope and length prefixes per record.
+        self.log_bytes + self.log_records * 48 + 64
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {

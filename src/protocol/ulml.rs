@@ -527,6 +527,10 @@ impl Protocol for Ulml {
         true
     }
 
+    fn state_size_hint(&self) -> usize {
+        self.p2p.state_size_hint()
+    }
+
     fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
         self.p2p.save_state(piece)?;
         let st = SavedState {

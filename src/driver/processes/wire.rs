@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize};
 use crate::Rank;
 use crate::driver::{RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
+use crate::store::StoreMsg;
 
 /// Version of the wire format; a peer speaking another one is refused.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;
@@ -394,13 +395,36 @@ pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes
     {
         return encode_app(*src, *epoch, app, max, buf);
     }
-    // Other messages carry no payload. The header is encoded in place after
-    // the prefix, whose lengths are filled in once known.
+    // A checkpoint piece follows the header as it is: not copied into the
+    // frame on the way out, nor out of it on the way in (`decode`).
+    if let WireMsg::Frame(frame) = msg
+        && let Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) = &frame.body
+    {
+        let data = p.data.clone();
+        let mut head = frame.clone();
+        if let Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) = &mut head.body {
+            p.data = Bytes::new();
+        }
+        encode_header(&WireMsg::Frame(head), data.len(), max, buf)?;
+        return Ok(data);
+    }
+    encode_header(msg, 0, max, buf)?;
+    Ok(Bytes::new())
+}
+
+/// Encode the header of `msg` in place after the prefix, whose lengths are
+/// filled in once known; `payload` bytes follow the header on the wire.
+fn encode_header(
+    msg: &WireMsg,
+    payload: usize,
+    max: usize,
+    buf: &mut Vec<u8>,
+) -> Result<(), WireError> {
     buf.resize(PREFIX, 0);
     *buf = postcard::to_extend(msg, std::mem::take(buf))
         .map_err(|e| WireError::Malformed(format!("cannot encode: {e}")))?;
     let header_len = buf.len() - PREFIX;
-    let len = 1 + 4 + header_len;
+    let len = 1 + 4 + header_len + payload;
     if len > max {
         return Err(WireError::Oversized { len, max });
     }
@@ -409,7 +433,7 @@ pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes
     buf[0..4].copy_from_slice(&len32.to_le_bytes());
     buf[4] = WIRE_VERSION;
     buf[5..9].copy_from_slice(&hlen.to_le_bytes());
-    Ok(Bytes::new())
+    Ok(())
 }
 
 /// Read one frame from `r` (at most `max` bytes after the length prefix).
@@ -591,6 +615,10 @@ pub fn decode(frame: Bytes) -> Result<WireMsg, WireError> {
             body: Body::App(app),
             ..
         }) => app.payload = payload,
+        WireMsg::Frame(Frame {
+            body: Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)),
+            ..
+        }) if p.data.is_empty() => p.data = payload,
         _ if !payload.is_empty() => {
             return Err(WireError::Malformed(format!(
                 "{} payload bytes after a message that takes none",
@@ -650,6 +678,31 @@ mod tests {
             read_msg(&mut encode(&msg).as_slice(), MAX).expect("ok"),
             msg
         );
+        // A checkpoint piece travels after the header: it comes back whole,
+        // with its checksum, and its length counts against the limit.
+        for n in [0, 5, 300_000] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 13) as u8).collect();
+            let piece = crate::store::Piece::new(4, 2, Bytes::from(data));
+            for body in [StoreMsg::Put(piece.clone()), StoreMsg::Piece(piece.clone())] {
+                let msg = WireMsg::Frame(Frame {
+                    src: 2,
+                    epoch: 1,
+                    body: Body::Store(body),
+                });
+                let back = read_msg(&mut encode(&msg).as_slice(), MAX).expect("decodes");
+                assert_eq!(back, msg, "{n}-byte piece");
+            }
+        }
+        let big = crate::store::Piece::new(1, 0, Bytes::from(vec![0u8; MAX]));
+        let msg = WireMsg::Frame(Frame {
+            src: 0,
+            epoch: 0,
+            body: Body::Store(StoreMsg::Put(big)),
+        });
+        assert!(matches!(
+            write_msg(&mut Vec::new(), &msg, MAX),
+            Err(WireError::Oversized { .. })
+        ));
     }
 
     #[test]
