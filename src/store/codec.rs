@@ -329,7 +329,11 @@ impl Coder {
                 // Block by block, so the encoder's working set stays in
                 // cache (the code is position-wise: blocks are independent).
                 let k = pieces.len();
-                let mut out: Vec<Vec<u8>> = vec![Vec::with_capacity(shard_len); parity];
+                // Each shard at its full size from the start (`vec![v; n]`
+                // would clone `v` without its capacity, and all but one
+                // shard grew by doubling: copied again at every step).
+                let mut out: Vec<Vec<u8>> =
+                    (0..parity).map(|_| Vec::with_capacity(shard_len)).collect();
                 for (o, e) in rs_blocks(shard_len) {
                     let encoder = match &mut self.rs_encoder {
                         Some(enc) => {

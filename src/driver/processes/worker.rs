@@ -757,10 +757,7 @@ impl Endpoint for ProcessEndpoint {
             // rings' head words in a tight loop (no clock read, no pause
             // instruction, which alone takes tens of nanoseconds) before
             // anything else.
-            if !tight_spun
-                && !self.rings.is_empty()
-                && timeout.is_none_or(|t| t >= SPIN)
-            {
+            if !tight_spun && !self.rings.is_empty() && timeout.is_none_or(|t| t >= SPIN) {
                 tight_spun = true;
                 if (0..TIGHT_SPIN).any(|_| self.rings.iter().any(|r| r.ring.has_data())) {
                     continue;
