@@ -1125,6 +1125,68 @@ mod tests {
     }
 
     #[test]
+    fn a_payload_logged_for_several_ranks_is_saved_once_and_restored_shared() {
+        let h = Harness::new(0, 4, 1);
+        let mut p = Pessimistic::new(0, None);
+        // A broadcast tree: one buffer to ranks 1, 2 and 3, then one of
+        // its own to rank 2.
+        let shared = msg(0, 1, 1, 1000).payload;
+        for dest in 1..=3 {
+            let mut m = msg(0, dest, 1, 0);
+            m.payload = shared.clone();
+            h.run(&mut p, Event::AppSend { msg: &m });
+        }
+        h.run(
+            &mut p,
+            Event::AppSend {
+                msg: &msg(0, 2, 2, 500),
+            },
+        );
+        assert_eq!(p.log_bytes, 3500);
+        let mut piece = Vec::new();
+        p.save_state(&mut piece).expect("saves");
+        assert!(
+            piece.len() < 1600,
+            "{} bytes: the shared payload was saved more than once",
+            piece.len()
+        );
+        assert!(p.state_size_hint() >= piece.len());
+
+        let mut q = Pessimistic::new(0, None);
+        q.load_state(&piece).expect("loads");
+        assert_eq!((q.log_records, q.log_bytes), (4, 3500));
+        for (dest, c) in &p.log {
+            let got = &q.log[dest].msgs;
+            assert_eq!(got, &c.msgs, "log for rank {dest}");
+        }
+        // Restored, the three copies are one buffer again.
+        let first = q.log[&1].msgs[0].payload.as_ptr();
+        assert_eq!(q.log[&3].msgs[0].payload.as_ptr(), first);
+        assert_eq!(q.log[&2].msgs[0].payload.as_ptr(), first);
+        assert_ne!(q.log[&2].msgs[1].payload.as_ptr(), first);
+
+        // A piece naming a payload it does not hold is refused, not a panic.
+        let bad = SavedStateRef {
+            payloads: Vec::new(),
+            log: vec![(
+                1,
+                vec![SavedMsg {
+                    envelope: msg(0, 1, 1, 0).envelope,
+                    ssn: 1,
+                    payload: 0,
+                }],
+            )],
+            trimmed: Vec::new(),
+            next_generation: 1,
+        };
+        let bad = postcard::to_allocvec(&bad).expect("encodes");
+        assert!(matches!(
+            Pessimistic::new(0, None).load_state(&bad),
+            Err(Error::Codec { .. })
+        ));
+    }
+
+    #[test]
     fn logs_by_reference_trims_on_the_receivers_checkpoint_and_resends_above_hsr() {
         let h = Harness::new(0, 4, 1);
         let mut p = Pessimistic::new(0, None);
