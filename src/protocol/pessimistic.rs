@@ -38,6 +38,10 @@
 //! messages above that SSN, in order, and answers with its own HSR for the
 //! recovering rank (`Hsr`), so the re-executing rank withholds the messages
 //! the receiver already has (and the receiver drops any duplicate by SSN).
+//! Until its messages reach the highest SSN each receiver ever had from it
+//! (or a receiver's replayed determinants name), a re-executing rank applies
+//! no one-sided request that its own determinants do not place: a receiver
+//! that rolled back meanwhile replays determinants naming those messages.
 //! Wildcard receptions are forced to the logged outcomes, in RSN order.
 //! When a rank dies, every rank also sends it `Recovering`: its replacement
 //! serves those after its restore from the log it restored, so messages
@@ -117,6 +121,10 @@ pub enum LogMsg {
     Hsr {
         /// Highest SSN received.
         hsr: u64,
+        /// Highest SSN of the recovering rank's messages that the
+        /// determinants this rank replays name (0: none): its re-execution
+        /// must regenerate them exactly (see `Pessimistic::regen`).
+        replayed: u64,
     },
     /// A sender's log for the receiver passed half the budget: checkpoint at
     /// the next safe point.
@@ -251,6 +259,16 @@ pub struct Pessimistic {
     awaiting: BTreeSet<Rank>,
     /// Per destination: it already has our messages up to this SSN.
     suppress: BTreeMap<Rank, u64>,
+    /// Per destination: the highest SSN it has received from this rank's
+    /// current line of execution (raised by each `Recovering`/`Hsr`, never
+    /// lowered, also not when the destination rolls back). A re-execution
+    /// regenerates its messages exactly up to there before it applies a
+    /// one-sided request no determinant places: a destination that rolled
+    /// back replays determinants naming those messages, so they must come
+    /// out the same (a reply placed among them took the SSN of a request
+    /// the destination's determinant named, and its replay waited forever:
+    /// both sets rolled back, DHT on processes).
+    regen: BTreeMap<Rank, u64>,
     /// Ranks asked for their HSR after this rank's restore that have not
     /// answered yet (until then the re-execution may be regenerating
     /// messages they have).
@@ -295,6 +313,7 @@ impl Pessimistic {
             forced: false,
             awaiting: BTreeSet::new(),
             suppress: BTreeMap::new(),
+            regen: BTreeMap::new(),
             hsr_pending: BTreeSet::new(),
             phase: Phase::Done,
             replay: Vec::new(),
@@ -563,6 +582,11 @@ impl Pessimistic {
         self.stored = Some(generation);
     }
 
+    fn raise_regen(&mut self, dest: Rank, hsr: u64) {
+        let r = self.regen.entry(dest).or_insert(0);
+        *r = (*r).max(hsr);
+    }
+
     fn trim(&mut self, dest: Rank, upto: u64) {
         let t = self.trimmed.entry(dest).or_insert(0);
         *t = (*t).max(upto);
@@ -604,8 +628,23 @@ impl Pessimistic {
         }
         self.awaiting.remove(&r);
         self.suppress.insert(r, hsr);
+        self.raise_regen(r, hsr);
         let mine = cx.hsr.get(&r).copied().unwrap_or(0);
-        Self::send(cx, r, LogMsg::Hsr { hsr: mine });
+        let replayed = self
+            .replay
+            .iter()
+            .filter(|d| d.src == r)
+            .map(|d| d.ssn)
+            .max()
+            .unwrap_or(0);
+        Self::send(
+            cx,
+            r,
+            LogMsg::Hsr {
+                hsr: mine,
+                replayed,
+            },
+        );
         if Self::holders(cx).contains(&r) {
             // A holder was replaced: give it our determinants and piece
             // again (sends wait meanwhile only if no holder has them).
@@ -710,8 +749,9 @@ impl Pessimistic {
                     self.deferred.push((src, hsr));
                 }
             }
-            LogMsg::Hsr { hsr } => {
+            LogMsg::Hsr { hsr, replayed } => {
                 self.suppress.insert(src, hsr);
+                self.raise_regen(src, hsr.max(replayed));
                 self.hsr_pending.remove(&src);
             }
             LogMsg::CheckpointRequest => self.forced = true,
@@ -947,7 +987,7 @@ impl Protocol for Pessimistic {
     fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
         !self.hsr_pending.is_empty()
             || self
-                .suppress
+                .regen
                 .iter()
                 .any(|(d, &h)| ssn_out.get(d).copied().unwrap_or(0) < h)
     }
@@ -1062,6 +1102,7 @@ impl Protocol for Pessimistic {
                     // it in `load_prefix`).
                     self.log.clear();
                     self.trimmed.clear();
+                    self.regen.clear();
                     self.log_bytes = 0;
                     self.log_records = 0;
                 }
@@ -1122,6 +1163,53 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A re-executing rank regenerates exactly what its destinations had
+    /// received before it applies a request no determinant places, also
+    /// after such a destination rolls back (its replay names those
+    /// messages), and up to what a destination's replay names.
+    #[test]
+    fn regeneration_covers_what_rolled_back_destinations_had_received() {
+        let h = Harness::new(0, 4, 1);
+        let mut p = Pessimistic::new(0, None);
+        let out = |n: u64| BTreeMap::from([(2, n)]);
+        h.control(
+            &mut p,
+            2,
+            LogMsg::Hsr {
+                hsr: 10,
+                replayed: 0,
+            },
+        );
+        assert!(p.regenerating(&out(9)));
+        assert!(!p.regenerating(&out(10)));
+        // Rank 2 rolls back and asks for what follows its restored SSN 3.
+        h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[2],
+            },
+        );
+        assert!(p.regenerating(&out(9)), "the rollback lowered the bound");
+        h.control(&mut p, 2, LogMsg::Recovering { hsr: 3 });
+        assert!(
+            p.regenerating(&out(9)),
+            "the restored HSR lowered the bound"
+        );
+        assert!(!p.regenerating(&out(10)));
+        // A destination replaying determinants that name SSN 14 of ours.
+        h.control(
+            &mut p,
+            3,
+            LogMsg::Hsr {
+                hsr: 5,
+                replayed: 14,
+            },
+        );
+        assert!(p.regenerating(&BTreeMap::from([(2, 10), (3, 13)])));
+        assert!(!p.regenerating(&BTreeMap::from([(2, 10), (3, 14)])));
     }
 
     #[test]
@@ -1409,7 +1497,10 @@ mod tests {
         // The deferred request of rank 1 was answered.
         assert!(a.contains(&Action::Transmit {
             dest: 1,
-            msg: Control::Log(LogMsg::Hsr { hsr: 0 })
+            msg: Control::Log(LogMsg::Hsr {
+                hsr: 0,
+                replayed: 0
+            })
         }));
     }
 
