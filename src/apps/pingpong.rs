@@ -50,9 +50,18 @@ impl Params {
             .collect()
     }
 
+    /// Timed round trips for `size`: 64 MiB each way, between 50 and
+    /// 10000, the schedule of `bench/mpi_pingpong.c` (`round_trips`), so
+    /// that `bench/vs-mpi.sh` compares the same measurement.
     fn reps_for(&self, size: usize) -> u64 {
         self.reps
-            .unwrap_or_else(|| ((64usize << 20) / size).clamp(20, 2000) as u64)
+            .unwrap_or_else(|| ((64usize << 20) / size).clamp(50, 10_000) as u64)
+    }
+
+    /// Untimed round trips before the timed ones: a tenth, at least 2 (as
+    /// `bench/mpi_pingpong.c`).
+    fn warm_up_for(&self, size: usize) -> u64 {
+        (self.reps_for(size) / 10).max(2)
     }
 }
 
@@ -98,13 +107,15 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     while st.next < sizes.len() {
         let size = sizes[st.next];
         let reps = p.reps_for(size);
+        let warm_up = p.warm_up_for(size);
         match world.rank() {
             0 => {
                 let buf = pattern(size, st.next);
                 let crc = crc32c::crc32c(&buf);
-                // One warm-up round trip, then the timed ones.
-                world.send_bytes(1, TAG, buf.clone())?;
-                world.receive_bytes(1, TAG)?;
+                for _ in 0..warm_up {
+                    world.send_bytes(1, TAG, buf.clone())?;
+                    world.receive_bytes(1, TAG)?;
+                }
                 let t0 = ctx.wtime();
                 let mut last = Bytes::new();
                 for _ in 0..reps {
@@ -121,7 +132,7 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
                 });
             }
             1 => {
-                for _ in 0..=reps {
+                for _ in 0..warm_up + reps {
                     let m = world.receive_bytes(0, TAG)?;
                     world.send_bytes(0, TAG, m.payload)?;
                 }
