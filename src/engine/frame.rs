@@ -34,6 +34,10 @@ pub struct Envelope {
     pub tag: Tag,
 }
 
+/// About how many bytes an encoded [`AppMessage`] takes besides its payload
+/// (envelope, SSN and length prefix, as varints): to size a checkpoint piece.
+pub const ENCODED_MESSAGE_OVERHEAD: usize = 48;
+
 /// An application (or collective) message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AppMessage {

@@ -1295,7 +1295,9 @@ impl Engine {
             ops: self.ops,
             window_locks,
         };
-        let unexpected: usize = snap.unexpected.iter().map(|m| m.payload.len() + 48).sum();
+        let unexpected: usize = (snap.unexpected.iter())
+            .map(|m| m.payload.len() + frame::ENCODED_MESSAGE_OVERHEAD)
+            .sum();
         let windows: usize = snap.windows.iter().map(|(_, m)| m.len() + 16).sum();
         let size = snap.app.len() + unexpected + windows + 256 + self.proto.state_size_hint();
         let mut piece = postcard::to_extend(&snap, Vec::with_capacity(size))?;

@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::driver::Stat;
-use crate::engine::frame::{AppMessage, Envelope};
+use crate::engine::frame::{AppMessage, ENCODED_MESSAGE_OVERHEAD, Envelope};
 use crate::{Error, Rank, Result};
 
 /// Control messages of the logging protocols.
@@ -582,14 +582,8 @@ impl Pessimistic {
         self.stored = Some(generation);
     }
 
-    fn raise_regen(&mut self, dest: Rank, hsr: u64) {
-        let r = self.regen.entry(dest).or_insert(0);
-        *r = (*r).max(hsr);
-    }
-
     fn trim(&mut self, dest: Rank, upto: u64) {
-        let t = self.trimmed.entry(dest).or_insert(0);
-        *t = (*t).max(upto);
+        raise(&mut self.trimmed, dest, upto);
         if let Some(c) = self.log.get_mut(&dest) {
             while c.msgs.front().is_some_and(|m| m.ssn <= upto) {
                 if let Some(m) = c.msgs.pop_front() {
@@ -628,7 +622,7 @@ impl Pessimistic {
         }
         self.awaiting.remove(&r);
         self.suppress.insert(r, hsr);
-        self.raise_regen(r, hsr);
+        raise(&mut self.regen, r, hsr);
         let mine = cx.hsr.get(&r).copied().unwrap_or(0);
         let replayed = self
             .replay
@@ -682,14 +676,10 @@ impl Pessimistic {
                     Self::send(cx, src, LogMsg::DeterminantAck { upto });
                 }
             }
-            LogMsg::DeterminantAck { upto } => {
-                let a = self.stability.acked.entry(src).or_insert(0);
-                *a = (*a).max(upto);
-            }
+            LogMsg::DeterminantAck { upto } => raise(&mut self.stability.acked, src, upto),
             LogMsg::Trim { upto } => self.trim(src, upto),
             LogMsg::TrimHeld { generation, rsn } => {
-                let c = self.committed_of.entry(src).or_insert(generation);
-                *c = (*c).max(generation);
+                raise(&mut self.committed_of, src, generation);
                 if let Some(h) = self.held.get_mut(&src) {
                     h.retain(|&r, _| r > rsn);
                 }
@@ -751,7 +741,7 @@ impl Pessimistic {
             }
             LogMsg::Hsr { hsr, replayed } => {
                 self.suppress.insert(src, hsr);
-                self.raise_regen(src, hsr.max(replayed));
+                raise(&mut self.regen, src, hsr.max(replayed));
                 self.hsr_pending.remove(&src);
             }
             LogMsg::CheckpointRequest => self.forced = true,
@@ -939,6 +929,12 @@ impl Pessimistic {
     }
 }
 
+/// Raise `r`'s watermark in `map` to `v` (watermarks never go down).
+fn raise(map: &mut BTreeMap<Rank, u64>, r: Rank, v: u64) {
+    let w = map.entry(r).or_insert(v);
+    *w = (*w).max(v);
+}
+
 /// Whether a rank's determinants are stored safely (the pessimistic
 /// condition of 004 §2.1: nothing that depends on a reception leaves before
 /// its determinant is). Safely means acknowledged by every holder still
@@ -1029,8 +1025,7 @@ impl Protocol for Pessimistic {
     }
 
     fn state_size_hint(&self) -> usize {
-        // Payloads, plus an envelope and length prefixes per record.
-        self.log_bytes + self.log_records * 48 + 64
+        self.log_bytes + self.log_records * ENCODED_MESSAGE_OVERHEAD + 64
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
