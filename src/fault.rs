@@ -224,12 +224,7 @@ impl FaultPlan {
             if k.fired {
                 continue;
             }
-            // The trigger rank: the victim itself, or the first rank of the node.
-            let trigger = match k.spec.victim {
-                Victim::Rank(r) => r,
-                Victim::Node(n) => self.placement.ranks_on(n).first().copied()?,
-            };
-            if trigger != rank {
+            if self.trigger(k.spec.victim) != Some(rank) {
                 continue;
             }
             let due = match k.spec.moment {
@@ -260,6 +255,24 @@ impl FaultPlan {
             self.kills[i].countdown = Some(delay - 1);
         }
         None
+    }
+
+    /// The rank whose fault points fire a kill of `victim`: the victim
+    /// itself, or the first rank of the node.
+    fn trigger(&self, victim: Victim) -> Option<Rank> {
+        match victim {
+            Victim::Rank(r) => Some(r),
+            Victim::Node(n) => self.placement.ranks_on(n).first().copied(),
+        }
+    }
+
+    /// Whether a kill that `rank` triggers has yet to fire. When not, every
+    /// [`FaultPlan::check`] by `rank` returns `None` until a kill is marked
+    /// unfired again (never), so a driver may skip the check on its hot path.
+    pub fn armed_for(&self, rank: Rank) -> bool {
+        self.kills
+            .iter()
+            .any(|k| !k.fired && self.trigger(k.spec.victim) == Some(rank))
     }
 
     /// Record that kill specification `index` fired elsewhere.
@@ -319,6 +332,24 @@ mod tests {
         ] {
             assert!(bad.parse::<KillSpec>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_plan_is_armed_only_for_the_ranks_that_trigger_an_unfired_kill() {
+        let pl = Placement::block(4, 2).expect("valid");
+        let kills: Vec<KillSpec> = ["1@50%", "node:1@i3"]
+            .iter()
+            .map(|k| k.parse().expect("valid"))
+            .collect();
+        let mut plan = FaultPlan::new(&kills, pl, 7);
+        // A node kill is triggered by the node's first rank.
+        let armed = |p: &FaultPlan| (0..4).map(|r| p.armed_for(r)).collect::<Vec<_>>();
+        assert_eq!(armed(&plan), [false, true, true, false]);
+        plan.mark_fired(0);
+        assert_eq!(armed(&plan), [false, false, true, false]);
+        plan.mark_fired(1);
+        assert_eq!(armed(&plan), [false; 4]);
+        assert!(!FaultPlan::new(&[], Placement::block(2, 1).expect("valid"), 1).armed_for(0));
     }
 
     #[test]

@@ -159,7 +159,11 @@ impl Mapping {
         unsafe {
             let data = self.base.add(HEADER);
             std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(start), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+            // Only a write across the end wraps: no second (empty) copy call
+            // on the latency path otherwise.
+            if first < src.len() {
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+            }
         }
     }
 
@@ -174,7 +178,9 @@ impl Mapping {
         unsafe {
             let data = self.base.add(HEADER);
             std::ptr::copy_nonoverlapping(data.add(start), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), n - first);
+            if first < n {
+                std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), n - first);
+            }
         }
     }
 
@@ -190,7 +196,9 @@ impl Mapping {
         unsafe {
             let data = self.base.add(HEADER);
             dst.extend_from_slice(std::slice::from_raw_parts(data.add(start), first));
-            dst.extend_from_slice(std::slice::from_raw_parts(data, n - first));
+            if first < n {
+                dst.extend_from_slice(std::slice::from_raw_parts(data, n - first));
+            }
         }
     }
 }
@@ -427,16 +435,22 @@ impl RingReader {
 
     /// Read what `avail` bytes hold of the current record.
     fn take(&mut self, mut avail: usize, max: usize) -> Result<Option<Record>, WireError> {
+        // The first byte of a new record (not consumed), if it has arrived.
+        let mut marker = None;
         let (len, part) = match self.pending.take() {
             Some(p) => p,
             None => {
                 if avail < 4 {
                     return Ok(None);
                 }
-                let mut prefix = [0u8; 4];
-                self.read(&mut prefix);
+                // The length prefix and the byte after it in one copy.
+                let mut head = [0u8; 5];
+                let n = avail.min(head.len());
+                self.map.copy_out(self.tail, &mut head[..n]);
+                self.tail += 4;
                 avail -= 4;
-                let len = u32::from_le_bytes(prefix) as usize;
+                marker = head.get(4).filter(|_| n == head.len()).copied();
+                let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
                 if len > max {
                     return Err(WireError::Oversized { len, max });
                 }
@@ -456,9 +470,12 @@ impl RingReader {
             }
             None => {
                 // The first byte (not consumed yet) says how to split.
-                let mut marker = [0u8; 1];
-                self.map.copy_out(self.tail, &mut marker);
-                if marker[0] == APP_FRAME && len >= APP_FIXED {
+                let marker = marker.unwrap_or_else(|| {
+                    let mut b = [0u8; 1];
+                    self.map.copy_out(self.tail, &mut b);
+                    b[0]
+                });
+                if marker == APP_FRAME && len >= APP_FIXED {
                     Part::App {
                         fixed: [0; APP_FIXED],
                         got: 0,

@@ -192,6 +192,9 @@ struct ProcessEndpoint {
     /// Control messages that arrived while waiting for something else.
     stashed: VecDeque<WireMsg>,
     plan: FaultPlan,
+    /// `plan` may still kill at one of this rank's fault points (checked
+    /// at every runtime call: without a kill to come, skipped at once).
+    armed: bool,
     next_id: u64,
     last_progress: f64,
 }
@@ -827,10 +830,14 @@ impl Endpoint for ProcessEndpoint {
     }
 
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
+        if !self.armed {
+            return Ok(());
+        }
         let rank = self.rank();
         let Some((index, victims)) = self.plan.check_indexed(rank, at) else {
             return Ok(());
         };
+        self.armed = self.plan.armed_for(rank);
         let req = WireMsg::KillRequest { index, victims };
         if send_ctl(&self.ctl, &req, self.sh.max_frame).is_err() {
             return Err(Error::Driver("lost the launcher".into()));
@@ -1191,6 +1198,7 @@ pub(crate) fn run_worker<T: Serialize>(
         replies_tx,
         ready: VecDeque::new(),
         stashed,
+        armed: plan.armed_for(rank),
         plan,
         next_id: 0,
         last_progress: -1.0,
