@@ -108,6 +108,18 @@ pub struct JobStats {
     /// died together with every holder of its checkpoint).
     #[serde(default)]
     pub job_restarts: u64,
+    /// Largest peak resident set of one rank's process, bytes (backends
+    /// with a process per rank; `None` elsewhere). Logged payloads, checkpoint
+    /// pieces held for others and receive buffers show here.
+    #[serde(default)]
+    pub peak_rss_bytes: Option<u64>,
+    /// Mean over rank processes of their peak resident set, bytes.
+    #[serde(default)]
+    pub mean_peak_rss_bytes: Option<u64>,
+    /// Minor page faults of all rank processes (first touches of fresh
+    /// memory: what retaining logged buffers costs in the kernel).
+    #[serde(default)]
+    pub minor_faults: Option<u64>,
 }
 
 impl JobStats {
@@ -142,6 +154,13 @@ impl JobStats {
         self.set_sync_max_s = self.set_sync_max_s.max(e.set_sync_max_s);
         self.set_size = self.set_size.max(e.set_size);
         self.job_restarts += e.job_restarts + 1;
+        self.peak_rss_bytes = self.peak_rss_bytes.max(e.peak_rss_bytes);
+        // The mean of this attempt's processes (or the earlier one's when
+        // none of this attempt's reported).
+        self.mean_peak_rss_bytes = self.mean_peak_rss_bytes.or(e.mean_peak_rss_bytes);
+        if let Some(f) = e.minor_faults {
+            *self.minor_faults.get_or_insert(0) += f;
+        }
         let mut detections = e.failure_detections;
         detections.append(&mut self.failure_detections);
         self.failure_detections = detections;

@@ -136,6 +136,9 @@ struct LaunchArgs {
     command: Vec<String>,
 }
 
+/// Bytes in a mebibyte, for printing.
+const MIB: f64 = 1024.0 * 1024.0;
+
 /// `-n`/`--nodes`, or Slurm's task and node counts.
 fn slurm_default(given: Option<usize>, var: &str) -> Option<usize> {
     given.or_else(|| {
@@ -735,6 +738,16 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.job_restarts
         );
     }
+    if let (Some(peak), Some(mean), Some(faults)) =
+        (st.peak_rss_bytes, st.mean_peak_rss_bytes, st.minor_faults)
+    {
+        println!(
+            "memory: peak resident set {:.1} MiB (largest rank process), {:.1} MiB (mean); {} minor page faults",
+            peak as f64 / MIB,
+            mean as f64 / MIB,
+            faults
+        );
+    }
     if st.set_syncs > 0 || st.spared_log_bytes > 0 {
         println!(
             "correlated sets (up to {} ranks): {} bytes sent inside sets without a log copy; {} set synchronisations, mean {:.1} us, longest {:.1} us",
@@ -888,6 +901,23 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 per(|s| s.peak_log_records),
                 per(|s| s.peak_log_bytes),
                 per(|s| s.determinants)
+            );
+        }
+        if p.runs.iter().all(|r| r.stats.mean_peak_rss_bytes.is_some()) {
+            let per = |f: fn(&lazarus::JobStats) -> Option<u64>| {
+                median(
+                    &p.runs
+                        .iter()
+                        .filter_map(|r| f(&r.stats))
+                        .map(|v| v as f64)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            println!(
+                "    memory: peak resident set {:.1} MiB per rank process (mean), {:.1} MiB (largest); {:.0} minor page faults",
+                per(|s| s.mean_peak_rss_bytes) / MIB,
+                per(|s| s.peak_rss_bytes) / MIB,
+                per(|s| s.minor_faults)
             );
         }
         if p.runs.iter().any(|r| r.stats.set_syncs > 0) {

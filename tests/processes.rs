@@ -737,3 +737,44 @@ fn a_large_job_on_one_host_survives_a_node_kill() {
     extra.extend_from_slice(&["--kill", "node:1@40%"]);
     run_to_the_same_value(app, "coordinated", &extra, &want, "24 ranks, node kill");
 }
+
+/// Every rank process reports its memory: a sender-based log holding the
+/// echoed buffers of a ping-pong (rank 1 sends back the very buffer it
+/// received, and keeps it until rank 0's next checkpoint) shows as that much
+/// more resident memory than the same run without logging.
+#[test]
+fn rank_processes_report_the_memory_a_log_holds() {
+    let dir = tmp("memory");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let peak = |protocol: &str| -> (u64, u64, u64) {
+        let sum = dir.join(format!("{protocol}.json"));
+        let sum_arg = sum.to_string_lossy().into_owned();
+        let child = start_job(
+            &["pingpong", "--size", "1048576"],
+            protocol,
+            &["--ranks", "2", "--json", &sum_arg],
+        );
+        let (out, err, ok) = finish(child);
+        assert!(ok, "{protocol}: {out}\n{err}");
+        let s = json(&sum);
+        let field = |k: &str| {
+            s[k].as_u64()
+                .unwrap_or_else(|| panic!("{protocol}: no {k} in the summary: {s}"))
+        };
+        (
+            field("peak_rss_bytes"),
+            field("mean_peak_rss_bytes"),
+            field("minor_faults"),
+        )
+    };
+    let (none_peak, none_mean, none_faults) = peak("none");
+    let (logged_peak, logged_mean, _) = peak("pessimistic");
+    assert!(none_mean <= none_peak && logged_mean <= logged_peak);
+    assert!(none_faults > 0, "a process touches fresh pages");
+    // The 1 MiB size alone keeps 64 MiB of echoes in rank 1's log.
+    assert!(
+        logged_peak >= none_peak + (32 << 20),
+        "pessimistic peak {logged_peak} B vs none {none_peak} B"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

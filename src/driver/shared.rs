@@ -273,6 +273,9 @@ pub(crate) struct StatsBook {
     /// the killed ones under message logging, their sets under
     /// `correlated`): it ends when they all resumed.
     rolling_back: std::collections::BTreeSet<Rank>,
+    /// `Stat::Memory` reports so far and their summed peak resident sets.
+    memory_reports: u64,
+    peak_rss_sum: u64,
 }
 
 impl StatsBook {
@@ -292,6 +295,8 @@ impl StatsBook {
             sets,
             placement: crate::topology::Placement::block(ranks, nodes).ok(),
             rolling_back: std::collections::BTreeSet::new(),
+            memory_reports: 0,
+            peak_rss_sum: 0,
         }
     }
 
@@ -390,6 +395,16 @@ impl StatsBook {
                 st.daly_every = Some(every);
                 st.daly_interval_s = Some(tau_s);
                 st.daly_cost_s = Some(cost_s);
+            }
+            Stat::Memory {
+                peak_rss_bytes,
+                minor_faults,
+            } => {
+                self.memory_reports += 1;
+                self.peak_rss_sum += peak_rss_bytes;
+                st.peak_rss_bytes = st.peak_rss_bytes.max(Some(peak_rss_bytes));
+                st.mean_peak_rss_bytes = Some(self.peak_rss_sum / self.memory_reports);
+                *st.minor_faults.get_or_insert(0) += minor_faults;
             }
         }
     }
@@ -595,4 +610,20 @@ impl<T> Finals<T> {
             None => Ok(results),
         }
     }
+}
+
+/// This process's memory use so far (`getrusage(RUSAGE_SELF)`), as a
+/// [`Stat::Memory`]; `None` if the call fails.
+#[allow(unsafe_code)]
+pub(crate) fn process_memory() -> Option<Stat> {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed struct we pass.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(libc::RUSAGE_SELF, &mut u) == 0).then_some(u)
+    }?;
+    Some(Stat::Memory {
+        // Linux reports kilobytes.
+        peak_rss_bytes: u64::try_from(usage.ru_maxrss).ok()? * 1024,
+        minor_faults: u64::try_from(usage.ru_minflt).ok()?,
+    })
 }

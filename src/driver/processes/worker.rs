@@ -1217,6 +1217,9 @@ pub(crate) fn run_worker<T: Serialize>(
         Ok(v)
     };
     let outcome = rank_body(Box::new(ep), cfg, placement, &report);
+    if let Some(memory) = crate::driver::shared::process_memory() {
+        let _ = send_ctl(&ctl, &WireMsg::Stat(memory), env.max_frame);
+    }
     let wire = match &outcome {
         Ok(v) => postcard::to_allocvec(v)
             .map_err(|e| RemoteError::Other(format!("cannot encode the rank's result: {e}"))),
