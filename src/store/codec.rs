@@ -542,7 +542,7 @@ fn finish(mut shard: Vec<u8>, len: usize, index: usize, label: &GroupLabel<'_>) 
 }
 
 /// Encoding throughput of [`bench_encode`], in GB/s (10⁹ bytes per second)
-/// of input pieces processed.
+/// of input pieces processed: medians of alternating rounds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct BenchFigures {
     /// A plain copy of the group's bytes: the memory-bandwidth reference.
@@ -555,12 +555,17 @@ pub struct BenchFigures {
 
 /// Each measurement runs at least this long, so that timer resolution and
 /// one-off costs do not dominate.
-const BENCH_MIN: Duration = Duration::from_millis(50);
+const BENCH_MIN: Duration = Duration::from_millis(20);
 
-/// Input GB/s of `op` over `bytes` bytes per call, after one warm-up call
-/// (page faults of fresh buffers and allocator growth are not steady state).
-fn rate(bytes: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
-    op()?;
+/// Rounds of the three measurements, alternated (memcpy, XOR, RS, memcpy,
+/// ...) so that a machine that speeds up or slows down during the bench
+/// (turbo budget, a noisy neighbour) affects all three alike; each figure is
+/// the median of its rounds.
+const BENCH_ROUNDS: usize = 7;
+
+/// Input GB/s of `op` over `bytes` bytes per call, over at least
+/// [`BENCH_MIN`].
+fn rate(bytes: usize, op: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     let start = Instant::now();
     let mut iters: u64 = 0;
     loop {
@@ -573,9 +578,16 @@ fn rate(bytes: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     }
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Measure encoding of a group of `group` pieces of `bytes` each, with XOR
 /// and with Reed–Solomon of `parity` shards, against a plain copy of the same
-/// bytes, for `lazarus bench`. Takes about 150 ms or more.
+/// bytes, for `lazarus bench`: [`BENCH_ROUNDS`] alternating rounds after one
+/// untimed call of each (page faults of fresh buffers and allocator growth
+/// are not steady state). Takes about half a second or more.
 ///
 /// Errors with [`Error::Config`] when `group` or `parity` cannot be coded (as
 /// [`encode`] would).
@@ -602,23 +614,34 @@ pub fn bench_encode(bytes: usize, group: usize, parity: usize) -> Result<BenchFi
     let total = bytes * group;
 
     let mut dst = vec![0u8; total];
-    let memcpy_gb_s = rate(total, || {
+    let mut memcpy = || {
         for (g, p) in refs.iter().enumerate() {
             dst[g * bytes..(g + 1) * bytes].copy_from_slice(p);
         }
         black_box(&mut dst);
         Ok(())
-    })?;
+    };
     // One coder for all calls, as a store keeps one: the steady state.
-    let mut coder = Coder::new();
-    let xor_gb_s = rate(total, || {
-        black_box(coder.encode(Code::Xor, black_box(&refs))?);
+    let coder = std::cell::RefCell::new(Coder::new());
+    let mut xor = || {
+        black_box(coder.borrow_mut().encode(Code::Xor, black_box(&refs))?);
         Ok(())
-    })?;
-    let rs_gb_s = rate(total, || {
-        black_box(coder.encode(rs, black_box(&refs))?);
+    };
+    let mut reed_solomon = || {
+        black_box(coder.borrow_mut().encode(rs, black_box(&refs))?);
         Ok(())
-    })?;
+    };
+    let mut ops: [&mut dyn FnMut() -> Result<()>; 3] = [&mut memcpy, &mut xor, &mut reed_solomon];
+    let mut figures: [Vec<f64>; 3] = Default::default();
+    for op in ops.iter_mut() {
+        op()?;
+    }
+    for _ in 0..BENCH_ROUNDS {
+        for (op, f) in ops.iter_mut().zip(figures.iter_mut()) {
+            f.push(rate(total, *op)?);
+        }
+    }
+    let [memcpy_gb_s, xor_gb_s, rs_gb_s] = figures.map(median);
     Ok(BenchFigures {
         memcpy_gb_s,
         xor_gb_s,
