@@ -51,7 +51,7 @@ const MODEL_EXAMPLES: &str = "Examples:
 
 const BENCH_EXAMPLES: &str = "Examples:
   lazarus bench cg --class W --ranks 4 --protocols none,coordinated --reps 5 --json bench.json
-  lazarus bench pingpong --ranks 2 --protocols none,coordinated --json pp.json";
+  lazarus bench pingpong --ranks 2 --protocols none,coordinated --json pp.json --plot pp.svg";
 
 /// Lazarus: parallel programs that survive failures.
 #[derive(Parser, Debug)]
@@ -84,6 +84,10 @@ enum Command {
     /// Encode throughput of XOR and Reed–Solomon parity next to a plain
     /// memcpy of the same bytes, in the same run.
     BenchCodec(BenchCodecArgs),
+    /// Draw a `lazarus bench --json` report as an SVG picture: wall-time
+    /// ratios per protocol, or ping-pong bandwidth against message size.
+    #[command(after_help = PLOT_EXAMPLES)]
+    Plot(PlotArgs),
     /// Start a program built on the library as N rank processes (as
     /// `mpirun` does), detect failures and start replacements.
     #[command(after_help = LAUNCH_EXAMPLES)]
@@ -247,6 +251,33 @@ fn cmd_bench_codec(args: &BenchCodecArgs) -> anyhow::Result<bool> {
     if let Some(path) = &args.json {
         write_json(path, &f)?;
     }
+    Ok(true)
+}
+
+const PLOT_EXAMPLES: &str = "Examples:
+  lazarus bench cg --class W --ranks 8 --nodes 4 --protocols none,pessimistic,ulml --failure 1@70% --json cg.json
+  lazarus plot cg.json                      # writes cg.svg
+  lazarus bench pingpong --ranks 2 --backend processes --protocols none,pessimistic --json pp.json
+  lazarus plot pp.json --out pingpong.svg";
+
+#[derive(Args, Debug)]
+struct PlotArgs {
+    /// A report written by `lazarus bench --json`.
+    report: PathBuf,
+    /// The SVG file to write (default: the report's name with `.svg`).
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+fn cmd_plot(args: &PlotArgs) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string(&args.report)
+        .with_context(|| format!("cannot read {}", args.report.display()))?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.report.with_extension("svg"));
+    lazarus::tools::plot::plot_bench(&text, &out).map_err(usage)?;
+    println!("plot written to {}", out.display());
     Ok(true)
 }
 
@@ -502,6 +533,10 @@ struct BenchArgs {
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also draw the report as an SVG picture here (as `lazarus plot`
+    /// draws a saved report).
+    #[arg(long, value_name = "SVG")]
+    plot: Option<PathBuf>,
 }
 
 /// A usage error: exit status 2.
@@ -953,6 +988,12 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     if let Some(path) = &args.json {
         write_json(path, &report)?;
     }
+    if let Some(path) = &args.plot {
+        // Drawn from the report's JSON, as `lazarus plot` draws a saved one.
+        let json = serde_json::to_string(&report).context("cannot encode the report")?;
+        lazarus::tools::plot::plot_bench(&json, path)?;
+        println!("plot written to {}", path.display());
+    }
     if !ok {
         println!("NOT VERIFIED: a run failed verification or protocols disagree on the value");
     }
@@ -1152,6 +1193,7 @@ fn main() -> ExitCode {
         Command::Model(a) => cmd_model(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::BenchCodec(a) => cmd_bench_codec(a),
+        Command::Plot(a) => cmd_plot(a),
         Command::Launch(a) => cmd_launch(a),
         Command::Agent => lazarus::driver::processes::agent::run_agent()
             .map(|()| true)

@@ -241,11 +241,32 @@ fn bench_reports_ratios_to_none() {
         "3",
         "--json",
         path.to_str().expect("utf-8 path"),
+        "--plot",
+        dir.join("drawn.svg").to_str().expect("utf-8 path"),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
             .expect("valid JSON");
+    // The picture drawn with the bench, and the one `plot` draws from the
+    // saved JSON, name every protocol.
+    let o = lazarus(&["plot", path.to_str().expect("utf-8 path")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for svg in ["drawn.svg", "bench.svg"].map(|f| dir.join(f)) {
+        let text = std::fs::read_to_string(&svg).expect("SVG written");
+        assert!(text.starts_with("<svg") && text.contains("coordinated"));
+    }
+    let o = lazarus(&[
+        "plot",
+        dir.join("missing.json").to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot read"), "{}", stderr(&o));
+    let not_a_report = dir.join("other.json");
+    std::fs::write(&not_a_report, "{}").expect("written");
+    let o = lazarus(&["plot", not_a_report.to_str().expect("utf-8 path")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no `protocols` list"), "{}", stderr(&o));
     let ps = v["protocols"].as_array().expect("protocols");
     assert_eq!(ps.len(), 2);
     assert_eq!(ps[0]["protocol"], "none");

@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod chaos;
 pub mod model;
+pub mod plot;
 pub mod scale;
 pub mod summary;

@@ -1,0 +1,423 @@
+//! `lazarus plot`: an SVG picture of a `lazarus bench` JSON report (DESIGN
+//! principle 7: benchmarks write JSON, plots are made from that JSON).
+//!
+//! - An application bench (cg, stencil, dht): one bar per protocol, its
+//!   median failure-free wall time over the baseline's (`none`), and with
+//!   `--failure` a second bar, its median wall time with the failure over
+//!   the same baseline; each bar is labelled with its ratio.
+//! - A ping-pong bench: bandwidth against message size, one line per
+//!   protocol (log–log axes), from the medians the report holds.
+//!
+//! The report is read as plain JSON, so a report written by an older
+//! `lazarus` still plots as long as it has these fields.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::{Error, Result};
+
+/// Series colours, in protocol order.
+const COLORS: [(u8, u8, u8); 8] = [
+    (0, 0, 0),
+    (200, 30, 30),
+    (30, 60, 200),
+    (0, 140, 60),
+    (170, 0, 170),
+    (220, 130, 0),
+    (0, 150, 170),
+    (110, 110, 110),
+];
+
+/// One protocol's figures as the plot needs them.
+#[derive(Debug, Clone, PartialEq)]
+struct Protocol {
+    name: String,
+    /// Failure-free median wall over the baseline's.
+    ratio: f64,
+    /// Median wall with the bench's failure over the baseline's
+    /// failure-free median (`None` without `--failure`).
+    failure_ratio: Option<f64>,
+    /// Ping-pong: `(bytes, MB/s)` medians per size.
+    bandwidth: Vec<(f64, f64)>,
+}
+
+/// What a bench report says, for plotting.
+#[derive(Debug, Clone, PartialEq)]
+struct Report {
+    title: String,
+    baseline: String,
+    pingpong: bool,
+    protocols: Vec<Protocol>,
+}
+
+fn bad(detail: impl Into<String>) -> Error {
+    Error::config("plot", detail)
+}
+
+impl Report {
+    /// Read the fields the plot uses from a `lazarus bench --json` report.
+    fn from_json(v: &Value) -> Result<Self> {
+        let list = v["protocols"]
+            .as_array()
+            .ok_or_else(|| bad("not a `lazarus bench --json` report: no `protocols` list"))?;
+        let app = v["app"].as_str().unwrap_or("?");
+        let baseline = v["baseline"].as_str().unwrap_or("none").to_string();
+        let base_wall = list
+            .iter()
+            .find(|p| p["protocol"].as_str() == Some(baseline.as_str()))
+            .and_then(|p| p["median_wall_s"].as_f64());
+        let mut protocols = Vec::with_capacity(list.len());
+        for p in list {
+            let name = p["protocol"]
+                .as_str()
+                .ok_or_else(|| bad("a protocol entry has no `protocol` name"))?
+                .to_string();
+            let ratio = p["ratio"]
+                .as_f64()
+                .ok_or_else(|| bad(format!("protocol `{name}` has no `ratio`")))?;
+            let failure_ratio = match (p["failure"]["median_wall_s"].as_f64(), base_wall) {
+                (Some(w), Some(b)) if b > 0.0 => Some(w / b),
+                _ => None,
+            };
+            let bandwidth = p["metrics"]
+                .as_array()
+                .map(|points| {
+                    points
+                        .iter()
+                        .filter_map(|pt| {
+                            Some((pt["bytes"].as_f64()?, pt["bandwidth_mb_s"].as_f64()?))
+                        })
+                        .filter(|(b, w)| *b > 0.0 && *w > 0.0 && w.is_finite())
+                        .collect()
+                })
+                .unwrap_or_default();
+            protocols.push(Protocol {
+                name,
+                ratio,
+                failure_ratio,
+                bandwidth,
+            });
+        }
+        if protocols.is_empty() {
+            return Err(bad("the report has no protocols"));
+        }
+        let class = v["class"]
+            .as_str()
+            .map(|c| format!(" class {c}"))
+            .unwrap_or_default();
+        let nodes = v["nodes"].as_u64().unwrap_or(1);
+        let title = format!(
+            "{app}{class} on {} ranks ({nodes} node{}), backend {}, {} reps",
+            v["ranks"],
+            if nodes == 1 { "" } else { "s" },
+            v["backend"].as_str().unwrap_or("?"),
+            v["reps"]
+        );
+        Ok(Report {
+            title,
+            baseline,
+            pingpong: app == "pingpong",
+            protocols,
+        })
+    }
+}
+
+/// Draw the bench report in `json` (the text of a `lazarus bench --json`
+/// file) as an SVG file at `out`.
+///
+/// Errors with [`Error::Config`] when the text is not such a report (naming
+/// what is missing), when a ping-pong report has no bandwidth figures, or when
+/// the file cannot be written.
+pub fn plot_bench(json: &str, out: &Path) -> Result<()> {
+    let v: Value =
+        serde_json::from_str(json).map_err(|e| bad(format!("the report is not JSON: {e}")))?;
+    let report = Report::from_json(&v)?;
+    if report.pingpong {
+        bandwidth_svg(&report, out)
+    } else {
+        ratio_svg(&report, out)
+    }
+}
+
+fn draw_error(out: &Path) -> impl Fn(&dyn std::fmt::Display) -> Error + '_ {
+    move |e| bad(format!("cannot draw SVG `{}`: {e}", out.display()))
+}
+
+/// Bars of wall-time ratios to the baseline, per protocol.
+fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let fail = draw_error(out);
+    let with_failure = r.protocols.iter().any(|p| p.failure_ratio.is_some());
+    let top = r
+        .protocols
+        .iter()
+        .flat_map(|p| std::iter::once(p.ratio).chain(p.failure_ratio))
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let n = r.protocols.len();
+    let width = 160 + 110 * u32::try_from(n).unwrap_or(u32::MAX / 220).min(64);
+    let root = SVGBackend::new(out, (width, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&r.title, ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..n as f64, 0.0..top)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc(format!("median wall time / {}", r.baseline))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    // The baseline level.
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, 1.0), (n as f64, 1.0)],
+            BLACK.mix(0.4).stroke_width(1),
+        ))
+        .map_err(|e| fail(&e))?;
+    let free_color = RGBColor(30, 60, 200);
+    let failure_color = RGBColor(200, 30, 30);
+    for (i, p) in r.protocols.iter().enumerate() {
+        let x = i as f64;
+        // Side by side with a failure bar, else one centred bar.
+        let bars = match p.failure_ratio {
+            Some(f) => vec![
+                (x + 0.12, x + 0.48, p.ratio, free_color),
+                (x + 0.52, x + 0.88, f, failure_color),
+            ],
+            None if with_failure => vec![(x + 0.12, x + 0.48, p.ratio, free_color)],
+            None => vec![(x + 0.2, x + 0.8, p.ratio, free_color)],
+        };
+        for (x0, x1, y, c) in bars {
+            if !y.is_finite() {
+                continue;
+            }
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, 0.0), (x1, y)],
+                    c.filled(),
+                )))
+                .map_err(|e| fail(&e))?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("{y:.3}"),
+                    (x0, y + top * 0.045),
+                    ("sans-serif", 13),
+                )))
+                .map_err(|e| fail(&e))?;
+        }
+        // The protocol's name under its bars, in the label area.
+        let (px, py) = chart.backend_coord(&(x + 0.2, 0.0));
+        root.draw(&Text::new(
+            p.name.clone(),
+            (px, py + 12),
+            ("sans-serif", 15),
+        ))
+        .map_err(|e| fail(&e))?;
+    }
+    // Legend: which bar is which.
+    let legend = [
+        (free_color, "failure-free"),
+        (failure_color, "with the failure"),
+    ];
+    for (k, (c, label)) in legend
+        .iter()
+        .take(if with_failure { 2 } else { 1 })
+        .enumerate()
+    {
+        let y = top * (0.97 - 0.06 * k as f64);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.05, y), (0.15, y - top * 0.03)],
+                c.filled(),
+            )))
+            .map_err(|e| fail(&e))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label.to_string(),
+                (0.2, y),
+                ("sans-serif", 13),
+            )))
+            .map_err(|e| fail(&e))?;
+    }
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// Bandwidth against message size, one line per protocol.
+fn bandwidth_svg(r: &Report, out: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let fail = draw_error(out);
+    let points = r.protocols.iter().flat_map(|p| p.bandwidth.iter().copied());
+    let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) = (
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    );
+    for (x, y) in points {
+        x_lo = x_lo.min(x);
+        x_hi = x_hi.max(x);
+        y_lo = y_lo.min(y);
+        y_hi = y_hi.max(y);
+    }
+    if !(x_lo.is_finite() && y_lo.is_finite()) {
+        return Err(bad("the ping-pong report has no bandwidth figures"));
+    }
+    // Sizes are powers of two: the x axis is log2 of the size, so that its
+    // ticks fall on them.
+    let (x_lo, x_hi) = (
+        x_lo.log2().floor(),
+        x_hi.log2().ceil().max(x_lo.log2().floor() + 1.0),
+    );
+    let root = SVGBackend::new(out, (800, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&r.title, ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_lo..x_hi, (y_lo / 2.0..y_hi * 2.0).log_scale())
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("message size")
+        .y_desc("bandwidth [MB/s]")
+        .x_labels(((x_hi - x_lo) as usize / 2).max(2))
+        .x_label_formatter(&|v| {
+            if (v - v.round()).abs() < 1e-6 {
+                human_bytes(v.round().exp2())
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    for (i, p) in r.protocols.iter().enumerate() {
+        if p.bandwidth.is_empty() {
+            continue;
+        }
+        let (cr, cg, cb) = COLORS[i % COLORS.len()];
+        let color = RGBColor(cr, cg, cb);
+        chart
+            .draw_series(LineSeries::new(
+                p.bandwidth.iter().map(|&(b, w)| (b.log2(), w)),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| fail(&e))?
+            .label(format!("{} ({:.3}x wall)", p.name, p.ratio))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                p.bandwidth
+                    .iter()
+                    .map(|&(b, w)| Circle::new((b.log2(), w), 3, color.filled())),
+            )
+            .map_err(|e| fail(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// `1024.0` as `1 KiB`, and so on.
+fn human_bytes(v: f64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = v;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.0} {}", UNITS[u])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(app: &str) -> Value {
+        serde_json::json!({
+            "app": app, "class": "W", "ranks": 8, "nodes": 4, "backend": "processes",
+            "reps": 5, "baseline": "none",
+            "protocols": [
+                {"protocol": "none", "median_wall_s": 0.5, "ratio": 1.0,
+                 "metrics": [{"bytes": 8, "latency_us": 0.4, "bandwidth_mb_s": 20.0},
+                             {"bytes": 1048576, "latency_us": 80.0, "bandwidth_mb_s": 13000.0}],
+                 "failure": null},
+                {"protocol": "ulml", "median_wall_s": 0.6, "ratio": 1.2,
+                 "metrics": [{"bytes": 8, "latency_us": 0.5, "bandwidth_mb_s": 16.0},
+                             {"bytes": 1048576, "latency_us": 120.0, "bandwidth_mb_s": 8700.0}],
+                 "failure": {"median_wall_s": 0.66}}
+            ]
+        })
+    }
+
+    #[test]
+    fn a_report_gives_each_protocol_its_ratios() {
+        let r = Report::from_json(&report("cg")).expect("a bench report");
+        assert!(!r.pingpong);
+        assert_eq!(r.protocols.len(), 2);
+        assert_eq!(r.protocols[0].failure_ratio, None);
+        let f = r.protocols[1].failure_ratio.expect("failure ratio");
+        assert!((f - 0.66 / 0.5).abs() < 1e-12, "{f}");
+        assert_eq!(
+            r.protocols[1].bandwidth,
+            vec![(8.0, 16.0), (1048576.0, 8700.0)]
+        );
+    }
+
+    #[test]
+    fn both_kinds_of_report_draw_an_svg_naming_every_protocol() {
+        let dir = std::env::temp_dir().join(format!("lazarus-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for app in ["cg", "pingpong"] {
+            let out = dir.join(format!("{app}.svg"));
+            plot_bench(&report(app).to_string(), &out).expect("drawn");
+            let svg = std::fs::read_to_string(&out).expect("written");
+            assert!(
+                svg.starts_with("<svg"),
+                "{app}: {}",
+                &svg[..svg.len().min(80)]
+            );
+            for name in ["none", "ulml"] {
+                assert!(svg.contains(name), "{app}: {name} missing");
+            }
+            if app == "cg" {
+                assert!(svg.contains("1.320"), "the failure bar's label");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn what_is_not_a_bench_report_is_a_clear_error() {
+        let out = std::env::temp_dir().join("lazarus-plot-never-written.svg");
+        for (text, says) in [
+            ("{", "not JSON"),
+            ("{\"app\": \"cg\"}", "no `protocols` list"),
+            ("{\"protocols\": []}", "no protocols"),
+            ("{\"protocols\": [{\"protocol\": \"none\"}]}", "no `ratio`"),
+        ] {
+            let e = plot_bench(text, &out).expect_err(text);
+            assert!(e.to_string().contains(says), "{text}: {e}");
+        }
+        let empty = serde_json::json!({"app": "pingpong", "protocols": [{"protocol": "none", "ratio": 1.0}]});
+        let e = plot_bench(&empty.to_string(), &out).expect_err("no figures");
+        assert!(e.to_string().contains("no bandwidth figures"), "{e}");
+        assert!(!out.exists());
+    }
+}
