@@ -546,15 +546,7 @@ pub fn plot_svg(rows: &[Fig10Row], path: &Path) -> Result<()> {
         .draw()
         .map_err(|e| fail(&e))?;
 
-    let colors = [
-        BLACK,
-        RGBColor(200, 30, 30),
-        RGBColor(30, 60, 200),
-        RGBColor(0, 140, 60),
-        RGBColor(170, 0, 170),
-    ];
     for (i, p) in Placement::ALL.into_iter().enumerate() {
-        let color = colors[i];
         let pts: Vec<(f64, f64)> = rows
             .iter()
             .filter(|r| r.feasible[i] && r.p_cf[i] > 0.0)
@@ -563,24 +555,9 @@ pub fn plot_svg(rows: &[Fig10Row], path: &Path) -> Result<()> {
         if pts.is_empty() {
             continue;
         }
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| fail(&e))?
-            .label(p.name())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(pts.into_iter().map(|xy| Circle::new(xy, 3, color.filled())))
-            .map_err(|e| fail(&e))?;
+        super::plot::line_with_points(&mut chart, pts, i, p.name().to_string(), &fail)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| fail(&e))?;
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+    super::plot::finish(&mut chart, SeriesLabelPosition::LowerLeft, &fail)
 }
 
 #[cfg(test)]

@@ -29,6 +29,66 @@ const COLORS: [(u8, u8, u8); 8] = [
     (110, 110, 110),
 ];
 
+/// The SVG chart of a line plot with a linear x axis and a logarithmic y
+/// axis (ping-pong bandwidth here, `P_cf` in [`super::model`]).
+pub(crate) type LogChart<'a, 'b> = plotters::chart::ChartContext<
+    'a,
+    plotters::backend::SVGBackend<'b>,
+    plotters::coord::cartesian::Cartesian2d<
+        plotters::coord::types::RangedCoordf64,
+        plotters::coord::combinators::LogCoord<f64>,
+    >,
+>;
+
+/// Series colour `i` (cycling through [`COLORS`]).
+pub(crate) fn color(i: usize) -> plotters::style::RGBColor {
+    let (r, g, b) = COLORS[i % COLORS.len()];
+    plotters::style::RGBColor(r, g, b)
+}
+
+/// Draw `points` as series `i` of `chart`: a line with a dot at each point,
+/// named `label` in the legend.
+pub(crate) fn line_with_points(
+    chart: &mut LogChart<'_, '_>,
+    points: Vec<(f64, f64)>,
+    i: usize,
+    label: String,
+    fail: &dyn Fn(&dyn std::fmt::Display) -> Error,
+) -> Result<()> {
+    use plotters::prelude::*;
+    let color = color(i);
+    chart
+        .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+        .map_err(|e| fail(&e))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    chart
+        .draw_series(
+            points
+                .into_iter()
+                .map(|xy| Circle::new(xy, 3, color.filled())),
+        )
+        .map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// Draw the legend of `chart`'s series at `position` and finish the picture.
+pub(crate) fn finish<'b>(
+    chart: &mut LogChart<'b, 'b>,
+    position: plotters::chart::SeriesLabelPosition,
+    fail: &dyn Fn(&dyn std::fmt::Display) -> Error,
+) -> Result<()> {
+    use plotters::prelude::*;
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    chart.plotting_area().present().map_err(|e| fail(&e))
+}
+
 /// One protocol's figures as the plot needs them.
 #[derive(Debug, Clone, PartialEq)]
 struct Protocol {
@@ -304,33 +364,11 @@ fn bandwidth_svg(r: &Report, out: &Path) -> Result<()> {
         if p.bandwidth.is_empty() {
             continue;
         }
-        let (cr, cg, cb) = COLORS[i % COLORS.len()];
-        let color = RGBColor(cr, cg, cb);
-        chart
-            .draw_series(LineSeries::new(
-                p.bandwidth.iter().map(|&(b, w)| (b.log2(), w)),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| fail(&e))?
-            .label(format!("{} ({:.3}x wall)", p.name, p.ratio))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(
-                p.bandwidth
-                    .iter()
-                    .map(|&(b, w)| Circle::new((b.log2(), w), 3, color.filled())),
-            )
-            .map_err(|e| fail(&e))?;
+        let points = p.bandwidth.iter().map(|&(b, w)| (b.log2(), w)).collect();
+        let label = format!("{} ({:.3}x wall)", p.name, p.ratio);
+        line_with_points(&mut chart, points, i, label, &fail)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| fail(&e))?;
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+    finish(&mut chart, SeriesLabelPosition::UpperLeft, &fail)
 }
 
 /// `1024.0` as `1 KiB`, and so on.
