@@ -886,13 +886,21 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     })
     .map_err(usage)?;
     println!(
-        "bench {app} class {} on {} ranks ({} nodes), backend {}, {} reps, checkpoint every {} safe points",
-        report.class.as_deref().unwrap_or("-"),
+        "bench {app}{} on {} ranks ({} node{}), backend {}, {} reps, {}",
+        report
+            .class
+            .as_deref()
+            .map(|c| format!(" class {c}"))
+            .unwrap_or_default(),
         report.ranks,
         report.nodes,
+        if report.nodes == 1 { "" } else { "s" },
         report.backend,
         report.reps,
-        cfg.checkpoint_every
+        match cfg.checkpoint_every {
+            0 => "no periodic checkpoint".to_string(),
+            n => format!("checkpoint every {n} safe points"),
+        }
     );
     println!(
         "{:<14} {:>12} {:>10}  verified  value",
