@@ -1074,6 +1074,14 @@ impl Protocol for Pessimistic {
                 self.pending.clear();
                 self.suppress.clear();
                 self.hsr_pending.clear();
+                // Set peers roll back with this rank and re-execute too:
+                // their replays may name messages of ours that our
+                // re-execution must regenerate exactly before it applies a
+                // request no determinant places. Each tells at its restore
+                // (`Hsr`), which the set's decision puts after this point.
+                let me = cx.rank;
+                self.hsr_pending
+                    .extend(self.internal.iter().copied().filter(|&d| d != me));
                 self.requested.clear();
                 self.replay.clear();
                 cx.emit(Action::InRecovery(Some(epoch)));
@@ -1101,6 +1109,19 @@ impl Protocol for Pessimistic {
                     self.log_bytes = 0;
                     self.log_records = 0;
                 }
+                // What our replay names of each set peer's messages: it
+                // regenerates up to there before applying unplaced requests
+                // (as `serve` tells a destination outside the set).
+                let me = cx.rank;
+                for d in self.internal.iter().copied().filter(|&d| d != me) {
+                    let replayed = (self.replay.iter())
+                        .filter(|r| r.src == d)
+                        .map(|r| r.ssn)
+                        .max()
+                        .unwrap_or(0);
+                    let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
+                    Self::send(cx, d, LogMsg::Hsr { hsr, replayed });
+                }
                 if self.set_coordinated {
                     // A holder in this rank's own set is never
                     // re-provisioned by a resend request (set peers make
@@ -1122,7 +1143,6 @@ impl Protocol for Pessimistic {
                 cx.emit(Action::Replay {
                     determinants: std::mem::take(&mut self.replay),
                 });
-                let me = cx.rank;
                 for d in (0..cx.size).filter(|&d| d != me && !self.internal.contains(&d)) {
                     let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
                     Self::send(cx, d, LogMsg::Recovering { hsr });
@@ -1205,6 +1225,51 @@ mod tests {
         );
         assert!(p.regenerating(&BTreeMap::from([(2, 10), (3, 13)])));
         assert!(!p.regenerating(&BTreeMap::from([(2, 10), (3, 14)])));
+    }
+
+    /// Set peers roll back together and both re-execute: a peer whose
+    /// replay names our SSN 44 as a request (a request in the first
+    /// execution) must not see SSN 44 become our reply to a request no
+    /// determinant places (DHT under `correlated`, 8 ranks, kills 5@5% and
+    /// 1@5%: rank 0 replayed request 44 of rank 1 forever).
+    #[test]
+    fn set_peers_tell_each_other_what_their_replays_name() {
+        let h = Harness::new(1, 4, 2);
+        let mut p = Pessimistic::new(2, None);
+        p.set_correlated_set([0, 1]);
+        h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: false,
+            },
+        );
+        assert!(
+            p.regenerating(&BTreeMap::new()),
+            "until the set peer told what its replay names"
+        );
+        h.control(
+            &mut p,
+            0,
+            LogMsg::Hsr {
+                hsr: 3,
+                replayed: 44,
+            },
+        );
+        assert!(p.regenerating(&BTreeMap::from([(0, 43)])));
+        assert!(!p.regenerating(&BTreeMap::from([(0, 44)])));
+        // And this rank tells its set peer at its own restore.
+        let a = h.run(&mut p, Event::Restored { generation: None });
+        assert!(
+            a.iter().any(|x| matches!(
+                x,
+                Action::Transmit {
+                    dest: 0,
+                    msg: Control::Log(LogMsg::Hsr { replayed: 0, .. })
+                }
+            )),
+            "{a:?}"
+        );
     }
 
     #[test]
