@@ -54,7 +54,11 @@
 //! resend logged ingoing messages above the HSR it restored, and suppress
 //! duplicates it re-sends, exactly as for a replacement under
 //! `pessimistic`. Internal messages need no resend: both ends restart from
-//! the same coordinated checkpoint.
+//! the same coordinated checkpoint. Both ends replay, though: at its
+//! restore each member tells every set peer the highest SSN of that peer's
+//! messages its replay names, and a member applies no one-sided request its
+//! own replay does not place before it has regenerated up to there, so
+//! that a message a peer replays as a request is not re-sent as a reply.
 
 use std::collections::{BTreeMap, BTreeSet};
 
