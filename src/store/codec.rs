@@ -585,7 +585,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Measure encoding of a group of `group` pieces of `bytes` each, with XOR
 /// and with Reed–Solomon of `parity` shards, against a plain copy of the same
-/// bytes, for `lazarus bench`: [`BENCH_ROUNDS`] alternating rounds after one
+/// bytes, for `lazarus bench`: seven alternating rounds after one
 /// untimed call of each (page faults of fresh buffers and allocator growth
 /// are not steady state). Takes about half a second or more.
 ///

@@ -8,7 +8,7 @@
 //!   dead rank's number, and fires the fault plan's kills with `SIGKILL`.
 //! - [`agent`]: with ranks on several hosts (`--hosts slurm`), one agent per
 //!   host, started by `srun`, starts, kills and reaps that host's ranks.
-//! - [`worker`]: a rank process's endpoint, its connections and the threads
+//! - `worker`: a rank process's endpoint, its connections and the threads
 //!   serving them (frame delivery, RMA progress, heartbeats).
 //! - [`wire`]: the length-prefixed, versioned frame format.
 //! - [`auth`]: mutual HMAC challenge–response with the per-job secret.

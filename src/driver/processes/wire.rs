@@ -368,7 +368,7 @@ impl RemoteError {
 const INLINE_PAYLOAD: usize = 16 * 1024;
 
 /// Encode `msg` and write it to `w`. An application payload is written from
-/// its shared buffer without a copy (above [`INLINE_PAYLOAD`]).
+/// its shared buffer without a copy (above `INLINE_PAYLOAD`).
 pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), WireError> {
     let mut head = Vec::new();
     let payload = encode_into(msg, max, &mut head)?;
@@ -383,7 +383,7 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
 /// Encode `msg` as the bytes of one frame into `buf` (cleared first; a
 /// sender reuses one buffer instead of allocating per frame): the head
 /// (length prefix, format byte, header, and a payload up to
-/// [`INLINE_PAYLOAD`]). Returns the rest of the payload, still the sender's
+/// `INLINE_PAYLOAD`). Returns the rest of the payload, still the sender's
 /// shared buffer.
 pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes, WireError> {
     buf.clear();
