@@ -927,46 +927,30 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             );
             ok &= f.verified_all;
         }
+        // The median over the protocol's runs of one of their statistics.
+        let per = |f: fn(&lazarus::JobStats) -> f64| {
+            median(&p.runs.iter().map(|r| f(&r.stats)).collect::<Vec<_>>())
+        };
         if p.runs.iter().any(|r| r.stats.log_records > 0) {
-            let per = |f: fn(&lazarus::JobStats) -> u64| {
-                median(
-                    &p.runs
-                        .iter()
-                        .map(|r| f(&r.stats) as f64)
-                        .collect::<Vec<_>>(),
-                )
-            };
             println!(
                 "    log: {:.0} records ({:.0} bytes), peak {:.0} records ({:.0} bytes) on one rank, \
                  {:.0} determinants",
-                per(|s| s.log_records),
-                per(|s| s.log_bytes),
-                per(|s| s.peak_log_records),
-                per(|s| s.peak_log_bytes),
-                per(|s| s.determinants)
+                per(|s| s.log_records as f64),
+                per(|s| s.log_bytes as f64),
+                per(|s| s.peak_log_records as f64),
+                per(|s| s.peak_log_bytes as f64),
+                per(|s| s.determinants as f64)
             );
         }
         if p.runs.iter().all(|r| r.stats.mean_peak_rss_bytes.is_some()) {
-            let per = |f: fn(&lazarus::JobStats) -> Option<u64>| {
-                median(
-                    &p.runs
-                        .iter()
-                        .filter_map(|r| f(&r.stats))
-                        .map(|v| v as f64)
-                        .collect::<Vec<_>>(),
-                )
-            };
             println!(
                 "    memory: peak resident set {:.1} MiB per rank process (mean), {:.1} MiB (largest); {:.0} minor page faults",
-                per(|s| s.mean_peak_rss_bytes) / MIB,
-                per(|s| s.peak_rss_bytes) / MIB,
-                per(|s| s.minor_faults)
+                per(|s| s.mean_peak_rss_bytes.unwrap_or(0) as f64) / MIB,
+                per(|s| s.peak_rss_bytes.unwrap_or(0) as f64) / MIB,
+                per(|s| s.minor_faults.unwrap_or(0) as f64)
             );
         }
         if p.runs.iter().any(|r| r.stats.set_syncs > 0) {
-            let per = |f: fn(&lazarus::JobStats) -> f64| {
-                median(&p.runs.iter().map(|r| f(&r.stats)).collect::<Vec<_>>())
-            };
             println!(
                 "    correlated sets of up to {:.0}: {:.0} bytes spared from the log, set sync mean {:.1} us, longest {:.1} us",
                 per(|s| s.set_size as f64),

@@ -582,6 +582,24 @@ impl Pessimistic {
         self.stored = Some(generation);
     }
 
+    /// The other members of this rank's correlated set (none outside
+    /// `correlated`).
+    fn set_peers(&self, me: Rank) -> impl Iterator<Item = Rank> + use<'_> {
+        self.internal.iter().copied().filter(move |&d| d != me)
+    }
+
+    /// Tell `r` our HSR for it and the highest SSN of its messages our
+    /// replay names: its re-execution regenerates up to there (`regen`).
+    fn send_hsr(&self, r: Rank, cx: &mut ProtocolCx<'_>) {
+        let hsr = cx.hsr.get(&r).copied().unwrap_or(0);
+        let replayed = (self.replay.iter())
+            .filter(|d| d.src == r)
+            .map(|d| d.ssn)
+            .max()
+            .unwrap_or(0);
+        Self::send(cx, r, LogMsg::Hsr { hsr, replayed });
+    }
+
     fn trim(&mut self, dest: Rank, upto: u64) {
         raise(&mut self.trimmed, dest, upto);
         if let Some(c) = self.log.get_mut(&dest) {
@@ -623,22 +641,7 @@ impl Pessimistic {
         self.awaiting.remove(&r);
         self.suppress.insert(r, hsr);
         raise(&mut self.regen, r, hsr);
-        let mine = cx.hsr.get(&r).copied().unwrap_or(0);
-        let replayed = self
-            .replay
-            .iter()
-            .filter(|d| d.src == r)
-            .map(|d| d.ssn)
-            .max()
-            .unwrap_or(0);
-        Self::send(
-            cx,
-            r,
-            LogMsg::Hsr {
-                hsr: mine,
-                replayed,
-            },
-        );
+        self.send_hsr(r, cx);
         if Self::holders(cx).contains(&r) {
             // A holder was replaced: give it our determinants and piece
             // again (sends wait meanwhile only if no holder has them).
@@ -1073,15 +1076,12 @@ impl Protocol for Pessimistic {
                 self.stability = Stability::default();
                 self.pending.clear();
                 self.suppress.clear();
-                self.hsr_pending.clear();
                 // Set peers roll back with this rank and re-execute too:
                 // their replays may name messages of ours that our
                 // re-execution must regenerate exactly before it applies a
                 // request no determinant places. Each tells at its restore
                 // (`Hsr`), which the set's decision puts after this point.
-                let me = cx.rank;
-                self.hsr_pending
-                    .extend(self.internal.iter().copied().filter(|&d| d != me));
+                self.hsr_pending = self.set_peers(cx.rank).collect();
                 self.requested.clear();
                 self.replay.clear();
                 cx.emit(Action::InRecovery(Some(epoch)));
@@ -1113,14 +1113,8 @@ impl Protocol for Pessimistic {
                 // regenerates up to there before applying unplaced requests
                 // (as `serve` tells a destination outside the set).
                 let me = cx.rank;
-                for d in self.internal.iter().copied().filter(|&d| d != me) {
-                    let replayed = (self.replay.iter())
-                        .filter(|r| r.src == d)
-                        .map(|r| r.ssn)
-                        .max()
-                        .unwrap_or(0);
-                    let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
-                    Self::send(cx, d, LogMsg::Hsr { hsr, replayed });
+                for d in self.set_peers(me) {
+                    self.send_hsr(d, cx);
                 }
                 if self.set_coordinated {
                     // A holder in this rank's own set is never

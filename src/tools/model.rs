@@ -501,9 +501,7 @@ pub fn plot_svg(rows: &[Fig10Row], path: &Path) -> Result<()> {
     if rows.is_empty() {
         return Err(Error::config("plot", "no rows to plot"));
     }
-    let fail = |e: &dyn std::fmt::Display| {
-        Error::config("plot", format!("cannot draw SVG `{}`: {e}", path.display()))
-    };
+    let fail = super::plot::draw_error(path);
     let xs = rows.iter().map(|r| r.fraction * 100.0);
     let x_min = xs.clone().fold(f64::INFINITY, f64::min);
     let x_max = xs.fold(f64::NEG_INFINITY, f64::max);

@@ -213,7 +213,8 @@ pub fn plot_bench(json: &str, out: &Path) -> Result<()> {
     }
 }
 
-fn draw_error(out: &Path) -> impl Fn(&dyn std::fmt::Display) -> Error + '_ {
+/// The error of a failed drawing into `out`.
+pub(crate) fn draw_error(out: &Path) -> impl Fn(&dyn std::fmt::Display) -> Error + '_ {
     move |e| bad(format!("cannot draw SVG `{}`: {e}", out.display()))
 }
 
@@ -259,39 +260,18 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
     for (i, p) in r.protocols.iter().enumerate() {
         let x = i as f64;
         // Side by side with a failure bar, else one centred bar.
-        let bars = match p.failure_ratio {
-            Some(f) => vec![
-                (
-                    x + 0.12,
-                    x + 0.48,
-                    p.ratio,
-                    free_color,
-                    format!("{:.3}", p.ratio),
-                ),
-                // Also over the protocol's own failure-free time (002 Table 2).
-                (
-                    x + 0.52,
-                    x + 0.88,
-                    f,
-                    failure_color,
-                    format!("{f:.3} ({:.2}x)", f / p.ratio),
-                ),
-            ],
-            None if with_failure => vec![(
-                x + 0.12,
-                x + 0.48,
-                p.ratio,
-                free_color,
-                format!("{:.3}", p.ratio),
-            )],
-            None => vec![(
-                x + 0.2,
-                x + 0.8,
-                p.ratio,
-                free_color,
-                format!("{:.3}", p.ratio),
-            )],
+        let (x0, x1) = if with_failure {
+            (x + 0.12, x + 0.48)
+        } else {
+            (x + 0.2, x + 0.8)
         };
+        let free = (x0, x1, p.ratio, free_color, format!("{:.3}", p.ratio));
+        // Also over the protocol's own failure-free time (002 Table 2).
+        let failure = p.failure_ratio.map(|f| {
+            let label = format!("{f:.3} ({:.2}x)", f / p.ratio);
+            (x + 0.52, x + 0.88, f, failure_color, label)
+        });
+        let bars = std::iter::once(free).chain(failure);
         for (x0, x1, y, c, label) in bars {
             if !y.is_finite() {
                 continue;
