@@ -120,6 +120,14 @@ pub struct JobStats {
     /// memory: what retaining logged buffers costs in the kernel).
     #[serde(default)]
     pub minor_faults: Option<u64>,
+    /// CPU time of all rank processes in user mode, seconds (backends with
+    /// a process per rank).
+    #[serde(default)]
+    pub user_cpu_s: Option<f64>,
+    /// CPU time the kernel spent for all rank processes, seconds: page
+    /// faults of fresh memory, system calls, scheduling.
+    #[serde(default)]
+    pub system_cpu_s: Option<f64>,
 }
 
 impl JobStats {
@@ -160,6 +168,12 @@ impl JobStats {
         self.mean_peak_rss_bytes = self.mean_peak_rss_bytes.or(e.mean_peak_rss_bytes);
         if let Some(f) = e.minor_faults {
             *self.minor_faults.get_or_insert(0) += f;
+        }
+        if let Some(t) = e.user_cpu_s {
+            *self.user_cpu_s.get_or_insert(0.0) += t;
+        }
+        if let Some(t) = e.system_cpu_s {
+            *self.system_cpu_s.get_or_insert(0.0) += t;
         }
         let mut detections = e.failure_detections;
         detections.append(&mut self.failure_detections);

@@ -783,6 +783,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             faults
         );
     }
+    if let (Some(user), Some(system)) = (st.user_cpu_s, st.system_cpu_s) {
+        println!("cpu: {user:.3} s user, {system:.3} s system (all rank processes)");
+    }
     if st.set_syncs > 0 || st.spared_log_bytes > 0 {
         println!(
             "correlated sets (up to {} ranks): {} bytes sent inside sets without a log copy; {} set synchronisations, mean {:.1} us, longest {:.1} us",
@@ -948,6 +951,13 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 per(|s| s.mean_peak_rss_bytes.unwrap_or(0) as f64) / MIB,
                 per(|s| s.peak_rss_bytes.unwrap_or(0) as f64) / MIB,
                 per(|s| s.minor_faults.unwrap_or(0) as f64)
+            );
+        }
+        if p.runs.iter().all(|r| r.stats.system_cpu_s.is_some()) {
+            println!(
+                "    cpu: {:.3} s user, {:.3} s system (all rank processes)",
+                per(|s| s.user_cpu_s.unwrap_or(0.0)),
+                per(|s| s.system_cpu_s.unwrap_or(0.0))
             );
         }
         if p.runs.iter().any(|r| r.stats.set_syncs > 0) {

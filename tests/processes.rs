@@ -738,10 +738,10 @@ fn a_large_job_on_one_host_survives_a_node_kill() {
     run_to_the_same_value(app, "coordinated", &extra, &want, "24 ranks, node kill");
 }
 
-/// Every rank process reports its memory: a sender-based log holding the
-/// echoed buffers of a ping-pong (rank 1 sends back the very buffer it
-/// received, and keeps it until rank 0's next checkpoint) shows as that much
-/// more resident memory than the same run without logging.
+/// Every rank process reports its memory and CPU time: a sender-based log
+/// holding the echoed buffers of a ping-pong (rank 1 sends back the very
+/// buffer it received, and keeps it until rank 0's next checkpoint) shows as
+/// that much more resident memory than the same run without logging.
 #[test]
 fn rank_processes_report_the_memory_a_log_holds() {
     let dir = tmp("memory");
@@ -761,6 +761,16 @@ fn rank_processes_report_the_memory_a_log_holds() {
             s[k].as_u64()
                 .unwrap_or_else(|| panic!("{protocol}: no {k} in the summary: {s}"))
         };
+        let cpu = |k: &str| {
+            s[k].as_f64()
+                .unwrap_or_else(|| panic!("{protocol}: no {k} in the summary: {s}"))
+        };
+        // Two processes that ping-pong for a while spend CPU time in both
+        // modes (spinning in user mode, faulting pages in the kernel).
+        assert!(
+            cpu("user_cpu_s") > 0.0 && cpu("system_cpu_s") > 0.0,
+            "{protocol}: CPU times {s}"
+        );
         (
             field("peak_rss_bytes"),
             field("mean_peak_rss_bytes"),

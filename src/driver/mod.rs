@@ -163,16 +163,22 @@ pub enum Stat {
         /// The measured checkpoint cost it was computed from, seconds.
         cost_s: f64,
     },
-    /// Memory use of the process that ran this rank incarnation, measured
+    /// Resource use of the process that ran this rank incarnation, measured
     /// when its rank function returned (`getrusage`): what message logs,
-    /// checkpoint pieces and receive buffers cost in fresh memory. Sent by
-    /// backends that run each rank in its own process.
-    Memory {
+    /// checkpoint pieces and receive buffers cost in fresh memory, and the
+    /// CPU time spent in the process and in the kernel on its behalf
+    /// (page faults show in the latter). Sent by backends that run each
+    /// rank in its own process.
+    Usage {
         /// Peak resident set, bytes.
         peak_rss_bytes: u64,
         /// Page faults served without I/O: mostly first touches of memory
         /// the process had not used before (each one zeroes a page).
         minor_faults: u64,
+        /// CPU time in user mode, seconds.
+        user_cpu_s: f64,
+        /// CPU time in the kernel, seconds.
+        system_cpu_s: f64,
     },
 }
 

@@ -273,7 +273,7 @@ pub(crate) struct StatsBook {
     /// the killed ones under message logging, their sets under
     /// `correlated`): it ends when they all resumed.
     rolling_back: std::collections::BTreeSet<Rank>,
-    /// `Stat::Memory` reports so far and their summed peak resident sets.
+    /// `Stat::Usage` reports so far and their summed peak resident sets.
     memory_reports: u64,
     peak_rss_sum: u64,
 }
@@ -396,15 +396,19 @@ impl StatsBook {
                 st.daly_interval_s = Some(tau_s);
                 st.daly_cost_s = Some(cost_s);
             }
-            Stat::Memory {
+            Stat::Usage {
                 peak_rss_bytes,
                 minor_faults,
+                user_cpu_s,
+                system_cpu_s,
             } => {
                 self.memory_reports += 1;
                 self.peak_rss_sum += peak_rss_bytes;
                 st.peak_rss_bytes = st.peak_rss_bytes.max(Some(peak_rss_bytes));
                 st.mean_peak_rss_bytes = Some(self.peak_rss_sum / self.memory_reports);
                 *st.minor_faults.get_or_insert(0) += minor_faults;
+                *st.user_cpu_s.get_or_insert(0.0) += user_cpu_s;
+                *st.system_cpu_s.get_or_insert(0.0) += system_cpu_s;
             }
         }
     }
@@ -612,18 +616,21 @@ impl<T> Finals<T> {
     }
 }
 
-/// This process's memory use so far (`getrusage(RUSAGE_SELF)`), as a
-/// [`Stat::Memory`]; `None` if the call fails.
+/// This process's resource use so far (`getrusage(RUSAGE_SELF)`), as a
+/// [`Stat::Usage`]; `None` if the call fails.
 #[allow(unsafe_code)]
-pub(crate) fn process_memory() -> Option<Stat> {
+pub(crate) fn process_usage() -> Option<Stat> {
     // SAFETY: `getrusage` writes one `rusage` into the zeroed struct we pass.
     let usage = unsafe {
         let mut u: libc::rusage = std::mem::zeroed();
         (libc::getrusage(libc::RUSAGE_SELF, &mut u) == 0).then_some(u)
     }?;
-    Some(Stat::Memory {
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Some(Stat::Usage {
         // Linux reports kilobytes.
         peak_rss_bytes: u64::try_from(usage.ru_maxrss).ok()? * 1024,
         minor_faults: u64::try_from(usage.ru_minflt).ok()?,
+        user_cpu_s: seconds(usage.ru_utime),
+        system_cpu_s: seconds(usage.ru_stime),
     })
 }

@@ -1217,8 +1217,8 @@ pub(crate) fn run_worker<T: Serialize>(
         Ok(v)
     };
     let outcome = rank_body(Box::new(ep), cfg, placement, &report);
-    if let Some(memory) = crate::driver::shared::process_memory() {
-        let _ = send_ctl(&ctl, &WireMsg::Stat(memory), env.max_frame);
+    if let Some(usage) = crate::driver::shared::process_usage() {
+        let _ = send_ctl(&ctl, &WireMsg::Stat(usage), env.max_frame);
     }
     let wire = match &outcome {
         Ok(v) => postcard::to_allocvec(v)
