@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{Receiver, Sender, select, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 use serde::Serialize;
 
 use super::LaunchEnv;
@@ -85,11 +85,18 @@ enum Reply {
         id: u64,
         reply: Result<RmaReply>,
     },
-    /// The connection to `rank` (incarnation) closed.
+    /// Outgoing connection `conn` closed: its reader has stopped, so no
+    /// reply to a request written into it will come.
     Closed {
-        rank: Rank,
-        incarnation: u64,
+        conn: u64,
     },
+}
+
+/// This rank's connection to a peer, with the number that its reader's
+/// [`Reply::Closed`] names.
+struct Outgoing {
+    conn: u64,
+    stream: Stream,
 }
 
 enum PeerState {
@@ -98,7 +105,7 @@ enum PeerState {
     Up {
         addr: Addr,
         incarnation: u64,
-        out: Option<Stream>,
+        out: Option<Outgoing>,
         ring: Option<RingWriter>,
     },
     /// Dead and being replaced: frames wait here until the replacement is
@@ -118,6 +125,11 @@ impl PeerState {
         }
     }
 }
+
+/// How often a rank waiting for an RMA reply looks whether its target was
+/// declared dead (its connection's end is the quick way to learn that; this
+/// is the sure one).
+const RMA_RECHECK: Duration = Duration::from_millis(50);
 
 /// How long a live peer may stay unreachable before a send fails (a dead
 /// one is declared by the launcher well within its heartbeat timeout).
@@ -196,6 +208,8 @@ struct ProcessEndpoint {
     /// at every runtime call: without a kill to come, skipped at once).
     armed: bool,
     next_id: u64,
+    /// Number of the newest outgoing connection.
+    next_conn: u64,
     last_progress: f64,
 }
 
@@ -258,8 +272,8 @@ impl ProcessEndpoint {
                         // Already replaced: the notice is old news.
                         PeerState::Up { incarnation, .. } if *incarnation > inc => continue,
                         PeerState::Up { out, .. } => {
-                            if let Some(s) = out.take() {
-                                s.shutdown();
+                            if let Some(o) = out.take() {
+                                o.stream.shutdown();
                             }
                         }
                         // Keep the frames already waiting for the replacement.
@@ -325,9 +339,10 @@ impl ProcessEndpoint {
     /// This rank's connection to `dest`, opened if needed: `Err(true)` if
     /// nothing listens at its address any more (it exited or died),
     /// `Err(false)` if the attempt failed otherwise (worth retrying).
-    fn out(&mut self, dest: Rank) -> std::result::Result<&mut Stream, bool> {
+    fn out(&mut self, dest: Rank) -> std::result::Result<&mut Outgoing, bool> {
         let sh = self.sh.clone();
         let replies = self.replies_tx.clone();
+        let conn = self.next_conn + 1;
         let Some(PeerState::Up {
             addr,
             incarnation,
@@ -338,8 +353,11 @@ impl ProcessEndpoint {
             return Err(true);
         };
         if out.is_none() {
-            match connect(&sh, addr, dest, *incarnation, replies) {
-                Ok(s) => *out = Some(s),
+            match connect(&sh, addr, dest, *incarnation, conn, replies) {
+                Ok(stream) => {
+                    self.next_conn = conn;
+                    *out = Some(Outgoing { conn, stream });
+                }
                 Err((e, gone)) => {
                     if std::env::var_os("LAZARUS_DEBUG").is_some() {
                         eprintln!(
@@ -356,9 +374,24 @@ impl ProcessEndpoint {
 
     fn drop_out(&mut self, dest: Rank) {
         if let Some(PeerState::Up { out, .. }) = self.peers.get_mut(dest)
-            && let Some(s) = out.take()
+            && let Some(o) = out.take()
         {
-            s.shutdown();
+            o.stream.shutdown();
+        }
+    }
+
+    /// Forget outgoing connection `conn`, whose reader has stopped. On TCP a
+    /// write into a connection the peer has closed still succeeds (the
+    /// reset comes later), so without this an RMA request could go into it
+    /// and wait for a reply nobody will read.
+    fn closed_out(&mut self, conn: u64) {
+        for p in &mut self.peers {
+            if let PeerState::Up { out, .. } = p
+                && out.as_ref().is_some_and(|o| o.conn == conn)
+                && let Some(o) = out.take()
+            {
+                o.stream.shutdown();
+            }
         }
     }
 
@@ -487,7 +520,10 @@ impl ProcessEndpoint {
         // receiver reads the ring only from this point of the channel.
         let max = self.sh.max_frame;
         let announce = WireMsg::ShmRing { name: name.clone() };
-        match self.out(dest).map(|s| write_msg(s, &announce, max)) {
+        match self
+            .out(dest)
+            .map(|o| write_msg(&mut o.stream, &announce, max))
+        {
             Ok(Ok(())) => Some(w),
             failed => {
                 if matches!(failed, Ok(Err(_))) {
@@ -502,8 +538,8 @@ impl ProcessEndpoint {
     /// Ring the doorbell of `dest`, which sleeps with a frame in its ring.
     fn doorbell(&mut self, dest: Rank) {
         let max = self.sh.max_frame;
-        if let Ok(s) = self.out(dest)
-            && write_msg(s, &WireMsg::Wake, max).is_err()
+        if let Ok(o) = self.out(dest)
+            && write_msg(&mut o.stream, &WireMsg::Wake, max).is_err()
         {
             // Its poll naps at most `RING_NAP`: a lost doorbell only delays.
             self.drop_out(dest);
@@ -608,12 +644,14 @@ impl ProcessEndpoint {
     }
 }
 
-/// Open, authenticate and serve (for RMA replies) a connection to `dest`.
+/// Open, authenticate and serve (for RMA replies) connection number `conn`
+/// to `dest`.
 fn connect(
     sh: &Arc<Shared>,
     addr: &Addr,
     dest: Rank,
     incarnation: u64,
+    conn: u64,
     replies: Sender<Reply>,
 ) -> std::result::Result<Stream, (String, bool)> {
     let retry = |e: String| (e, false);
@@ -643,10 +681,7 @@ fn connect(
                     }
                     Ok(_) => {}
                     Err(_) => {
-                        let _ = replies.send(Reply::Closed {
-                            rank: dest,
-                            incarnation,
-                        });
+                        let _ = replies.send(Reply::Closed { conn });
                         return;
                     }
                 }
@@ -708,7 +743,7 @@ impl Endpoint for ProcessEndpoint {
             if self.up_incarnation(dest) != inc {
                 continue; // it died while the frame went in: look again
             }
-            match self.out(dest).map(|s| write_msg(s, &msg, max)) {
+            match self.out(dest).map(|o| write_msg(&mut o.stream, &msg, max)) {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(WireError::Oversized { len, max })) => {
                     return Err(Error::Driver(format!(
@@ -901,9 +936,9 @@ impl Endpoint for ProcessEndpoint {
         // Opening the connection is retried while the peer may be alive; a
         // request is never written twice (operations are not idempotent).
         let mut retry = Retry::new();
-        let sent = loop {
+        let (conn, sent) = loop {
             match self.out(target) {
-                Ok(s) => break write_msg(s, &msg, max),
+                Ok(o) => break (o.conn, write_msg(&mut o.stream, &msg, max)),
                 Err(false) if retry.wait() => {
                     self.drain_control();
                     if !matches!(self.peers.get(target), Some(PeerState::Up { incarnation: i, .. }) if *i == incarnation)
@@ -927,20 +962,26 @@ impl Endpoint for ProcessEndpoint {
             }
         }
         loop {
-            match self.replies.recv() {
+            match self.replies.recv_timeout(RMA_RECHECK) {
                 Ok(Reply::Done { id, reply }) if id == req_id => {
                     return reply;
                 }
                 Ok(Reply::Done { .. }) => {} // a reply to an abandoned request
-                Ok(Reply::Closed {
-                    rank,
-                    incarnation: inc,
-                }) if rank == target && inc == incarnation => {
-                    self.drop_out(target);
-                    return Err(gone());
+                Ok(Reply::Closed { conn: c }) => {
+                    self.closed_out(c);
+                    if c == conn {
+                        return Err(gone());
+                    }
                 }
-                Ok(Reply::Closed { .. }) => {}
-                Err(_) => return Err(gone()),
+                // A reader's reply comes before its `Closed`, so an empty
+                // channel and a dead target mean no reply is coming.
+                Err(RecvTimeoutError::Timeout) => {
+                    self.drain_control();
+                    if self.up_incarnation(target) != Some(incarnation) {
+                        return Err(gone());
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(gone()),
             }
         }
     }
@@ -1201,6 +1242,7 @@ pub(crate) fn run_worker<T: Serialize>(
         armed: plan.armed_for(rank),
         plan,
         next_id: 0,
+        next_conn: 0,
         last_progress: -1.0,
     };
     ep.set_peers(peers);
