@@ -915,6 +915,14 @@ impl Endpoint for ProcessEndpoint {
             return self.sh.windows.rma(epoch, target, id, op);
         }
         self.drain_control();
+        // Nothing is awaited between requests: what waits is a late reply to
+        // an abandoned request, or the end of a connection, which must not
+        // carry this request.
+        while let Ok(r) = self.replies.try_recv() {
+            if let Reply::Closed { conn } = r {
+                self.closed_out(conn);
+            }
+        }
         let gone = || {
             Error::Driver(format!(
                 "rank {target} exposes no window {id} in epoch {epoch}"
