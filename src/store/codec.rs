@@ -326,33 +326,14 @@ impl Coder {
                 vec![Shard::new(0, Bytes::from(acc))]
             }
             Code::ReedSolomon { parity } => {
-                // Block by block, so the encoder's working set stays in
-                // cache (the code is position-wise: blocks are independent).
-                let k = pieces.len();
                 // Each shard at its full size from the start (`vec![v; n]`
                 // would clone `v` without its capacity, and all but one
                 // shard grew by doubling: copied again at every step).
                 let mut out: Vec<Vec<u8>> =
                     (0..parity).map(|_| Vec::with_capacity(shard_len)).collect();
-                for (o, e) in rs_blocks(shard_len) {
-                    let encoder = match &mut self.rs_encoder {
-                        Some(enc) => {
-                            enc.reset(k, parity, e - o).map_err(rs_error)?;
-                            enc
-                        }
-                        slot @ None => slot
-                            .insert(ReedSolomonEncoder::new(k, parity, e - o).map_err(rs_error)?),
-                    };
-                    for p in pieces {
-                        encoder
-                            .add_original_shard(padded(block(p, o, e), e - o))
-                            .map_err(rs_error)?;
-                    }
-                    let result = encoder.encode().map_err(rs_error)?;
-                    for (dst, s) in out.iter_mut().zip(result.recovery_iter()) {
-                        dst.extend_from_slice(s);
-                    }
-                }
+                self.rs_parity_blocks(parity, pieces, shard_len, |j, s| {
+                    out[j].extend_from_slice(s);
+                })?;
                 out.into_iter()
                     .enumerate()
                     .map(|(i, s)| Shard::new(i, Bytes::from(s)))
@@ -365,6 +346,42 @@ impl Coder {
             shard_len,
             parity,
         })
+    }
+
+    /// Reed–Solomon parity of `pieces` (padded to `shard_len`, which is
+    /// even), block by block so that the encoder's working set stays in
+    /// cache (the code is position-wise: blocks are independent).
+    /// `sink(j, bytes)` receives parity shard `j`'s bytes of each block, in
+    /// order; the encoder's buffer is reused for the next block.
+    fn rs_parity_blocks(
+        &mut self,
+        parity: usize,
+        pieces: &[&[u8]],
+        shard_len: usize,
+        mut sink: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let k = pieces.len();
+        for (o, e) in rs_blocks(shard_len) {
+            let encoder = match &mut self.rs_encoder {
+                Some(enc) => {
+                    enc.reset(k, parity, e - o).map_err(rs_error)?;
+                    enc
+                }
+                slot @ None => {
+                    slot.insert(ReedSolomonEncoder::new(k, parity, e - o).map_err(rs_error)?)
+                }
+            };
+            for p in pieces {
+                encoder
+                    .add_original_shard(padded(block(p, o, e), e - o))
+                    .map_err(rs_error)?;
+            }
+            let result = encoder.encode().map_err(rs_error)?;
+            for (j, s) in result.recovery_iter().enumerate() {
+                sink(j, s);
+            }
+        }
+        Ok(())
     }
 
     /// [`decode_labelled`], reusing this coder's scratch space.
@@ -551,16 +568,24 @@ pub struct BenchFigures {
     pub xor_gb_s: f64,
     /// [`encode`] with [`Code::ReedSolomon`].
     pub rs_gb_s: f64,
+    /// The Reed–Solomon coding alone, block by block as [`encode`] does it,
+    /// without copying the parity out of the encoder's buffer or
+    /// checksumming it: the library's share of [`BenchFigures::rs_gb_s`].
+    pub rs_coding_gb_s: f64,
+    /// CRC32C over the group's bytes. [`encode`] checksums its parity
+    /// shards (`m` shards of the length of a piece), so with `k` pieces the
+    /// checksum costs `m / k` of the group's bytes at this rate.
+    pub crc32c_gb_s: f64,
 }
 
 /// Each measurement runs at least this long, so that timer resolution and
 /// one-off costs do not dominate.
 const BENCH_MIN: Duration = Duration::from_millis(20);
 
-/// Rounds of the three measurements, alternated (memcpy, XOR, RS, memcpy,
+/// Rounds of the measurements, alternated (memcpy, XOR, RS, ..., memcpy,
 /// ...) so that a machine that speeds up or slows down during the bench
-/// (turbo budget, a noisy neighbour) affects all three alike; each figure is
-/// the median of its rounds.
+/// (turbo budget, a noisy neighbour) affects all of them alike; each figure
+/// is the median of its rounds.
 const BENCH_ROUNDS: usize = 7;
 
 /// Input GB/s of `op` over `bytes` bytes per call, over at least
@@ -585,9 +610,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Measure encoding of a group of `group` pieces of `bytes` each, with XOR
 /// and with Reed–Solomon of `parity` shards, against a plain copy of the same
-/// bytes, for `lazarus bench`: seven alternating rounds after one
-/// untimed call of each (page faults of fresh buffers and allocator growth
-/// are not steady state). Takes about half a second or more.
+/// bytes, for `lazarus bench-codec`; also the Reed–Solomon coding alone and
+/// CRC32C, the two parts of its cost besides copying the parity out. Seven
+/// alternating rounds after one untimed call of each (page faults of fresh
+/// buffers and allocator growth are not steady state). Takes about a second.
 ///
 /// Errors with [`Error::Config`] when `group` or `parity` cannot be coded (as
 /// [`encode`] would).
@@ -614,9 +640,11 @@ pub fn bench_encode(bytes: usize, group: usize, parity: usize) -> Result<BenchFi
     let total = bytes * group;
 
     let mut dst = vec![0u8; total];
+    let shard_len = rs.shard_len(bytes);
     // One coder for all calls, as a store keeps one: the steady state.
     let mut coder = Coder::new();
-    // Measurement `k`: 0 memcpy, 1 XOR, 2 Reed–Solomon.
+    // Measurement `k`: 0 memcpy, 1 XOR, 2 Reed–Solomon, 3 its coding
+    // alone, 4 CRC32C.
     let mut op = |k: usize| -> Result<()> {
         match k {
             0 => {
@@ -626,12 +654,20 @@ pub fn bench_encode(bytes: usize, group: usize, parity: usize) -> Result<BenchFi
                 black_box(&mut dst);
             }
             1 => drop(black_box(coder.encode(Code::Xor, black_box(&refs))?)),
-            _ => drop(black_box(coder.encode(rs, black_box(&refs))?)),
+            2 => drop(black_box(coder.encode(rs, black_box(&refs))?)),
+            3 => coder.rs_parity_blocks(parity, black_box(&refs), shard_len, |_, s| {
+                black_box(s);
+            })?,
+            _ => {
+                for p in &refs {
+                    black_box(crc32c::crc32c(black_box(p)));
+                }
+            }
         }
         Ok(())
     };
-    let mut figures: [Vec<f64>; 3] = Default::default();
-    for k in 0..3 {
+    let mut figures: [Vec<f64>; 5] = Default::default();
+    for k in 0..figures.len() {
         op(k)?;
     }
     for _ in 0..BENCH_ROUNDS {
@@ -639,11 +675,13 @@ pub fn bench_encode(bytes: usize, group: usize, parity: usize) -> Result<BenchFi
             f.push(rate(total, &mut || op(k))?);
         }
     }
-    let [memcpy_gb_s, xor_gb_s, rs_gb_s] = figures.map(median);
+    let [memcpy_gb_s, xor_gb_s, rs_gb_s, rs_coding_gb_s, crc32c_gb_s] = figures.map(median);
     Ok(BenchFigures {
         memcpy_gb_s,
         xor_gb_s,
         rs_gb_s,
+        rs_coding_gb_s,
+        crc32c_gb_s,
     })
 }
 
