@@ -35,9 +35,11 @@ Exit status: 0 VERIFIED, 1 NOT VERIFIED (or the job failed), 2 bad usage.";
 const CHAOS_EXAMPLES: &str = "Examples:
   lazarus chaos --app cg --class S --protocols coordinated --seeds 200
   lazarus chaos --app dht --ranks 6 --nodes 3 --protocols coordinated --seeds 50 --from 1000 --json chaos.json
+  lazarus chaos --app stencil --class S --ranks 8 --nodes 4 --backend processes --protocols pessimistic,ulml --seeds 20
 
-Each failing case is printed with a `lazarus run ... --backend sim --seed S --kill ...` command that
-replays it exactly. Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
+Each failing case is printed with a `lazarus run ... --seed S --kill ...` command that runs it again:
+exactly on the simulator; with the same kills (real SIGKILLs) but the machine's timing on processes.
+Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
 
 const SIM_EXAMPLES: &str = "Examples:
   lazarus sim --app stencil --ranks 16384 --protocols none,coordinated --kill 5@50%
@@ -69,7 +71,8 @@ enum Command {
     /// Run protocols alternately and report median wall times and ratios to `none`.
     #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
-    /// Seeded failure scenarios on the deterministic simulator.
+    /// Seeded failure scenarios, on the deterministic simulator or on real
+    /// processes.
     #[command(after_help = CHAOS_EXAMPLES)]
     Chaos(ChaosArgs),
     /// Scale studies: communication patterns on many simulated ranks.
@@ -332,6 +335,13 @@ struct ChaosArgs {
     /// Comma-separated protocols to test.
     #[arg(long, default_value = "coordinated")]
     protocols: String,
+    /// Backend: sim (seeded schedule, exact replay), processes (real
+    /// SIGKILLs, the machine's timing) or threads.
+    #[arg(long, default_value = "sim")]
+    backend: String,
+    /// Processes backend: transport between ranks (as for `run`).
+    #[arg(long, default_value = "unix")]
+    listen: String,
     /// Number of seeds.
     #[arg(long, default_value_t = 20)]
     seeds: u64,
@@ -1028,8 +1038,8 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         iterations: args.iterations,
         ranks: args.ranks,
         nodes: args.nodes,
-        backend: "sim".into(),
-        listen: "unix".into(),
+        backend: args.backend.clone(),
+        listen: args.listen.clone(),
         hosts: "local".into(),
         heartbeat_timeout: 200,
         kills: Vec::new(),
@@ -1052,6 +1062,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     let plan = ChaosPlan {
         app,
         params,
+        backend: base.backend,
         base,
         protocols: protocols(&args.protocols)?,
         from: args.from,
@@ -1069,9 +1080,14 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
                 c.reproduce
             );
         } else {
+            let trace = if c.trace_hash.is_empty() {
+                String::new()
+            } else {
+                format!(", trace {}", c.trace_hash)
+            };
             eprintln!(
-                "seed {} {}: pass ({} failures, trace {}, {:.2} s)",
-                c.seed, c.protocol, c.failures, c.trace_hash, c.wall_s
+                "seed {} {}: pass ({} failures{trace}, {:.2} s)",
+                c.seed, c.protocol, c.failures, c.wall_s
             );
         }
     })

@@ -491,6 +491,51 @@ fn injected_kills_on_every_app_leave_no_process_behind() {
     }
 }
 
+/// `lazarus chaos --backend processes`: the simulator's seeded scenarios
+/// (one to three kills of ranks or nodes, at a moment of progress, an
+/// iteration, a checkpoint or a recovery) as real SIGKILLs, under every
+/// protocol that recovers, on two apps; every case prints the failure-free
+/// value and the sweep leaves no process behind.
+#[test]
+fn chaos_sweeps_run_on_real_processes() {
+    for app in [&["stencil", "--class", "S"][..], &["dht", "--size", "128"]] {
+        let mut args = vec!["chaos", "--app"];
+        args.extend_from_slice(app);
+        args.extend_from_slice(&[
+            "--ranks",
+            "8",
+            "--nodes",
+            "4",
+            "--backend",
+            "processes",
+            "--protocols",
+            "coordinated,pessimistic,ulml,correlated",
+            "--seeds",
+            "3",
+            "--checkpoint-every",
+            "2",
+            "--bound-s",
+            "90",
+        ]);
+        let child = start(&args);
+        let pid = child.id();
+        let (out, err, ok) = finish(child);
+        assert!(ok, "{app:?}: chaos sweep failed\n{out}\n{err}");
+        assert!(
+            out.contains(": 12 cases, 0 failed"),
+            "{app:?}: unexpected report\n{out}\n{err}"
+        );
+        // Every case killed something (a sweep of no-ops would pass too).
+        let kills = err.lines().filter(|l| l.contains(": pass (")).count();
+        assert_eq!(kills, 12, "{app:?}: every case reports its pass\n{err}");
+        assert!(
+            !err.contains("pass (0 failures"),
+            "{app:?}: a case ran without its kills\n{err}"
+        );
+        assert_no_orphans(pid, &format!("chaos {app:?}"));
+    }
+}
+
 /// Every transport between rank processes (shared-memory rings, Unix
 /// sockets only, TCP on loopback) gives the failure-free value through a
 /// node kill, under coordinated and under a protocol that replays.

@@ -125,6 +125,7 @@ fn small_chaos_sweeps_pass() {
         ),
     ] {
         let plan = ChaosPlan {
+            backend: Backend::Sim,
             app,
             params,
             base: Config::new(ranks).nodes(nodes).checkpoint_every(2),
@@ -144,6 +145,7 @@ fn chaos_catches_a_protocol_that_cannot_recover() {
     // Under `none` every scenario with a kill must be reported, with a
     // command that replays it.
     let plan = ChaosPlan {
+        backend: Backend::Sim,
         app: AppKind::Cg,
         params: cg_s(),
         base: Config::new(4).nodes(2),

@@ -1,13 +1,20 @@
-//! `lazarus chaos`: seeded failure scenarios on the simulator.
+//! `lazarus chaos`: seeded failure scenarios, on the simulator or on real
+//! processes.
 //!
 //! For each seed, a scenario of one to three kills is drawn from the seed:
 //! ranks or whole nodes, at a fraction of progress, at an iteration, during a
-//! checkpoint, or during a recovery. The app runs on the deterministic
-//! simulator with that seed (so the schedule and network jitter differ per
-//! seed too), and the case passes only if the run ends (the simulator detects
-//! a hang deterministically, and a wall-clock bound catches anything else),
-//! verifies, and prints the same value as the failure-free run. A failing case
-//! is reported with a one-line `lazarus run` command that replays it exactly.
+//! checkpoint, or during a recovery. The app runs with those kills, and the
+//! case passes only if the run ends, verifies, and prints the same value as
+//! the failure-free run on the same backend. A failing case is reported with
+//! a one-line `lazarus run` command that runs it again.
+//!
+//! On the simulator (the default) the seed also fixes the schedule and the
+//! network jitter, so that command replays the case exactly, and the
+//! simulator detects a hang deterministically. On the processes backend the
+//! kills are real `SIGKILL`s from the launcher and the timing is the
+//! machine's: the command runs the same kills again, not the same
+//! interleaving, and a case that outlives the wall-clock bound ends the sweep
+//! (its processes go when this process exits, as a dead launcher's ranks do).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -28,8 +35,13 @@ pub struct ChaosPlan {
     pub app: AppKind,
     /// Its parameters.
     pub params: AppParams,
-    /// Ranks, nodes, checkpoint interval (backend and protocol are set here).
+    /// Ranks, nodes, checkpoint interval (the backend is `backend`; the
+    /// protocol and the kills are set per case).
     pub base: Config,
+    /// Where the cases run: [`Backend::Sim`] (seeded schedule, exact
+    /// replay), [`Backend::Processes`] (real `SIGKILL`s) or
+    /// [`Backend::Threads`].
+    pub backend: Backend,
     /// Protocols to test.
     pub protocols: Vec<ProtocolKind>,
     /// First seed.
@@ -68,7 +80,8 @@ pub enum Verdict {
         /// The error.
         error: String,
     },
-    /// The case did not finish within the wall-clock bound.
+    /// The case did not finish within the wall-clock bound (on a real
+    /// backend, the sweep stops there).
     Timeout,
 }
 
@@ -85,11 +98,11 @@ pub struct ChaosCase {
     pub verdict: Verdict,
     /// Failure events that happened.
     pub failures: u64,
-    /// The simulator's trace hash.
+    /// The simulator's trace hash (empty on other backends).
     pub trace_hash: String,
     /// Wall time of the case, seconds.
     pub wall_s: f64,
-    /// The command that replays this case exactly.
+    /// The command that runs this case again (exactly, on the simulator).
     pub reproduce: String,
 }
 
@@ -225,7 +238,7 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
     let t0 = Instant::now();
     let n = iterations(plan.app, &plan.params)?;
     let base = Config {
-        backend: Backend::Sim,
+        backend: plan.backend,
         iterations: Some(n),
         progress_bar: false,
         ..plan.base.clone()
@@ -248,15 +261,21 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
     };
     let mut failures = Vec::new();
     let mut cases = 0;
-    for seed in plan.from..plan.from + plan.seeds {
+    'sweep: for seed in plan.from..plan.from + plan.seeds {
         for &protocol in &plan.protocols {
             let mut cfg = base.clone().compared_under(protocol).seed(seed);
             cfg.kills = scenario(seed, &cfg, n);
             let case = run_case(plan.app, &plan.params, &cfg, &expected, plan.bound);
             cases += 1;
             on_case(&case);
+            // A hung job on a real backend still holds its processes and
+            // cores: nothing after it would be measured fairly.
+            let stop = case.verdict == Verdict::Timeout && base.backend != Backend::Sim;
             if case.verdict != Verdict::Pass {
                 failures.push(case);
+            }
+            if stop {
+                break 'sweep;
             }
         }
     }
