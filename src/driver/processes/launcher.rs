@@ -551,6 +551,14 @@ impl<'a> Launcher<'a> {
         if let Some(p) = s.protocol_override {
             env.push((var::PROTOCOL, p.name().into()));
         }
+        // Ranks sharing this rank's host: every rank here, or those of its
+        // failure domain when an agent per node starts them (a rank moved
+        // to another node after a host loss is not counted there).
+        let host_ranks = match &self.agents {
+            Some(a) => a.placement.ranks_on(a.placement.node_of(rank)).len(),
+            None => s.ranks,
+        };
+        env.push((var::HOST_RANKS, host_ranks.to_string()));
         // Transparent huge pages for glibc's large allocations (received
         // frames): memory a logging protocol keeps is new memory for every
         // message, and faulting it in 4 KiB pages cost more than the copy

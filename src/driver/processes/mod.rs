@@ -67,6 +67,7 @@ pub(crate) mod var {
     pub const PROTOCOL: &str = "LAZARUS_PROTOCOL";
     pub const EARLIER: &str = "LAZARUS_EARLIER";
     pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
+    pub const HOST_RANKS: &str = "LAZARUS_HOST_RANKS";
     /// Agent: the launcher's address for agents.
     pub const AGENT_LAUNCHER: &str = "LAZARUS_AGENT_LAUNCHER";
     /// Agent: the job secret, hexadecimal (never passed on to ranks).
@@ -109,6 +110,10 @@ pub(crate) struct LaunchEnv {
     /// The job's shared-memory directory (rings between ranks on this
     /// host), when the launcher made one.
     pub shm_dir: Option<PathBuf>,
+    /// Rank processes the launcher (or the node's agent) runs on this
+    /// host, this one included: with more than the host's cores, a rank
+    /// that waits gives its core away instead of spinning.
+    pub host_ranks: usize,
 }
 
 /// Whether a file name a peer sent names a file directly inside a
@@ -177,6 +182,7 @@ impl LaunchEnv {
             shm_dir: std::env::var_os(var::SHM_DIR)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
+            host_ranks: num(var::HOST_RANKS).unwrap_or(1),
             protocol: match std::env::var(var::PROTOCOL) {
                 Ok(p) => Some(p.parse()?),
                 Err(_) => None,
