@@ -152,6 +152,23 @@ pub enum HandshakeError {
     BadProof(Identity),
 }
 
+impl HandshakeError {
+    /// The other end went away between messages of the handshake (closed
+    /// or reset): a peer killed while it connected, not one that failed to
+    /// authenticate. A message cut short still counts as a failure.
+    pub fn peer_vanished(&self) -> bool {
+        use std::io::ErrorKind;
+        match self {
+            HandshakeError::Wire(WireError::Closed) => true,
+            HandshakeError::Wire(WireError::Io(e)) => matches!(
+                e.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// Run the handshake on a fresh connection as `role`; returns the peer's
 /// authenticated identity.
 pub fn handshake(
@@ -280,5 +297,40 @@ mod tests {
         a.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("write");
         let r = t.join().expect("thread");
         assert!(matches!(r, Err(HandshakeError::Wire(_))), "{r:?}");
+        assert!(r.is_err_and(|e| !e.peer_vanished()), "garbage is a refusal");
+    }
+
+    /// A peer that dies before or after its hello has vanished (not
+    /// reported as a refusal); one that sends half a frame has not.
+    #[test]
+    fn a_peer_gone_mid_handshake_is_told_apart_from_a_refusal() {
+        use std::io::Write;
+        let accept = |b: Stream| {
+            std::thread::spawn(move || {
+                let mut b = b;
+                handshake(&mut b, &Secret::generate(), id(None), Role::Acceptor)
+            })
+        };
+        let (a, b) = pair();
+        let t = accept(b);
+        drop(a);
+        let r = t.join().expect("thread");
+        assert!(r.is_err_and(|e| e.peer_vanished()), "closed before hello");
+
+        let (mut a, b) = pair();
+        let t = accept(b);
+        read_msg(&mut a, HANDSHAKE_MAX).expect("the acceptor's hello");
+        a.write_all(&[0x40, 0, 0, 0, super::super::wire::WIRE_VERSION])
+            .expect("write");
+        drop(a);
+        let r = t.join().expect("thread");
+        assert!(r.is_err_and(|e| !e.peer_vanished()), "half a frame");
+
+        let wrong = HandshakeError::BadProof(id(Some(1)));
+        assert!(!wrong.peer_vanished());
+        let reset = HandshakeError::Wire(WireError::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(reset.peer_vanished());
     }
 }

@@ -1356,6 +1356,9 @@ fn spawn_acceptor(
                     .spawn(move || {
                         let peer = match handshake(&mut s, &secret, me, Role::Acceptor) {
                             Ok(p) => p,
+                            // A rank killed while it connected: its death
+                            // is seen on its process, not reported here.
+                            Err(e) if e.peer_vanished() => return,
                             Err(e) => {
                                 eprintln!("lazarus launcher: refused a connection: {e}");
                                 return;

@@ -1051,6 +1051,9 @@ fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Arrival>) {
             eprintln!("lazarus: rank {me}: refused a connection from {p:?}: not a rank");
             return;
         }
+        // A peer killed while it connected is no intruder: its death is
+        // reported by the launcher, not here.
+        Err(e) if e.peer_vanished() => return,
         Err(e) => {
             eprintln!("lazarus: rank {me}: refused a connection: {e}");
             return;
