@@ -144,15 +144,29 @@ pub enum SetMsg {
         generation: u64,
     },
     /// To the leader: the sender's log needs a checkpoint (log budget).
-    Pressure,
+    ///
+    /// This and the agreement on a forced checkpoint below carry the set's
+    /// epoch (its latest rollback): a message of an execution the set has
+    /// rolled back since is dropped. Otherwise a `Query` sent before a
+    /// rollback, and delivered to a member's replacement, would hold that
+    /// member at its next safe point for an answer the leader, which forgot
+    /// the round in its own rollback, never sends.
+    Pressure {
+        /// The sender's set epoch.
+        epoch: u64,
+    },
     /// From the leader: at which safe point are you? Stop at your next one
     /// until told where the set checkpoints.
     Query {
+        /// The sender's set epoch.
+        epoch: u64,
         /// Agreement round.
         round: u64,
     },
     /// To the leader: safe points the sender has passed.
     At {
+        /// The sender's set epoch.
+        epoch: u64,
         /// Agreement round.
         round: u64,
         /// Safe point index.
@@ -161,6 +175,8 @@ pub enum SetMsg {
     /// From the leader: the set checkpoints at safe point `index`, which
     /// every member can still reach.
     CheckpointAt {
+        /// The sender's set epoch.
+        epoch: u64,
         /// Agreement round.
         round: u64,
         /// Safe point index.
@@ -399,6 +415,14 @@ impl Correlated {
 
     fn on_set(&mut self, src: Rank, msg: SetMsg, cx: &mut ProtocolCx<'_>) {
         let n = self.members.len();
+        if let SetMsg::Pressure { epoch }
+        | SetMsg::Query { epoch, .. }
+        | SetMsg::At { epoch, .. }
+        | SetMsg::CheckpointAt { epoch, .. } = msg
+            && epoch != self.set_epoch
+        {
+            return; // from an execution the set rolled back (see `Pressure`)
+        }
         match msg {
             SetMsg::Token { generation } => {
                 self.tokens.entry(generation).or_default().insert(src);
@@ -452,27 +476,50 @@ impl Correlated {
                 self.committed = self.committed.max(Some(generation));
                 self.p2p.commit_stored(generation, cx);
             }
-            SetMsg::Pressure => {
-                if !self.querying {
+            SetMsg::Pressure { epoch } => {
+                // Not while an agreed forced checkpoint is still to come
+                // (it trims the logs too): a new round would name a later
+                // safe point, and a member already checkpointing at the
+                // agreed one would wait there for the others' tokens
+                // forever (found by random kills under a log budget).
+                if !self.querying && self.checkpoint_at.is_none() {
                     self.querying = true;
                     self.round += 1;
                     self.at.clear();
                     let round = self.round;
-                    self.to_members(cx, SetMsg::Query { round });
+                    self.to_members(cx, SetMsg::Query { epoch, round });
                 }
             }
-            SetMsg::Query { round } => {
+            SetMsg::Query { epoch, round } => {
                 self.hold = true;
                 let index = self.index;
-                self.to_leader(cx, SetMsg::At { round, index });
+                self.to_leader(
+                    cx,
+                    SetMsg::At {
+                        epoch,
+                        round,
+                        index,
+                    },
+                );
             }
-            SetMsg::At { round, index } => {
+            SetMsg::At {
+                epoch,
+                round,
+                index,
+            } => {
                 if self.querying && round == self.round {
                     self.at.insert(src, index);
                     if self.at.len() == n {
                         self.querying = false;
                         let index = self.at.values().copied().max().unwrap_or(0) + 1;
-                        self.to_members(cx, SetMsg::CheckpointAt { round, index });
+                        self.to_members(
+                            cx,
+                            SetMsg::CheckpointAt {
+                                epoch,
+                                round,
+                                index,
+                            },
+                        );
                     }
                 }
             }
@@ -550,7 +597,8 @@ impl Correlated {
             // A sender's log for this rank passed half its budget: the set
             // checkpoints at the next safe point all members can reach.
             self.pressure_sent = true;
-            self.to_leader(cx, SetMsg::Pressure);
+            let epoch = self.set_epoch;
+            self.to_leader(cx, SetMsg::Pressure { epoch });
         }
         let Some(located) = self.p2p.located() else {
             return;
@@ -815,18 +863,35 @@ mod tests {
     fn a_forced_checkpoint_is_agreed_on_a_reachable_safe_point() {
         let h = harness(0);
         let mut p = correlated(&h, 0);
-        let a = h.control(&mut p, 1, SetMsg::Pressure);
-        let q = SetMsg::Query { round: 1 };
+        let a = h.control(&mut p, 1, SetMsg::Pressure { epoch: 0 });
+        let q = SetMsg::Query { epoch: 0, round: 1 };
         assert_eq!(sent(&a), vec![(0, q.clone()), (1, q.clone())]);
         h.run(&mut p, Event::SafePoint { index: 5 });
         let a = h.control(&mut p, 0, q);
-        assert_eq!(sent(&a), vec![(0, SetMsg::At { round: 1, index: 5 })]);
+        let at5 = SetMsg::At {
+            epoch: 0,
+            round: 1,
+            index: 5,
+        };
+        assert_eq!(sent(&a), vec![(0, at5.clone())]);
         // Held at the next safe point.
         let a = h.run(&mut p, Event::SafePoint { index: 6 });
         assert!(!a.contains(&Action::ReleaseSafePoint));
-        h.control(&mut p, 0, SetMsg::At { round: 1, index: 5 });
-        let a = h.control(&mut p, 1, SetMsg::At { round: 1, index: 7 });
-        let at = SetMsg::CheckpointAt { round: 1, index: 8 };
+        h.control(&mut p, 0, at5);
+        let a = h.control(
+            &mut p,
+            1,
+            SetMsg::At {
+                epoch: 0,
+                round: 1,
+                index: 7,
+            },
+        );
+        let at = SetMsg::CheckpointAt {
+            epoch: 0,
+            round: 1,
+            index: 8,
+        };
         assert_eq!(sent(&a), vec![(0, at.clone()), (1, at.clone())]);
         // Not there yet: released; the set checkpoints at 8.
         assert!(h.control(&mut p, 0, at).contains(&Action::ReleaseSafePoint));
@@ -835,6 +900,81 @@ mod tests {
                 .contains(&Action::ReleaseSafePoint)
         );
         let a = h.run(&mut p, Event::SafePoint { index: 8 });
+        assert_eq!(sent(&a), vec![(1, SetMsg::Token { generation: 1 })]);
+    }
+
+    /// A `Query` of a forced checkpoint sent before the set rolled back
+    /// (here: delivered to rank 1's replacement, which started in epoch 1)
+    /// does not hold the rank at its next safe point: the leader forgot
+    /// that round in its own rollback and would never answer. One of the
+    /// current epoch does.
+    #[test]
+    fn a_forced_checkpoint_query_from_before_a_rollback_is_dropped() {
+        let h = harness(1);
+        let mut p = correlated(&h, 0);
+        h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: true,
+            },
+        );
+        let a = h.control(&mut p, 0, SetMsg::Query { epoch: 0, round: 3 });
+        assert!(sent(&a).is_empty(), "{a:?}");
+        assert!(
+            h.run(&mut p, Event::SafePoint { index: 1 })
+                .contains(&Action::ReleaseSafePoint),
+            "a stale query must not hold the rank"
+        );
+        let a = h.control(&mut p, 0, SetMsg::Query { epoch: 1, round: 4 });
+        assert_eq!(
+            sent(&a),
+            vec![(
+                0,
+                SetMsg::At {
+                    epoch: 1,
+                    round: 4,
+                    index: 1
+                }
+            )]
+        );
+        assert!(
+            !h.run(&mut p, Event::SafePoint { index: 2 })
+                .contains(&Action::ReleaseSafePoint),
+            "a current query holds the rank until the leader answers"
+        );
+    }
+
+    /// A second pressure while the agreed forced checkpoint is still to
+    /// come starts no new round: members must all checkpoint at the safe
+    /// point already named, and none may be told a later one.
+    #[test]
+    fn no_new_forced_checkpoint_round_while_one_is_pending() {
+        let h = harness(0);
+        let mut p = correlated(&h, 0);
+        h.run(&mut p, Event::SafePoint { index: 5 });
+        let a = h.control(&mut p, 1, SetMsg::Pressure { epoch: 0 });
+        assert_eq!(sent(&a).len(), 2, "a round starts: {a:?}");
+        for (src, index) in [(0, 5), (1, 5)] {
+            h.control(
+                &mut p,
+                src,
+                SetMsg::At {
+                    epoch: 0,
+                    round: 1,
+                    index,
+                },
+            );
+        }
+        let at = SetMsg::CheckpointAt {
+            epoch: 0,
+            round: 1,
+            index: 6,
+        };
+        h.control(&mut p, 0, at);
+        let a = h.control(&mut p, 1, SetMsg::Pressure { epoch: 0 });
+        assert!(sent(&a).is_empty(), "no second round: {a:?}");
+        let a = h.run(&mut p, Event::SafePoint { index: 6 });
         assert_eq!(sent(&a), vec![(1, SetMsg::Token { generation: 1 })]);
     }
 
