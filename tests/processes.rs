@@ -491,6 +491,44 @@ fn injected_kills_on_every_app_leave_no_process_behind() {
     }
 }
 
+/// Correlated sets with a log budget, two ranks of two sets killed at the
+/// same moment: the sets recover while their leaders agree on forced
+/// checkpoints. A second agreement round used to name a later safe point
+/// than the first while a member was already checkpointing at the first,
+/// and the job hung (8 runs in 10 on this host); the simulator's timing
+/// never produced it.
+#[test]
+fn correlated_forced_checkpoints_survive_a_double_kill() {
+    let app: &[&str] = &["cg", "--class", "S"];
+    // The value of 12 ranks (the reduction order depends on the job size).
+    let child = start_job(app, "none", &["--ranks", "12", "--nodes", "4"]);
+    let (out, err, ok) = finish(child);
+    assert!(ok, "reference run failed: {out}\n{err}");
+    let want = verified(&out).expect("verified");
+    for run in 0..3 {
+        run_to_the_same_value(
+            app,
+            "correlated",
+            &[
+                "--ranks",
+                "12",
+                "--nodes",
+                "4",
+                "--checkpoint-every",
+                "2",
+                "--log-budget",
+                "342080",
+                "--kill",
+                "11@40%",
+                "--kill",
+                "8@40%",
+            ],
+            &want,
+            &format!("correlated, log budget, double kill, run {run}"),
+        );
+    }
+}
+
 /// `lazarus chaos --backend processes`: the simulator's seeded scenarios
 /// (one to three kills of ranks or nodes, at a moment of progress, an
 /// iteration, a checkpoint or a recovery) as real SIGKILLs, under every
