@@ -351,6 +351,17 @@ struct ChaosArgs {
     /// Checkpoint every N safe points, or every P% of the run.
     #[arg(long, default_value = "10%")]
     checkpoint_every: String,
+    /// Checkpoint storage level (repeatable, as for `run`; in-memory levels
+    /// only: cases would share a disk directory).
+    #[arg(long = "storage", value_name = "LEVEL")]
+    storage: Vec<String>,
+    /// Message logging: the log budget in bytes (as for `run`), so that
+    /// kills land among forced checkpoints.
+    #[arg(long)]
+    log_budget: Option<usize>,
+    /// Protocol correlated: sets of N consecutive ranks (as for `run`).
+    #[arg(long)]
+    sets: Option<usize>,
     /// Wall-clock bound per case, seconds.
     #[arg(long, default_value_t = 120.0)]
     bound_s: f64,
@@ -1046,13 +1057,24 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),
         mtbf: None,
-        storage: Vec::new(),
+        storage: args.storage.clone(),
         restart: None,
-        log_budget: None,
-        sets: None,
+        log_budget: args.log_budget,
+        sets: args.sets,
         seed: args.from,
     };
     let (app, params, base) = build(&job, ProtocolKind::None)?;
+    if base
+        .storage
+        .iter()
+        .any(|l| matches!(l, lazarus::store::levels::LevelSpec::Disk { .. }))
+    {
+        return Err(usage(lazarus::Error::config(
+            "--storage",
+            "chaos cases would all write to one disk directory: use in-memory levels \
+             (partner, xor, rs:M)",
+        )));
+    }
     if !args.bound_s.is_finite() || args.bound_s <= 0.0 {
         return Err(usage(lazarus::Error::config(
             "--bound-s",

@@ -24,8 +24,11 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::apps::{AppKind, AppParams, iterations, run_app};
+use crate::driver::processes::net::Listen;
 use crate::fault::{KillSpec, Moment, Victim};
 use crate::protocol::ProtocolKind;
+use crate::protocol::correlated::SetRule;
+use crate::store::levels::LevelSpec;
 use crate::{Backend, Config, Error, Result};
 
 /// What a chaos sweep runs.
@@ -167,6 +170,21 @@ pub fn reproduce_command(app: AppKind, params: &AppParams, cfg: &Config) -> Stri
         " --ranks {} --nodes {} --backend {} --protocol {} --checkpoint-every {} --seed {}",
         cfg.ranks, cfg.nodes, cfg.backend, cfg.protocol, cfg.checkpoint_every, cfg.seed
     );
+    if cfg.backend == Backend::Processes && cfg.listen != Listen::default() {
+        c += &format!(" --listen {}", cfg.listen);
+    }
+    // The default storage (partner alone) needs no flag.
+    if cfg.storage != [LevelSpec::Partner] {
+        for l in &cfg.storage {
+            c += &format!(" --storage {l}");
+        }
+    }
+    if let Some(b) = cfg.log_budget {
+        c += &format!(" --log-budget {b}");
+    }
+    if let SetRule::Consecutive(n) = cfg.sets {
+        c += &format!(" --sets {n}");
+    }
     for k in &cfg.kills {
         c += &format!(" --kill {k}");
     }
@@ -328,6 +346,30 @@ mod tests {
             c,
             "lazarus run cg --class S --ranks 4 --nodes 2 --backend threads --protocol coordinated \
              --checkpoint-every 1 --seed 9 --kill node:1@recovery:1"
+        );
+        // What a logging or storage sweep sets is in the command too.
+        let mut cfg = Config::new(8)
+            .nodes(4)
+            .protocol(ProtocolKind::Correlated)
+            .backend(Backend::Processes)
+            .seed(3)
+            .kill("2@40%".parse().expect("spec"));
+        cfg.listen = "tcp".parse().expect("listen");
+        cfg.storage = vec![LevelSpec::Rs {
+            parity: 2,
+            every: 1,
+        }];
+        cfg.log_budget = Some(342_080);
+        cfg.sets = SetRule::Consecutive(2);
+        let c = reproduce_command(AppKind::Cg, &params, &cfg);
+        assert_eq!(
+            c,
+            format!(
+                "lazarus run cg --class S --ranks 8 --nodes 4 --backend processes --protocol \
+                 correlated --checkpoint-every 1 --seed 3 --listen {} --storage rs:2@1 \
+                 --log-budget 342080 --sets 2 --kill 2@40%",
+                cfg.listen
+            )
         );
     }
 }
