@@ -276,6 +276,10 @@ pub struct Pessimistic {
     /// Recovery of this replacement.
     phase: Phase,
     replay: Vec<Determinant>,
+    /// The highest SSN of each rank's messages that this re-execution's
+    /// replay names (`Hsr::replayed`): kept after the replay is handed to
+    /// the engine, as ranks asking later must still learn it.
+    replay_names: BTreeMap<Rank, u64>,
     /// `Recovering` requests that came before this replacement restored.
     deferred: Vec<(Rank, u64)>,
     /// Destinations asked to checkpoint (log budget), until they trim.
@@ -317,6 +321,7 @@ impl Pessimistic {
             hsr_pending: BTreeSet::new(),
             phase: Phase::Done,
             replay: Vec::new(),
+            replay_names: BTreeMap::new(),
             deferred: Vec::new(),
             requested: BTreeSet::new(),
             counters: Counters::default(),
@@ -592,11 +597,7 @@ impl Pessimistic {
     /// replay names: its re-execution regenerates up to there (`regen`).
     fn send_hsr(&self, r: Rank, cx: &mut ProtocolCx<'_>) {
         let hsr = cx.hsr.get(&r).copied().unwrap_or(0);
-        let replayed = (self.replay.iter())
-            .filter(|d| d.src == r)
-            .map(|d| d.ssn)
-            .max()
-            .unwrap_or(0);
+        let replayed = self.replay_names.get(&r).copied().unwrap_or(0);
         Self::send(cx, r, LogMsg::Hsr { hsr, replayed });
     }
 
@@ -751,6 +752,16 @@ impl Pessimistic {
         }
     }
 
+    /// The determinants this re-execution replays, and what they name of
+    /// each rank's messages.
+    fn set_replay(&mut self, replay: Vec<Determinant>) {
+        self.replay_names.clear();
+        for d in &replay {
+            raise(&mut self.replay_names, d.src, d.ssn);
+        }
+        self.replay = replay;
+    }
+
     /// Once every holder still alive answered `Located`: restore the newest
     /// generation a complete holder has, with every determinant they hold.
     fn try_decide(&mut self, cx: &mut ProtocolCx<'_>) {
@@ -774,7 +785,7 @@ impl Pessimistic {
         for a in answers.values() {
             dets.extend(a.determinants.iter().map(|d| (d.rsn, *d)));
         }
-        self.replay = dets.into_values().collect();
+        self.set_replay(dets.into_values().collect());
         if self.set_coordinated {
             // The set decides (every member must restore the same one).
             self.phase = Phase::AwaitingDecision(answers);
@@ -1084,6 +1095,7 @@ impl Protocol for Pessimistic {
                 self.hsr_pending = self.set_peers(cx.rank).collect();
                 self.requested.clear();
                 self.replay.clear();
+                self.replay_names.clear();
                 cx.emit(Action::InRecovery(Some(epoch)));
                 let holders = Self::holders(cx);
                 if holders.is_empty() {
@@ -1252,16 +1264,31 @@ mod tests {
         );
         assert!(p.regenerating(&BTreeMap::from([(0, 43)])));
         assert!(!p.regenerating(&BTreeMap::from([(0, 44)])));
-        // And this rank tells its set peer at its own restore.
+        // And this rank tells its set peer at its own restore what its own
+        // replay names of the peer's messages.
+        p.set_replay(vec![
+            Determinant {
+                rsn: 1,
+                src: 0,
+                ssn: 7,
+                at: None,
+            },
+            Determinant {
+                rsn: 2,
+                src: 3,
+                ssn: 12,
+                at: None,
+            },
+        ]);
         let a = h.run(&mut p, Event::Restored { generation: None });
         assert!(
-            a.iter().any(|x| matches!(
-                x,
-                Action::Transmit {
-                    dest: 0,
-                    msg: Control::Log(LogMsg::Hsr { replayed: 0, .. })
-                }
-            )),
+            a.contains(&Action::Transmit {
+                dest: 0,
+                msg: Control::Log(LogMsg::Hsr {
+                    hsr: 0,
+                    replayed: 7
+                })
+            }),
             "{a:?}"
         );
     }
@@ -1548,12 +1575,24 @@ mod tests {
             })
             .collect();
         assert_eq!(asked, vec![0, 1, 2]);
-        // The deferred request of rank 1 was answered.
+        // The deferred request of rank 1 was answered, naming the message
+        // of rank 1 the replay expects (so that rank 1, re-executing too,
+        // regenerates it exactly before applying unplaced requests).
         assert!(a.contains(&Action::Transmit {
             dest: 1,
             msg: Control::Log(LogMsg::Hsr {
                 hsr: 0,
-                replayed: 0
+                replayed: 9
+            })
+        }));
+        // A rank asking later, after the replay went to the engine, learns
+        // it too.
+        let a = h.control(&mut p, 1, LogMsg::Recovering { hsr: 0 });
+        assert!(a.contains(&Action::Transmit {
+            dest: 1,
+            msg: Control::Log(LogMsg::Hsr {
+                hsr: 0,
+                replayed: 9
             })
         }));
     }

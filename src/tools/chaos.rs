@@ -262,6 +262,11 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
         ..plan.base.clone()
     };
     base.validate()?;
+    // A protocol that cannot run this configuration (say, `correlated` with
+    // an erasure level) is a usage error, not a failure of every case.
+    for &protocol in &plan.protocols {
+        base.clone().compared_under(protocol).validate()?;
+    }
     let reference = run_app(
         plan.app,
         &plan.params,
@@ -328,6 +333,35 @@ mod tests {
             }
         }
         assert_ne!(scenario(1, &cfg, 15), scenario(2, &cfg, 15));
+    }
+
+    #[test]
+    fn a_protocol_that_cannot_take_the_storage_is_refused_before_any_case() {
+        let mut base = Config::new(8).nodes(4);
+        base.storage = vec![LevelSpec::Rs {
+            parity: 2,
+            every: 1,
+        }];
+        let plan = ChaosPlan {
+            app: AppKind::Stencil,
+            params: AppParams {
+                class: Some('S'),
+                ..AppParams::default()
+            },
+            base,
+            backend: Backend::Sim,
+            protocols: vec![ProtocolKind::Coordinated, ProtocolKind::Correlated],
+            from: 1,
+            seeds: 3,
+            bound: Duration::from_secs(60),
+        };
+        let mut seen = 0;
+        let r = chaos(&plan, |_| seen += 1);
+        assert!(
+            matches!(&r, Err(Error::Config { option, .. }) if option == "--storage"),
+            "{r:?}"
+        );
+        assert_eq!(seen, 0, "no case runs");
     }
 
     #[test]
