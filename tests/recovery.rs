@@ -338,6 +338,40 @@ fn unexpected_messages_survive_rollback() {
     }
 }
 
+/// A one-rank job whose message to itself is still on its way at a
+/// checkpoint: the coordinated round must wait for it to arrive (the root
+/// has no children to ask), then save it as unexpected.
+#[test]
+fn a_single_rank_checkpoints_with_a_message_to_itself_in_flight() {
+    for backend in Backend::ALL {
+        let cfg = common::config(backend, 1)
+            .protocol(ProtocolKind::Coordinated)
+            .checkpoint_every(1)
+            .kill("0@i3".parse().expect("spec"));
+        let report = lazarus::run(&cfg, |ctx| {
+            let world = ctx.world();
+            let mut st: (u64, u64) = ctx.restore_or_else(|| (0, 0))?;
+            while st.0 < 6 {
+                // Sent in iteration i, received in i + 1.
+                world.send(0, 5, &[st.0 + 1])?;
+                st.0 += 1;
+                ctx.checkpoint(&st)?;
+                let (v, _) = world.receive::<u64>(0, 5)?;
+                st.1 += v[0];
+            }
+            Ok(st.1)
+        });
+        let got = report.outcome.expect("job succeeds");
+        assert_eq!(got, vec![21], "{backend}");
+        assert_eq!(report.stats.failures, 1, "{backend}");
+        assert!(
+            report.stats.checkpoints >= 5,
+            "{backend}: {:?}",
+            report.stats
+        );
+    }
+}
+
 /// Several kills at seeded random moments on more ranks and nodes.
 #[test]
 fn random_kills_never_change_the_answer() {

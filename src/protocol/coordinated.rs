@@ -194,6 +194,17 @@ impl Coordinated {
                 },
             }),
             None if sent == arrived => self.on_silent(g, cx),
+            // A root without children (a one-rank job) counts only itself:
+            // its next round starts when a `Recount` to itself arrives, after
+            // the messages it sent itself before it (the channel to self is
+            // FIFO), rather than again at once with the same counts.
+            None if child_count(cx.rank, cx.size) == 0 => cx.emit(Action::Transmit {
+                dest: cx.rank,
+                msg: Control::Recount {
+                    generation: g,
+                    round: self.round + 1,
+                },
+            }),
             None => self.on_recount(g, self.round + 1, cx),
         }
     }
@@ -594,7 +605,18 @@ mod tests {
                 },
             },
         );
-        assert_eq!(a.len(), 2, "recount forwarded to both children: {a:?}");
+        let recount = |dest| Action::Transmit {
+            dest,
+            msg: Control::Recount {
+                generation: 1,
+                round: 1,
+            },
+        };
+        assert_eq!(
+            a,
+            vec![recount(5), recount(6)],
+            "recount forwarded to both children"
+        );
         h.run(
             &mut p,
             1,
@@ -679,12 +701,44 @@ mod tests {
         h.arrived = 2;
         let a = h.run(&mut p, 0, Event::SafePoint { index: 1 });
         assert_eq!(a, vec![Action::Capture { generation: 1 }]);
-        h.sent = 0;
         let a = h.run(&mut p, 0, Event::PieceStored { generation: 1 });
         assert_eq!(
             a,
             vec![Action::Commit { generation: 1 }, Action::ReleaseSafePoint]
         );
+    }
+
+    /// Alone with a message to itself still on its way: it counts again when
+    /// its own `Recount` arrives (after that message), not in a loop.
+    #[test]
+    fn root_alone_waits_for_its_message_to_itself() {
+        let mut h = Harness::new(0, 1, 1);
+        let mut p = Coordinated::new(1);
+        h.sent = 3;
+        h.arrived = 2;
+        let recount = |round| Action::Transmit {
+            dest: 0,
+            msg: Control::Recount {
+                generation: 1,
+                round,
+            },
+        };
+        let a = h.run(&mut p, 0, Event::SafePoint { index: 1 });
+        assert_eq!(a, vec![recount(1)]);
+        // Its recount came back before the message: again.
+        let msg = Control::Recount {
+            generation: 1,
+            round: 1,
+        };
+        let a = h.run(&mut p, 0, Event::Control { src: 0, msg });
+        assert_eq!(a, vec![recount(2)]);
+        h.arrived = 3;
+        let msg = Control::Recount {
+            generation: 1,
+            round: 2,
+        };
+        let a = h.run(&mut p, 0, Event::Control { src: 0, msg });
+        assert_eq!(a, vec![Action::Capture { generation: 1 }]);
     }
 
     #[test]

@@ -433,7 +433,9 @@ impl Ulml {
         }
         // The results from `index` on, up to the first gap.
         let run: Vec<Bytes> = match self.results.get(&context) {
-            Some(l) => (index..)
+            // Inclusive ranges: a number from the network near u64::MAX
+            // ends the run instead of overflowing.
+            Some(l) => (index..=u64::MAX)
                 .zip(l.range(index..))
                 .take_while(|(next, (i, _))| *i == next)
                 .map(|(_, (_, b))| b.clone())
@@ -475,7 +477,7 @@ impl Ulml {
         {
             cur.caught_up = true;
         }
-        for (i, b) in (from..).zip(results) {
+        for (i, b) in (from..=u64::MAX).zip(results) {
             if i > done {
                 self.keep(context, i, &b);
             }
@@ -494,7 +496,10 @@ impl Ulml {
             let Some(log) = self.results.get_mut(&context) else {
                 continue;
             };
-            let keep = log.split_off(&(upto + 1));
+            let keep = match upto.checked_add(1) {
+                Some(first_kept) => log.split_off(&first_kept),
+                None => BTreeMap::new(),
+            };
             let dropped = std::mem::replace(log, keep);
             let bytes = dropped.values().map(Bytes::len).sum();
             self.p2p.count_dropped(dropped.len(), bytes);
@@ -1061,5 +1066,56 @@ mod tests {
             a.as_slice(),
             [Action::Fail(Error::Unrecoverable(_))]
         ));
+    }
+
+    /// Collective numbers come from other ranks: the largest do not
+    /// overflow (a trim to the end drops everything).
+    #[test]
+    fn collective_numbers_at_the_end_of_the_range_do_not_overflow() {
+        let mut q = Ulml::new(0, None);
+        for i in 1..=2u64 {
+            complete(1, &mut q, i, &Bytes::from(vec![0u8; 10]));
+        }
+        control(
+            1,
+            &mut q,
+            2,
+            CollMsg::Results {
+                context: 1,
+                from: u64::MAX,
+                results: vec![Bytes::from(vec![1u8]), Bytes::from(vec![2u8])],
+                on_completion: false,
+            },
+        );
+        assert_eq!(
+            q.results[&1].keys().copied().collect::<Vec<_>>(),
+            vec![1, 2, u64::MAX]
+        );
+        let a = control(
+            1,
+            &mut q,
+            2,
+            CollMsg::ResultRequest {
+                context: 1,
+                index: u64::MAX,
+            },
+        );
+        assert!(
+            a.iter().any(|x| matches!(
+                x,
+                Action::Transmit { dest: 2, msg: Control::Collective(CollMsg::Results { from: u64::MAX, results, .. }) }
+                    if results.len() == 1
+            )),
+            "{a:?}"
+        );
+        control(
+            1,
+            &mut q,
+            0,
+            CollMsg::Trim {
+                counts: vec![(1, u64::MAX)],
+            },
+        );
+        assert!(q.results[&1].is_empty());
     }
 }
