@@ -22,44 +22,69 @@ fn last_line(o: &Output) -> String {
     stdout(o).lines().last().unwrap_or_default().to_string()
 }
 
+/// The number of failures a `lazarus run` summary reports.
+fn failures(o: &Output) -> Option<u64> {
+    stdout(o)
+        .lines()
+        .find_map(|l| l.split("; failures ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
 #[test]
 fn cg_s_prints_verified_zeta_and_survives_kills_with_the_same_string() {
     let base = lazarus(&["run", "cg", "--class", "S", "--ranks", "4"]);
     assert_eq!(base.status.code(), Some(0), "{}", stderr(&base));
     let line = last_line(&base);
     assert!(line.starts_with("VERIFIED 8.5971775078648"), "{line}");
-    for extra in [
-        &["--protocol", "coordinated", "--kill", "1@50%"][..],
-        &[
-            "--protocol",
-            "coordinated",
-            "--nodes",
-            "2",
-            "--kill",
-            "node:1@30%",
-        ][..],
-        &[
-            "--protocol",
-            "coordinated",
-            "--kill",
-            "1@30%",
-            "--kill",
-            "3@60%",
-        ][..],
-        &[
-            "--protocol",
-            "coordinated",
-            "--kill",
-            "1@30%",
-            "--kill",
-            "2@recovery",
-        ][..],
+    // Each with the number of failures it must cause.
+    for (extra, kills) in [
+        (&["--protocol", "coordinated", "--kill", "1@50%"][..], 1),
+        (
+            &[
+                "--protocol",
+                "coordinated",
+                "--nodes",
+                "2",
+                "--kill",
+                "node:1@30%",
+            ][..],
+            1,
+        ),
+        (
+            &[
+                "--protocol",
+                "coordinated",
+                "--kill",
+                "1@30%",
+                "--kill",
+                "3@60%",
+            ][..],
+            2,
+        ),
+        (
+            &[
+                "--protocol",
+                "coordinated",
+                "--kill",
+                "1@30%",
+                "--kill",
+                "2@recovery",
+            ][..],
+            2,
+        ),
     ] {
         let mut args = vec!["run", "cg", "--class", "S", "--ranks", "4"];
         args.extend_from_slice(extra);
         let o = lazarus(&args);
         assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stderr(&o));
         assert_eq!(last_line(&o), line, "{extra:?}");
+        assert!(
+            !stderr(&o).contains("never fired"),
+            "{extra:?}: {}",
+            stderr(&o)
+        );
+        assert_eq!(failures(&o), Some(kills), "{extra:?}: {}", stdout(&o));
     }
 }
 
@@ -272,7 +297,19 @@ fn bench_reports_ratios_to_none() {
     assert_eq!(ps[0]["protocol"], "none");
     assert_eq!(ps[0]["ratio"], 1.0);
     assert_eq!(ps[1]["protocol"], "coordinated");
-    assert!(ps[1]["ratio"].as_f64().is_some_and(|r| r > 0.0));
+    // The ratio is the quotient of the two medians.
+    let median = |p: &serde_json::Value| {
+        let v: Vec<f64> = (p["wall_s"].as_array().expect("wall times").iter())
+            .map(|x| x.as_f64().expect("seconds"))
+            .collect();
+        lazarus::tools::bench::median(&v)
+    };
+    let want = median(&ps[1]) / median(&ps[0]);
+    let ratio = ps[1]["ratio"].as_f64().expect("ratio");
+    assert!(
+        want > 0.0 && (ratio - want).abs() <= 1e-9 * want,
+        "ratio {ratio}, medians give {want}"
+    );
     assert_eq!(ps[0]["value"], ps[1]["value"]);
     assert_eq!(ps[1]["wall_s"].as_array().map(Vec::len), Some(3));
     assert!(
@@ -423,7 +460,7 @@ fn daly_interval_is_used_and_reported() {
         "--checkpoint-interval",
         "daly",
         "--mtbf",
-        "500ms",
+        "5s",
         "--checkpoint-every",
         "1",
         "--kill",
@@ -436,12 +473,21 @@ fn daly_interval_is_used_and_reported() {
         serde_json::from_str(&std::fs::read_to_string(&path).expect("summary")).expect("JSON");
     let cost = v["daly_cost_s"].as_f64().expect("measured cost reported");
     let tau = v["daly_interval_s"].as_f64().expect("interval reported");
-    let expected = lazarus::tools::model::daly_interval(cost, 0.5).expect("valid");
+    let expected = lazarus::tools::model::daly_interval(cost, 5.0).expect("valid");
     assert!(
         (tau - expected).abs() <= 1e-12 * expected.max(1.0),
         "{tau} vs {expected}"
     );
-    assert!(v["daly_every"].as_u64().is_some_and(|e| e >= 1));
+    // Used: a checkpoint of well under a millisecond against a 5 s MTBF
+    // gives an interval of many of CG S's 15 safe points, not the first
+    // interval's every one.
+    let every = v["daly_every"].as_u64().expect("daly_every reported");
+    assert!(every > 1, "daly_every {every}");
+    let checkpoints = v["checkpoints"].as_u64().expect("checkpoints reported");
+    assert!(
+        (1..15).contains(&checkpoints),
+        "{checkpoints} checkpoints with daly_every {every}"
+    );
     for bad in [
         &["--checkpoint-interval", "daly"][..],
         &["--mtbf", "5s"][..],

@@ -144,6 +144,12 @@ fn check_wildcard(protocol: ProtocolKind, backend: Backend, kill: &str) {
     let mut orders = arrivals.clone();
     orders.sort();
     orders.dedup();
+    // The chain tells orders apart only if they differ: a replay that
+    // ignored the determinants would reproduce a fixed order by itself.
+    assert!(
+        orders.len() > 1,
+        "{what}: every iteration saw the same arrival order {orders:?}"
+    );
     println!(
         "{what}: {} distinct arrival orders in {ITERATIONS} iterations, {} messages resent",
         orders.len(),
@@ -245,6 +251,13 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
         // Without periodic checkpoints the logs only grow.
         let free = run_app(AppKind::Cg, &params, &base.clone().checkpoint_every(0));
         let unbounded = free.stats.peak_log_bytes;
+        // The reference logs, and takes no checkpoint of its own: any in
+        // the budgeted run below are forced by the budget.
+        assert!(unbounded > 0, "{backend}: nothing logged");
+        assert_eq!(
+            free.stats.checkpoints, 0,
+            "{backend}: checkpoints without a budget"
+        );
         // ULML's collective results can be dropped only once every rank's
         // checkpoint passed them, so its log holds at least two safe-point
         // intervals of results (one in CG S is about 1/15 of the unbounded

@@ -375,31 +375,38 @@ fn whole_job_restart_after_everything_was_killed() {
         let args = ["--checkpoint-every", "1", "--storage", &storage];
         // Kill everything once a generation is committed on disk.
         let mut frac = 0.6;
-        loop {
+        let mut attempts = 0;
+        let newest = loop {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("tmp dir");
-            let child = start_job(app, "coordinated", &args);
+            let mut child = start_job(app, "coordinated", &args);
             let launcher = child.id();
             let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
             std::thread::sleep(wall.mul_f64(frac));
-            let alive = sigkill(launcher);
+            // Still running (an exited launcher not yet reaped would still
+            // take the signal).
+            let alive = matches!(child.try_wait(), Ok(None)) && sigkill(launcher);
             for pid in ranks.values() {
                 sigkill(*pid);
             }
-            let _ = finish(child);
+            let (out, _, ok) = finish(child);
             assert_no_orphans(launcher, "killed job");
-            let committed = lazarus::store::disk::committed_generations(&ckpt)
-                .map(|g| !g.is_empty())
-                .unwrap_or(false);
-            if alive && committed {
-                break;
+            let newest = lazarus::store::disk::committed_generations(&ckpt)
+                .ok()
+                .and_then(|g| g.into_iter().max());
+            // Killed for real: it ended without finishing (the launcher may
+            // still have finished between the check and the signal).
+            let killed = alive && !ok && verified(&out).is_none();
+            if let (true, Some(g)) = (killed, newest) {
+                break g;
             }
+            attempts += 1;
             assert!(
-                frac < 5.0,
-                "{app:?}: never caught the job with a committed generation"
+                attempts < 12,
+                "{app:?}: never caught the job running with a committed generation"
             );
-            frac = if alive { frac * 1.5 } else { frac / 2.0 };
-        }
+            frac = if killed { frac * 1.5 } else { frac / 2.0 };
+        };
         let child = start_job(
             app,
             "coordinated",
@@ -409,7 +416,16 @@ fn whole_job_restart_after_everything_was_killed() {
         let (out, err, ok) = finish(child);
         assert_no_orphans(launcher, "restarted job");
         assert!(ok, "{app:?}: restart failed\n{out}\n{err}");
-        assert!(out.contains("restarting from generation"), "{out}");
+        let from: Option<u64> = out
+            .lines()
+            .find_map(|l| l.strip_prefix("restarting from generation "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|g| g.parse().ok());
+        assert_eq!(
+            from,
+            Some(newest),
+            "{app:?}: not the newest committed generation\n{out}"
+        );
         assert_eq!(verified(&out).as_deref(), Some(want.as_str()), "{app:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }

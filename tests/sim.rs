@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lazarus::apps::{AppKind, AppParams, run_app};
+use lazarus::apps::{AppKind, AppParams, AppRun, run_app};
 use lazarus::tools::chaos::{ChaosPlan, Verdict, chaos, scenario};
 use lazarus::{Backend, Config, Error, ProtocolKind};
 
@@ -175,11 +175,15 @@ fn a_chaos_case_replays_exactly_from_its_seed() {
     cfg.kills = scenario(42, &cfg, 15);
     let a = run_app(AppKind::Cg, &cg_s(), &cfg);
     let b = run_app(AppKind::Cg, &cg_s(), &cfg);
-    assert_eq!(
-        a.sim.map(|s| s.trace_hash),
-        b.sim.map(|s| s.trace_hash),
-        "kills {:?}",
-        cfg.kills
-    );
+    let trace = |r: &AppRun| r.sim.as_ref().expect("a simulator run").trace_hash;
+    assert_eq!(trace(&a), trace(&b), "kills {:?}", cfg.kills);
+    assert!(a.stats.failures > 0, "kills {:?} never fired", cfg.kills);
     assert_eq!(a.stats.failures, b.stats.failures);
+    let value = |r: &AppRun| {
+        r.outcome
+            .as_ref()
+            .map(|v| v.value.clone())
+            .expect("the case verifies")
+    };
+    assert_eq!(value(&a), value(&b));
 }

@@ -166,18 +166,19 @@ fn xor_plus_disk_schedule_from_the_command_line() {
                 .args(extra)
                 .output()
                 .expect("runs");
-            assert!(
-                out.status.success(),
-                "{backend} {extra:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            common::last_line(&out.stdout)
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{backend} {extra:?}: {err}");
+            assert!(!err.contains("never fired"), "{backend} {extra:?}: {err}");
+            (
+                common::last_line(&out.stdout),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
         };
-        let expected = job(&[]);
+        let (expected, _) = job(&[]);
         assert!(expected.starts_with("VERIFIED "), "{expected}");
         let dir = temp_dir(&format!("schedule-{backend}"));
         let disk = format!("disk:{}@2", dir.display());
-        let got = job(&[
+        let (got, out) = job(&[
             "--protocol",
             "coordinated",
             "--checkpoint-every",
@@ -190,6 +191,10 @@ fn xor_plus_disk_schedule_from_the_command_line() {
             "node:1@60%",
         ]);
         assert_eq!(got, expected, "{backend}: xor + disk@2 with a node kill");
+        assert!(
+            out.contains("; failures 1 (2 ranks killed)"),
+            "{backend}: the node kill did not happen\n{out}"
+        );
         // Only even generations reach the disk, and inspect reads them.
         let gens = lazarus::store::disk::committed_generations(&dir).expect("readable");
         assert!(!gens.is_empty(), "{backend}: nothing committed on disk");
