@@ -805,6 +805,87 @@ mod tests {
             (Collective::AllReduce, 1),
             "per-kind counter"
         );
+        // Counted once: one record of the result's 16 bytes.
+        let a = run(0, &mut p, Event::Finish);
+        assert_eq!(
+            a,
+            vec![Action::Record(crate::driver::Stat::Log {
+                records: 1,
+                bytes: 16,
+                spared_bytes: 0,
+                determinants: 0,
+                resent: 0,
+                collectives_from_log: 0,
+                log_records: 1,
+                log_bytes: 16,
+            })]
+        );
+    }
+
+    /// A substitute asks at each collective until one completes by a real
+    /// attempt: a member that completed it after the request came
+    /// (`on_completion`) shows the substitute was taking part, and it stops
+    /// asking; results of history (not `on_completion`) do not.
+    #[test]
+    fn a_substitute_stops_asking_once_a_member_completed_with_it() {
+        for on_completion in [true, false] {
+            let mut p = Ulml::new(0, None);
+            run(
+                2,
+                &mut p,
+                Event::Restored {
+                    generation: Some(1),
+                },
+            );
+            let a = run(
+                2,
+                &mut p,
+                Event::CollectiveBegin {
+                    context: 1,
+                    index: 1,
+                    kind: Collective::AllReduce,
+                    group: &GROUP,
+                },
+            );
+            assert_eq!(requests(&a), vec![0, 1, 3]);
+            let r = Bytes::from_static(b"r1");
+            control(
+                2,
+                &mut p,
+                0,
+                CollMsg::Results {
+                    context: 1,
+                    from: 1,
+                    results: vec![r.clone()],
+                    on_completion,
+                },
+            );
+            run(
+                2,
+                &mut p,
+                Event::CollectiveEnd {
+                    context: 1,
+                    index: 1,
+                    kind: Collective::AllReduce,
+                    result: Some(&r),
+                },
+            );
+            let a = run(
+                2,
+                &mut p,
+                Event::CollectiveBegin {
+                    context: 1,
+                    index: 2,
+                    kind: Collective::AllReduce,
+                    group: &GROUP,
+                },
+            );
+            if on_completion {
+                assert!(requests(&a).is_empty(), "caught up: {a:?}");
+            } else {
+                assert_eq!(requests(&a), vec![0, 1, 3], "still re-executing history");
+            }
+        }
     }
 
     #[test]
