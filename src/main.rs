@@ -1063,7 +1063,15 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         sets: args.sets,
         seed: args.from,
     };
-    let (app, params, base) = build(&job, ProtocolKind::None)?;
+    // Validated as the protocol that takes every option given (as `bench`
+    // does); each case then drops what its protocol does not take.
+    let chosen = protocols(&args.protocols)?;
+    let as_protocol = if chosen.contains(&ProtocolKind::Correlated) {
+        ProtocolKind::Correlated
+    } else {
+        ProtocolKind::None
+    };
+    let (app, params, base) = build(&job, as_protocol)?;
     if base
         .storage
         .iter()
@@ -1086,7 +1094,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         params,
         backend: base.backend,
         base,
-        protocols: protocols(&args.protocols)?,
+        protocols: chosen,
         from: args.from,
         seeds: args.seeds,
         bound: std::time::Duration::from_secs_f64(args.bound_s),

@@ -347,6 +347,45 @@ fn chaos_sweep_passes_and_reports_json() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--sets`, `--log-budget` and `--storage` reach the cases as for `run`;
+/// an option no chosen protocol takes is a usage error before any case.
+#[test]
+fn chaos_takes_the_logging_and_storage_options_of_run() {
+    let base = [
+        "chaos", "--app", "dht", "--size", "64", "--ranks", "8", "--nodes", "4", "--seeds", "2",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        lazarus(&args)
+    };
+    let o = run(&[
+        "--protocols",
+        "correlated,pessimistic",
+        "--sets",
+        "2",
+        "--log-budget",
+        "20000",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("correlated: pass") && stderr(&o).contains("pessimistic: pass"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--protocols", "coordinated", "--storage", "rs:2"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    for bad in [
+        &["--protocols", "pessimistic", "--sets", "2"][..],
+        &["--protocols", "coordinated,ulml", "--storage", "xor"][..],
+        &["--protocols", "coordinated", "--storage", "disk:/tmp/x"][..],
+    ] {
+        let o = run(bad);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains(": pass"), "{bad:?}: no case runs");
+    }
+}
+
 #[test]
 fn chaos_failure_prints_a_replay_command_and_exits_1() {
     let o = lazarus(&[

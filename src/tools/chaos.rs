@@ -261,7 +261,9 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
         progress_bar: false,
         ..plan.base.clone()
     };
-    base.validate()?;
+    // The base as the failure-free reference runs it (`--sets` belongs to
+    // `correlated` alone), then as each protocol does.
+    base.clone().compared_under(ProtocolKind::None).validate()?;
     // A protocol that cannot run this configuration (say, `correlated` with
     // an erasure level) is a usage error, not a failure of every case.
     for &protocol in &plan.protocols {
