@@ -194,10 +194,13 @@ impl Communicator {
 
     /// The world rank of communicator rank `r`.
     pub fn world_rank(&self, r: Rank) -> Result<Rank> {
-        self.group.world_rank(r).ok_or(Error::RankOutOfRange {
-            rank: r,
-            size: self.group.len(),
-        })
+        // Built only on the error path: this runs on every send and receive.
+        self.group
+            .world_rank(r)
+            .ok_or_else(|| Error::RankOutOfRange {
+                rank: r,
+                size: self.group.len(),
+            })
     }
 
     fn spec(&self, context: ContextId, source: Source, tag: TagMatch) -> Result<MatchSpec> {

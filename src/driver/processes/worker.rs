@@ -329,6 +329,34 @@ impl ProcessEndpoint {
     }
 
     /// Apply every control message already here.
+    /// [`Endpoint::fault_point`] with kills still to fire on this rank.
+    #[cold]
+    #[inline(never)]
+    fn fault_point_armed(&mut self, at: &FaultPoint) -> Result<()> {
+        let rank = self.rank();
+        let Some((index, victims)) = self.plan.check_indexed(rank, at) else {
+            return Ok(());
+        };
+        self.armed = self.plan.armed_for(rank);
+        let req = WireMsg::KillRequest { index, victims };
+        if send_ctl(&self.ctl, &req, self.sh.max_frame).is_err() {
+            return Err(Error::Driver("lost the launcher".into()));
+        }
+        // Wait for the launcher's answer; keep other control messages.
+        loop {
+            match self.ctl_rx.recv() {
+                Ok(WireMsg::KillAnswer { granted: true }) => loop {
+                    // The launcher is killing us (SIGKILL) with the other
+                    // victims at the same instant.
+                    std::thread::sleep(Duration::from_secs(1));
+                },
+                Ok(WireMsg::KillAnswer { granted: false }) => return Ok(()),
+                Ok(other) => self.stashed.push_back(other),
+                Err(_) => return Err(Error::Driver("lost the launcher".into())),
+            }
+        }
+    }
+
     fn drain_control(&mut self) {
         // Checked on every send and poll: looking at the channel's indices
         // is much cheaper than a `try_recv` that finds nothing.
@@ -876,31 +904,11 @@ impl Endpoint for ProcessEndpoint {
     }
 
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
+        // Called at every operation: the check stays small, the rest apart.
         if !self.armed {
             return Ok(());
         }
-        let rank = self.rank();
-        let Some((index, victims)) = self.plan.check_indexed(rank, at) else {
-            return Ok(());
-        };
-        self.armed = self.plan.armed_for(rank);
-        let req = WireMsg::KillRequest { index, victims };
-        if send_ctl(&self.ctl, &req, self.sh.max_frame).is_err() {
-            return Err(Error::Driver("lost the launcher".into()));
-        }
-        // Wait for the launcher's answer; keep other control messages.
-        loop {
-            match self.ctl_rx.recv() {
-                Ok(WireMsg::KillAnswer { granted: true }) => loop {
-                    // The launcher is killing us (SIGKILL) with the other
-                    // victims at the same instant.
-                    std::thread::sleep(Duration::from_secs(1));
-                },
-                Ok(WireMsg::KillAnswer { granted: false }) => return Ok(()),
-                Ok(other) => self.stashed.push_back(other),
-                Err(_) => return Err(Error::Driver("lost the launcher".into())),
-            }
-        }
+        self.fault_point_armed(at)
     }
 
     fn window_expose(
