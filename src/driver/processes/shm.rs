@@ -416,6 +416,11 @@ impl RingReader {
     /// is then unusable.
     pub fn pull(&mut self, max: usize) -> Result<Option<Record>, WireError> {
         let avail = self.available();
+        if avail == 0 {
+            // Nothing new (the common case of a rank polling while it
+            // waits): no record to continue or to start.
+            return Ok(None);
+        }
         if avail > self.map.capacity as u64 {
             return Err(WireError::Malformed(format!(
                 "ring claims {avail} unread bytes in {} of capacity",
