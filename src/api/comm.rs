@@ -247,9 +247,7 @@ impl Communicator {
         tag: TagMatch,
     ) -> Result<Message> {
         let spec = self.spec(context, source, tag)?;
-        let mut e = self.engine.borrow_mut();
-        let id = e.post_receive(spec)?;
-        let m = e.wait(id)?;
+        let m = self.engine.borrow_mut().receive(spec)?;
         Ok(Message {
             status: self.status(&m),
             payload: m.payload,

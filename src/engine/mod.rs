@@ -1004,6 +1004,17 @@ impl Engine {
     /// Wait for a receive to complete.
     pub fn wait(&mut self, id: ReqId) -> Result<AppMessage> {
         self.enter()?;
+        self.wait_entered(id)
+    }
+
+    /// A blocking receive: post it and wait for it, one operation (one
+    /// entry: interrupt check, fault point, RMA service).
+    pub fn receive(&mut self, spec: MatchSpec) -> Result<AppMessage> {
+        let id = self.post_receive(spec)?;
+        self.wait_entered(id)
+    }
+
+    fn wait_entered(&mut self, id: ReqId) -> Result<AppMessage> {
         loop {
             self.check()?;
             // An interrupted collective attempt consumes nothing more: a

@@ -277,6 +277,26 @@ impl RingWriter {
         n
     }
 
+    /// Write all of `parts` and publish them, if they fit whole (re-reading
+    /// the receiver's tail if the cached one says they do not); `false`,
+    /// with nothing written, if they do not.
+    pub fn write_whole(&mut self, parts: &[&[u8]]) -> bool {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let cap = self.map.capacity as u64;
+        if cap - (self.head - self.tail) < len {
+            self.tail = self.map.word64(OFF_TAIL).load(Ordering::Acquire);
+            if cap - (self.head - self.tail) < len {
+                return false;
+            }
+        }
+        for p in parts {
+            self.map.write_at(self.head, p);
+            self.head += p.len() as u64;
+        }
+        self.publish();
+        true
+    }
+
     /// Make everything written visible to the receiver; `false` if nothing
     /// new was written. A sender publishes a small frame once, whole (one
     /// store to the shared head, no half frame for the receiver to come

@@ -587,14 +587,32 @@ impl ProcessEndpoint {
     fn ring_send(&mut self, dest: Rank, msg: &WireMsg) -> Result<bool> {
         /// Parts larger than this are published every this many bytes.
         const STREAM_CHUNK: usize = 64 << 10;
+        let max = self.sh.max_frame;
+        let cannot = |e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}"));
+        // The common case first: a small application frame into a ring that
+        // is open and has room, written and published whole in place.
+        if let WireMsg::Frame(Frame {
+            src,
+            epoch,
+            body: Body::App(app),
+        }) = msg
+            && app.payload.len() < STREAM_CHUNK
+            && let Some(PeerState::Up { ring: Some(w), .. }) = self.peers.get_mut(dest)
+        {
+            let fixed = app_head(*src, *epoch, app, max).map_err(cannot)?;
+            if w.write_whole(&[&fixed, &app.payload]) {
+                if w.wake_needed() {
+                    self.doorbell(dest);
+                }
+                return Ok(true);
+            }
+        }
         let Some(inc) = self.up_incarnation(dest) else {
             return Ok(false);
         };
         let Some(mut w) = self.ring_to(dest) else {
             return Ok(false);
         };
-        let max = self.sh.max_frame;
-        let cannot = |e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}"));
         let mut scratch = std::mem::take(&mut self.scratch);
         let fixed;
         let rest;
