@@ -331,12 +331,21 @@ impl Coder {
                 // shard grew by doubling: copied again at every step).
                 let mut out: Vec<Vec<u8>> =
                     (0..parity).map(|_| Vec::with_capacity(shard_len)).collect();
+                // Each block's checksum is taken while it is in cache, as it
+                // is copied out: no second pass over the parity.
+                let mut crcs = vec![0u32; parity];
                 self.rs_parity_blocks(parity, pieces, shard_len, |j, s| {
                     out[j].extend_from_slice(s);
+                    crcs[j] = crc32c::crc32c_append(crcs[j], s);
                 })?;
                 out.into_iter()
+                    .zip(crcs)
                     .enumerate()
-                    .map(|(i, s)| Shard::new(i, Bytes::from(s)))
+                    .map(|(index, (s, crc))| Shard {
+                        index,
+                        data: Bytes::from(s),
+                        crc,
+                    })
                     .collect()
             }
         };
