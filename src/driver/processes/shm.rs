@@ -632,6 +632,38 @@ mod tests {
         }
     }
 
+    /// `write_whole` writes a frame all at once or not at all, re-reading
+    /// the receiver's tail when its cached one says the frame does not fit.
+    #[test]
+    fn a_whole_write_fits_entirely_or_writes_nothing() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "w").expect("attach");
+        let third: Vec<u8> = (0..MIN_CAPACITY / 3 - 4).map(|k| k as u8).collect();
+        let prefix = (third.len() as u32).to_le_bytes();
+        for _ in 0..3 {
+            assert!(w.write_whole(&[&prefix, &third]));
+        }
+        // Less room than a fourth: refused, nothing written or published.
+        let published = w.published;
+        assert!(!w.write_whole(&[&prefix, &third]));
+        assert_eq!((w.head, w.published), (published, published));
+        // The reader takes the three (each published whole, no wake-up
+        // needed), after which the writer's cached tail is stale: it must
+        // look again and find the room.
+        for _ in 0..3 {
+            let rec = r.pull(usize::MAX).expect("pull").expect("a whole frame");
+            assert_eq!(whole(rec).0, third);
+        }
+        assert!(r.pull(usize::MAX).expect("pull").is_none());
+        assert!(w.write_whole(&[&prefix, &third]));
+        let rec = r.pull(usize::MAX).expect("pull").expect("the fourth");
+        assert_eq!(whole(rec).0, third);
+        // A frame larger than the ring never fits.
+        let big = vec![7u8; MIN_CAPACITY + 1];
+        assert!(!w.write_whole(&[&big]));
+    }
+
     #[test]
     fn frames_cross_the_wrap_around_whole_and_in_order() {
         cross_the_wrap_around(CAPACITY);
