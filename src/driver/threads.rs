@@ -66,6 +66,10 @@ struct World {
     start: Instant,
     sup: Sender<SupMsg>,
     progress: AtomicU64,
+    /// A core for every rank: a waiting rank watches its inbox for a
+    /// while before it blocks (a reply is often well under a microsecond
+    /// away; waking a blocked thread takes several).
+    spin: bool,
 }
 
 impl World {
@@ -142,6 +146,32 @@ struct ThreadEndpoint {
     start_epoch: u64,
 }
 
+/// How long a waiting rank with a core of its own watches its inbox
+/// before it blocks.
+const SPIN: Duration = Duration::from_micros(20);
+
+impl ThreadEndpoint {
+    /// With a core for every rank: watch the inbox for up to [`SPIN`].
+    fn spin_for_mail(&self) -> Option<Mail> {
+        if !self.world.spin {
+            return None;
+        }
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                match self.inbox.try_recv() {
+                    Ok(m) => return Some(m),
+                    Err(TryRecvError::Disconnected) => return None,
+                    Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                }
+            }
+            if start.elapsed() >= SPIN {
+                return None;
+            }
+        }
+    }
+}
+
 impl Endpoint for ThreadEndpoint {
     fn rank(&self) -> Rank {
         self.rank
@@ -177,10 +207,13 @@ impl Endpoint for ThreadEndpoint {
                 TryRecvError::Empty => RecvTimeoutError::Timeout,
                 TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
             }),
-            None => self
-                .inbox
-                .recv()
-                .map_err(|_| RecvTimeoutError::Disconnected),
+            None => match self.spin_for_mail() {
+                Some(m) => Ok(m),
+                None => self
+                    .inbox
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            },
             Some(t) => self.inbox.recv_timeout(t),
         };
         match got {
@@ -305,6 +338,7 @@ pub(crate) fn run<T: Send + 'static>(
         start: Instant::now(),
         sup: sup_tx.clone(),
         progress: AtomicU64::new(0),
+        spin: size <= std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
     });
 
     let spawn =
