@@ -753,17 +753,34 @@ mod tests {
 
     const GROUP: [Rank; 4] = [0, 1, 2, 3];
 
-    fn complete(rank: Rank, p: &mut Ulml, index: u64, result: &Bytes) -> Vec<Action> {
-        let mut a = run(
+    fn begin(rank: Rank, p: &mut Ulml, index: u64, kind: Collective) -> Vec<Action> {
+        run(
             rank,
             p,
             Event::CollectiveBegin {
                 context: 1,
                 index,
-                kind: Collective::AllReduce,
+                kind,
                 group: &GROUP,
             },
+        )
+    }
+
+    /// A substitute for `rank`, restored from generation 1.
+    fn substitute(rank: Rank) -> Ulml {
+        let mut p = Ulml::new(0, None);
+        run(
+            rank,
+            &mut p,
+            Event::Restored {
+                generation: Some(1),
+            },
         );
+        p
+    }
+
+    fn complete(rank: Rank, p: &mut Ulml, index: u64, result: &Bytes) -> Vec<Action> {
+        let mut a = begin(rank, p, index, Collective::AllReduce);
         a.extend(run(
             rank,
             p,
@@ -829,24 +846,8 @@ mod tests {
     #[test]
     fn a_substitute_stops_asking_once_a_member_completed_with_it() {
         for on_completion in [true, false] {
-            let mut p = Ulml::new(0, None);
-            run(
-                2,
-                &mut p,
-                Event::Restored {
-                    generation: Some(1),
-                },
-            );
-            let a = run(
-                2,
-                &mut p,
-                Event::CollectiveBegin {
-                    context: 1,
-                    index: 1,
-                    kind: Collective::AllReduce,
-                    group: &GROUP,
-                },
-            );
+            let mut p = substitute(2);
+            let a = begin(2, &mut p, 1, Collective::AllReduce);
             assert_eq!(requests(&a), vec![0, 1, 3]);
             let r = Bytes::from_static(b"r1");
             control(
@@ -870,16 +871,7 @@ mod tests {
                     result: Some(&r),
                 },
             );
-            let a = run(
-                2,
-                &mut p,
-                Event::CollectiveBegin {
-                    context: 1,
-                    index: 2,
-                    kind: Collective::AllReduce,
-                    group: &GROUP,
-                },
-            );
+            let a = begin(2, &mut p, 2, Collective::AllReduce);
             if on_completion {
                 assert!(requests(&a).is_empty(), "caught up: {a:?}");
             } else {
@@ -892,16 +884,7 @@ mod tests {
     fn a_survivor_inside_a_collective_restarts_it_asks_and_completes_from_a_log_then_stops_asking()
     {
         let mut p = Ulml::new(0, None);
-        run(
-            1,
-            &mut p,
-            Event::CollectiveBegin {
-                context: 1,
-                index: 5,
-                kind: Collective::AllReduce,
-                group: &GROUP,
-            },
-        );
+        begin(1, &mut p, 5, Collective::AllReduce);
         let a = run(
             1,
             &mut p,
@@ -998,24 +981,8 @@ mod tests {
 
     #[test]
     fn a_substitute_replays_collectives_from_received_results_without_asking_again() {
-        let mut p = Ulml::new(0, None);
-        run(
-            2,
-            &mut p,
-            Event::Restored {
-                generation: Some(1),
-            },
-        );
-        let a = run(
-            2,
-            &mut p,
-            Event::CollectiveBegin {
-                context: 1,
-                index: 1,
-                kind: Collective::Barrier,
-                group: &GROUP,
-            },
-        );
+        let mut p = substitute(2);
+        let a = begin(2, &mut p, 1, Collective::Barrier);
         assert_eq!(requests(&a), vec![0, 1, 3]);
         let results: Vec<Bytes> = (1..=3u8).map(|i| Bytes::from(vec![i])).collect();
         let a = control(
@@ -1043,16 +1010,7 @@ mod tests {
                 result: Some(&results[0]),
             },
         );
-        let a = run(
-            2,
-            &mut p,
-            Event::CollectiveBegin {
-                context: 1,
-                index: 2,
-                kind: Collective::AllReduce,
-                group: &GROUP,
-            },
-        );
+        let a = begin(2, &mut p, 2, Collective::AllReduce);
         assert_eq!(
             a,
             vec![Action::CollectiveResult {
