@@ -17,6 +17,20 @@ use crate::store::levels::{LevelSpec, MultiLevel};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
+/// How long a waiting rank watches for a frame before it yields or blocks,
+/// when it has a core of its own: a reply between ranks on one host is
+/// usually this close, and waking a blocked thread takes several
+/// microseconds.
+pub(crate) const WAIT_SPIN: Duration = Duration::from_micros(20);
+
+/// Whether a host running `ranks` ranks has a core for each. Only then does
+/// a waiting rank spin: with more ranks than cores, the rank it waits for
+/// may need that very core (Open MPI's `mpi_yield_when_idle` is on when
+/// oversubscribed for the same reason).
+pub(crate) fn core_per_rank(ranks: usize) -> bool {
+    ranks <= std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// Lock a mutex, recovering the data if a rank thread panicked while holding
 /// it (the panic itself is reported through the rank's outcome).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, unbounded};
 
 use super::shared::{
-    ExitAction, Finals, Slot, StatsBook, WindowRegistry, lock, progress_bar, rank_body,
+    ExitAction, Finals, Slot, StatsBook, WAIT_SPIN, WindowRegistry, core_per_rank, lock,
+    progress_bar, rank_body,
 };
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
@@ -66,9 +67,8 @@ struct World {
     start: Instant,
     sup: Sender<SupMsg>,
     progress: AtomicU64,
-    /// A core for every rank: a waiting rank watches its inbox for a
-    /// while before it blocks (a reply is often well under a microsecond
-    /// away; waking a blocked thread takes several).
+    /// [`core_per_rank`]: a waiting rank watches its inbox for
+    /// [`WAIT_SPIN`] before it blocks.
     spin: bool,
 }
 
@@ -146,12 +146,8 @@ struct ThreadEndpoint {
     start_epoch: u64,
 }
 
-/// How long a waiting rank with a core of its own watches its inbox
-/// before it blocks.
-const SPIN: Duration = Duration::from_micros(20);
-
 impl ThreadEndpoint {
-    /// With a core for every rank: watch the inbox for up to [`SPIN`].
+    /// With a core for every rank: watch the inbox for up to [`WAIT_SPIN`].
     fn spin_for_mail(&self) -> Option<Mail> {
         if !self.world.spin {
             return None;
@@ -165,7 +161,7 @@ impl ThreadEndpoint {
                     Err(TryRecvError::Empty) => std::hint::spin_loop(),
                 }
             }
-            if start.elapsed() >= SPIN {
+            if start.elapsed() >= WAIT_SPIN {
                 return None;
             }
         }
@@ -338,7 +334,7 @@ pub(crate) fn run<T: Send + 'static>(
         start: Instant::now(),
         sup: sup_tx.clone(),
         progress: AtomicU64::new(0),
-        spin: size <= std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        spin: core_per_rank(size),
     });
 
     let spawn =

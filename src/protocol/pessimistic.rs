@@ -1094,8 +1094,7 @@ impl Protocol for Pessimistic {
                 // (`Hsr`), which the set's decision puts after this point.
                 self.hsr_pending = self.set_peers(cx.rank).collect();
                 self.requested.clear();
-                self.replay.clear();
-                self.replay_names.clear();
+                self.set_replay(Vec::new());
                 cx.emit(Action::InRecovery(Some(epoch)));
                 let holders = Self::holders(cx);
                 if holders.is_empty() {

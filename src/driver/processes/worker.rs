@@ -35,7 +35,7 @@ use super::wire::{
     RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, read_msg, write_msg,
 };
 use crate::config::Config;
-use crate::driver::shared::{Slot, WindowRegistry, lock, rank_body};
+use crate::driver::shared::{Slot, WAIT_SPIN, WindowRegistry, core_per_rank, lock, rank_body};
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{Body, Frame, Incoming};
 use crate::fault::{FaultPlan, FaultPoint};
@@ -45,10 +45,6 @@ use crate::{Error, Rank, Result};
 
 /// Yields in `poll` before it blocks.
 const SPIN_YIELDS: usize = 50;
-
-/// How long `poll` spins on its rings before it yields: a reply on the same
-/// host is usually this close.
-const SPIN: Duration = Duration::from_micros(20);
 
 /// Checks of the rings' head words before the clock is first read in a
 /// blocking poll (a few microseconds).
@@ -211,12 +207,9 @@ struct ProcessEndpoint {
     /// Number of the newest outgoing connection.
     next_conn: u64,
     last_progress: f64,
-    /// Whether a waiting rank spins on its rings before it yields: only
-    /// when this host has a core for every rank on it. With more ranks
-    /// than cores, the rank a waiter waits for may need that very core,
-    /// and spinning only delays it (CG W with 8 ranks on 2 cores ran 36%
-    /// faster without spinning; Open MPI's `mpi_yield_when_idle` is on
-    /// when oversubscribed for the same reason).
+    /// Whether a waiting rank spins on its rings before it yields
+    /// ([`core_per_rank`] of the ranks on this host: CG W with 8 ranks on
+    /// 2 cores ran 36% faster without spinning).
     spin: bool,
 }
 
@@ -328,7 +321,6 @@ impl ProcessEndpoint {
             .collect();
     }
 
-    /// Apply every control message already here.
     /// [`Endpoint::fault_point`] with kills still to fire on this rank.
     #[cold]
     #[inline(never)]
@@ -357,6 +349,7 @@ impl ProcessEndpoint {
         }
     }
 
+    /// Apply every control message already here.
     fn drain_control(&mut self) {
         // Checked on every send and poll: looking at the channel's indices
         // is much cheaper than a `try_recv` that finds nothing.
@@ -851,7 +844,7 @@ impl Endpoint for ProcessEndpoint {
             if self.spin
                 && !tight_spun
                 && !self.rings.is_empty()
-                && timeout.is_none_or(|t| t >= SPIN)
+                && timeout.is_none_or(|t| t >= WAIT_SPIN)
             {
                 tight_spun = true;
                 if (0..TIGHT_SPIN).any(|_| self.rings.iter().any(|r| r.ring.has_data())) {
@@ -868,7 +861,7 @@ impl Endpoint for ProcessEndpoint {
             // the rings (only their head words: nothing else is touched
             // until one moves), then yield the core a few times (to the
             // reading threads, or to other ranks), before sleeping.
-            if self.spin && !self.rings.is_empty() && now - start < SPIN {
+            if self.spin && !self.rings.is_empty() && now - start < WAIT_SPIN {
                 for _ in 0..256 {
                     if self.rings.iter().any(|r| r.ring.has_data()) {
                         break;
@@ -1292,8 +1285,7 @@ pub(crate) fn run_worker<T: Serialize>(
         next_id: 0,
         next_conn: 0,
         last_progress: -1.0,
-        spin: env.host_ranks
-            <= std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        spin: core_per_rank(env.host_ranks),
     };
     ep.set_peers(peers);
     // The value goes to the launcher before finalize too: a process killed
