@@ -847,10 +847,10 @@ impl Engine {
                     }
                 }
                 Action::Fail(e) => self.interrupt = Some(e),
-                Action::RetainOnly { keep } => self.store.retain_only(keep),
+                Action::RetainOnly { keep } => self.store.retain_only(keep)?,
                 Action::Fetch { generation, holder } => {
                     let mut out = StoreOut::default();
-                    self.store.fetch(generation, holder, &mut out);
+                    self.store.fetch(generation, holder, &mut out)?;
                     self.apply_store_out(out)?;
                 }
                 Action::Rebuild { generation } => {

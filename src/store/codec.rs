@@ -84,7 +84,9 @@ impl Code {
     fn shard_len(self, max_len: usize) -> usize {
         match self {
             Code::Xor => max_len,
-            Code::ReedSolomon { .. } => max_len.next_multiple_of(2).max(2),
+            // Saturating: lengths may come from the network, and a bad one
+            // must fail the length check, not overflow.
+            Code::ReedSolomon { .. } => max_len.saturating_add(max_len & 1).max(2),
         }
     }
 }

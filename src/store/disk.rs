@@ -713,6 +713,72 @@ fn load_commit(dir: &Path, generation: u64) -> CommitState {
     }
 }
 
+/// Whether `generation` in `dir` has a valid commit record.
+pub fn is_committed(dir: &Path, generation: u64) -> bool {
+    matches!(load_commit(dir, generation), CommitState::Valid(_))
+}
+
+/// Reads `rank`'s piece of the committed `generation` and checks it against
+/// the commit record: the record is valid and lists this rank with the
+/// length and CRC32C the file holds. A piece rewritten after the commit (a
+/// later run, or a re-execution that reached the same generation number)
+/// is refused like a damaged one: [`Error::CorruptCheckpoint`] naming the
+/// file; an unreadable file is [`Error::Driver`] (as [`read_piece`]).
+pub fn read_committed_piece(dir: &Path, generation: u64, rank: Rank) -> Result<Piece> {
+    let record = commit_path(dir, generation);
+    let (len, crc) = match load_commit(dir, generation) {
+        CommitState::Valid(rec) => rec
+            .pieces
+            .iter()
+            .find(|&&(r, ..)| r == rank)
+            .map(|&(_, len, crc)| (len, crc))
+            .ok_or_else(|| {
+                corrupt(
+                    rank,
+                    generation,
+                    &record,
+                    "the commit record does not list this rank",
+                )
+            })?,
+        CommitState::Missing => {
+            return Err(corrupt(rank, generation, &record, "no commit record"));
+        }
+        CommitState::Invalid(detail) => {
+            return Err(Error::CorruptCheckpoint {
+                owner: rank,
+                generation,
+                detail,
+            });
+        }
+    };
+    let piece = read_piece(dir, generation, rank)?;
+    let path = piece_path(dir, generation, rank);
+    if piece.data.len() != len {
+        return Err(corrupt(
+            rank,
+            generation,
+            &path,
+            format!(
+                "holds {} bytes, the commit record lists {len}",
+                piece.data.len()
+            ),
+        ));
+    }
+    if piece.crc != crc {
+        return Err(corrupt(
+            rank,
+            generation,
+            &path,
+            format!(
+                "CRC32C {:#010x}, the commit record lists {crc:#010x} (the piece was replaced \
+                 after the commit)",
+                piece.crc
+            ),
+        ));
+    }
+    Ok(piece)
+}
+
 // ---------------------------------------------------------------------------
 // Directory scanning
 

@@ -732,7 +732,11 @@ impl ErasureLevel {
                     let want = *meta.chunk_crcs.get(t)?;
                     rb.chunks
                         .get(&(s, t))
-                        .filter(|ch| t != c && ch.crc == want && ch.data.len() == lengths[t])
+                        .filter(|ch| {
+                            t != c
+                                && ch.data.len() == lengths[t]
+                                && crc32c::crc32c(&ch.data) == want
+                        })
                         .map(|ch| (&ch.data[..], want))
                 })
                 .collect();
@@ -1038,7 +1042,7 @@ mod tests {
         // keep the generation and commit it.
         for s in &mut net.stores {
             s.abort_transfers();
-            s.retain_only(Some(2));
+            s.retain_only(Some(2)).expect("retain");
             s.commit(2).expect("commit");
         }
         let leader = &net.stores[0];

@@ -185,6 +185,16 @@ pub fn validate(specs: &[LevelSpec], placement: &Placement) -> Result<()> {
     if let Some(&(code, _)) = erasure.first() {
         Groups::new(placement, code)?;
     }
+    let disks = specs
+        .iter()
+        .filter(|s| matches!(s, LevelSpec::Disk { .. }))
+        .count();
+    if disks > 1 {
+        return Err(Error::config(
+            "--storage",
+            "choose at most one disk level (use disk:DIR@N for a schedule)",
+        ));
+    }
     for s in specs {
         if let LevelSpec::CorruptParityAt { rank } = *s
             && rank >= placement.ranks()
@@ -213,18 +223,42 @@ impl DiskLevel {
         self.every.is_some_and(|n| generation.is_multiple_of(n))
     }
 
+    /// Whether this level may offer `generation` (a restart source offers
+    /// its chosen generation and whatever this run committed after it).
+    fn offers(&self, generation: u64) -> bool {
+        self.restart_from.is_none_or(|r| generation >= r)
+    }
+
+    /// This rank's piece of the committed `generation`, checked in full
+    /// against the commit record.
+    fn read_own(&self, generation: u64, rank: Rank) -> Result<Piece> {
+        if !self.offers(generation) {
+            return Err(Error::Driver(format!(
+                "generation {generation} in {} is older than the restart's",
+                self.dir.display()
+            )));
+        }
+        disk::read_committed_piece(&self.dir, generation, rank)
+    }
+
     /// Committed generations on disk of which this rank's piece is intact
-    /// (read and checksummed: a corrupt piece must not be offered to a
-    /// recovery, which would then fall back to an older generation).
-    fn own_pieces(&self, rank: Rank) -> Vec<u64> {
-        disk::committed_generations(&self.dir)
-            .unwrap_or_default()
-            .into_iter()
-            // A restart source offers its chosen generation and whatever
-            // this run committed after it.
-            .filter(|&g| self.restart_from.is_none_or(|r| g >= r))
-            .filter(|&g| disk::read_piece(&self.dir, g, rank).is_ok())
-            .collect()
+    /// and as its commit record lists it (read and checksummed: a corrupt
+    /// piece must not be offered to a recovery, which would then fall back
+    /// to an older generation), and one error per piece that is not.
+    fn own_pieces(&self, rank: Rank) -> (Vec<u64>, Vec<Error>) {
+        let generations = match disk::committed_generations(&self.dir) {
+            Ok(g) => g,
+            Err(e) => return (Vec::new(), vec![e]),
+        };
+        let mut intact = Vec::new();
+        let mut damaged = Vec::new();
+        for g in generations.into_iter().filter(|&g| self.offers(g)) {
+            match self.read_own(g, rank) {
+                Ok(_) => intact.push(g),
+                Err(e) => damaged.push(e),
+            }
+        }
+        (intact, damaged)
     }
 }
 
@@ -242,7 +276,14 @@ pub struct MultiLevel {
     /// A schedule the placement cannot support (reported at the first put;
     /// `Config::validate` reports it before the job starts).
     invalid: Option<Error>,
+    /// The disk level written to.
     disk: Option<DiskLevel>,
+    /// A `--restart` directory other than the one written to: read only.
+    restart_source: Option<DiskLevel>,
+    /// The disk generations of which this rank's piece was found intact at
+    /// the last scrub (the start of a recovery), so that the inventory does
+    /// not read every piece again; `None` once a disk generation changed.
+    disk_intact: Option<Vec<u64>>,
     /// Per generation: in-memory levels that have yet to report it stored.
     unstored: BTreeMap<u64, usize>,
 }
@@ -258,22 +299,22 @@ impl MultiLevel {
         specs: &[LevelSpec],
         restart: Option<(&Path, u64)>,
     ) -> Self {
-        let disk = specs
-            .iter()
-            .find_map(|s| match s {
-                LevelSpec::Disk { dir, every } => Some(DiskLevel {
-                    dir: dir.clone(),
-                    every: Some(*every),
-                    restart_from: restart.filter(|(r, _)| *r == dir.as_path()).map(|(_, g)| g),
-                }),
-                _ => None,
-            })
-            .or_else(|| {
-                restart.map(|(dir, g)| DiskLevel {
-                    dir: dir.to_path_buf(),
-                    every: None,
-                    restart_from: Some(g),
-                })
+        let disk = specs.iter().find_map(|s| match s {
+            LevelSpec::Disk { dir, every } => Some(DiskLevel {
+                dir: dir.clone(),
+                every: Some(*every),
+                restart_from: restart.filter(|(r, _)| *r == dir.as_path()).map(|(_, g)| g),
+            }),
+            _ => None,
+        });
+        // Restarting from one directory while writing to another: the
+        // source is read, never written or pruned.
+        let restart_source = restart
+            .filter(|(r, _)| disk.as_ref().is_none_or(|d| d.dir.as_path() != *r))
+            .map(|(dir, g)| DiskLevel {
+                dir: dir.to_path_buf(),
+                every: None,
+                restart_from: Some(g),
             });
         let partner_on = partner_on(specs);
         let damage = specs.contains(&LevelSpec::CorruptParityAt { rank });
@@ -296,6 +337,8 @@ impl MultiLevel {
             erasure,
             invalid,
             disk,
+            restart_source,
+            disk_intact: None,
             unstored: BTreeMap::new(),
         }
     }
@@ -330,7 +373,31 @@ impl MultiLevel {
             .get(generation, self.rank)
             .or_else(|| self.erasure.as_ref()?.own_piece(generation))
             .cloned()
-            .or_else(|| disk::read_piece(&self.disk.as_ref()?.dir, generation, self.rank).ok())
+            .or_else(|| {
+                self.disk_levels()
+                    .find_map(|d| d.read_own(generation, self.rank).ok())
+            })
+    }
+
+    /// The disk levels read from: the one written to, then a restart
+    /// source in another directory.
+    fn disk_levels(&self) -> impl Iterator<Item = &DiskLevel> {
+        self.disk.iter().chain(&self.restart_source)
+    }
+
+    /// Disk generations of which this rank's piece is intact, from the last
+    /// scrub if nothing changed since.
+    fn disk_generations(&self) -> Vec<u64> {
+        if let Some(g) = &self.disk_intact {
+            return g.clone();
+        }
+        let mut all: Vec<u64> = self
+            .disk_levels()
+            .flat_map(|d| d.own_pieces(self.rank).0)
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
     }
 
     /// Give the erasure level this rank's own piece of `generation` if it
@@ -402,6 +469,7 @@ impl CheckpointStore for MultiLevel {
             // Durable before the piece counts as stored: the commit record
             // is written only after every rank reported stored.
             disk::write_piece(&d.dir, &piece)?;
+            self.disk_intact = None;
         }
         self.expect_stored(generation);
         let mut sub = StoreOut::default();
@@ -437,15 +505,28 @@ impl CheckpointStore for MultiLevel {
         Ok(())
     }
 
-    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) {
-        if self.partner.get(generation, self.rank).is_none()
-            && let Some(piece) = self.own_piece(generation)
-        {
-            self.partner.adopt(piece);
-            out.events.push(StoreEvent::Restored { generation });
-            return;
+    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) -> Result<()> {
+        if self.partner.get(generation, self.rank).is_none() {
+            if let Some(piece) = self.own_piece(generation) {
+                self.partner.adopt(piece);
+                out.events.push(StoreEvent::Restored { generation });
+                return Ok(());
+            }
+            if holder == self.rank {
+                // Reported held (a disk piece) but unreadable now: asking
+                // ourselves would wait for ever.
+                let why = self
+                    .disk_levels()
+                    .find_map(|d| d.read_own(generation, self.rank).err())
+                    .map_or_else(|| "no level holds it any more".to_string(), |e| e.to_string());
+                return Err(Error::CorruptCheckpoint {
+                    owner: self.rank,
+                    generation,
+                    detail: format!("this rank's own piece cannot be read back: {why}"),
+                });
+            }
         }
-        self.partner.fetch(generation, holder, out);
+        self.partner.fetch(generation, holder, out)
     }
 
     fn replicate(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
@@ -472,23 +553,36 @@ impl CheckpointStore for MultiLevel {
             e.commit(generation);
         }
         self.unstored.retain(|&g, _| g >= generation);
-        // The record is always (re)written: a restarted run that reuses its
-        // directory replaces any record of the same number.
         if self.rank == 0
             && let Some(d) = &self.disk
             && d.applies(generation)
         {
-            disk::commit_from_headers(&d.dir, generation, self.ranks)?;
-            disk::retain(&d.dir, 2)?;
+            self.disk_intact = None;
+            // A recovery decision commits the generation it restores: a
+            // valid record of it is this timeline's (newer ones were
+            // removed at the decision) and stays. A generation the disk
+            // cannot commit (a damaged or missing piece file) is not a
+            // reason to stop the job, which the in-memory levels protect;
+            // only a whole-job restart loses it, so say so.
+            let done = disk::is_committed(&d.dir, generation)
+                || disk::commit_from_headers(&d.dir, generation, self.ranks)
+                    .map_err(|e| {
+                        eprintln!(
+                            "lazarus: generation {generation} is not committed in {} (a \
+                             whole-job restart cannot use it): {e}",
+                            d.dir.display()
+                        );
+                    })
+                    .is_ok();
+            if done {
+                disk::retain(&d.dir, 2)?;
+            }
         }
         Ok(())
     }
 
     fn committed(&self) -> Option<u64> {
-        let on_disk = self
-            .disk
-            .as_ref()
-            .and_then(|d| d.own_pieces(self.rank).into_iter().max());
+        let on_disk = self.disk_generations().into_iter().max();
         self.partner.committed().max(on_disk)
     }
 
@@ -499,12 +593,7 @@ impl CheckpointStore for MultiLevel {
             .iter()
             .flat_map(|e| e.own_generations())
             .collect::<Vec<_>>();
-        let disk = self
-            .disk
-            .iter()
-            .flat_map(|d| d.own_pieces(self.rank))
-            .collect::<Vec<_>>();
-        for g in erasure.into_iter().chain(disk) {
+        for g in erasure.into_iter().chain(self.disk_generations()) {
             if !held.contains(&(g, self.rank)) {
                 held.push((g, self.rank));
             }
@@ -520,12 +609,24 @@ impl CheckpointStore for MultiLevel {
         })
     }
 
-    fn retain_only(&mut self, keep: Option<u64>) {
-        self.partner.retain_only(keep);
+    fn retain_only(&mut self, keep: Option<u64>) -> Result<()> {
+        self.partner.retain_only(keep)?;
         if let Some(e) = self.erasure.as_mut() {
             e.retain_only(keep);
         }
         self.unstored.clear();
+        // Generations on disk newer than the one the recovery restores
+        // belong to the abandoned execution: the re-execution writes new
+        // ones with the same numbers, which must not mix with them, and
+        // pruning (newest two kept) must not prefer them. The restart
+        // source in another directory is the user's and is left alone.
+        if self.rank == 0
+            && let Some(d) = &self.disk
+        {
+            self.disk_intact = None;
+            disk::remove_newer_than(&d.dir, keep.unwrap_or(0))?;
+        }
+        Ok(())
     }
 
     fn retain_owner(&mut self, owner: Rank, keep: u64) {
@@ -582,6 +683,15 @@ impl CheckpointStore for MultiLevel {
         if let Some(e) = self.erasure.as_mut() {
             errors.extend(e.scrub());
         }
+        let mut intact = Vec::new();
+        for d in self.disk_levels() {
+            let (good, damaged) = d.own_pieces(self.rank);
+            intact.extend(good);
+            errors.extend(damaged);
+        }
+        intact.sort_unstable();
+        intact.dedup();
+        self.disk_intact = Some(intact);
         errors
     }
 }
@@ -589,6 +699,7 @@ impl CheckpointStore for MultiLevel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn parses_levels() {
@@ -650,6 +761,78 @@ mod tests {
         }
     }
 
+    fn put(store: &mut MultiLevel, generation: u64, data: &[u8]) {
+        let piece = Piece::new(generation, store.rank, Bytes::copy_from_slice(data));
+        store
+            .put(piece, &mut StoreOut::default())
+            .expect("stored");
+    }
+
+    /// The disk level at a recovery: damage is reported and not offered, a
+    /// damaged piece does not stop the commit of a generation memory holds,
+    /// the abandoned execution's newer generations are removed, and a piece
+    /// rewritten after its commit is refused.
+    #[test]
+    fn disk_level_at_a_recovery() {
+        let dir = std::env::temp_dir().join(format!(
+            "lazarus-levels-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let pl = Placement::block(2, 2).expect("valid");
+        let specs = [LevelSpec::Disk {
+            dir: dir.clone(),
+            every: 1,
+        }];
+        let mut stores: Vec<MultiLevel> = (0..2)
+            .map(|r| MultiLevel::new(r, &pl, &specs, None))
+            .collect();
+        for g in 1..=3 {
+            for s in &mut stores {
+                put(s, g, format!("rank {} gen {g}", s.rank).as_bytes());
+            }
+            stores[0].commit(g).expect("committed");
+        }
+        // Generation 3 is abandoned by a failure (its commit record is
+        // there; say the recovery found another piece of it lost).
+        let piece = disk::piece_path(&dir, 2, 1);
+        let len = std::fs::metadata(&piece).expect("piece").len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&piece)
+            .and_then(|f| f.set_len(len - 3))
+            .expect("truncated");
+        let errors = stores[1].scrub();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].to_string().contains(&piece.display().to_string()),
+            "names the file: {}",
+            errors[0]
+        );
+        // (Pruning keeps the newest two committed generations.)
+        assert_eq!(stores[1].disk_generations(), vec![3]);
+        assert!(stores[0].scrub().is_empty());
+        assert_eq!(stores[0].disk_generations(), vec![2, 3]);
+        // The decision restores generation 2 (memory holds it whole): the
+        // truncated file does not stop its commit, and generation 3 goes.
+        stores[0].retain_only(Some(2)).expect("retained");
+        stores[0].commit(2).expect("a damaged disk piece is not fatal");
+        assert_eq!(disk::committed_generations(&dir).expect("listed"), vec![2]);
+        // The re-execution writes generation 3 again: rank 1 first. Its
+        // new piece is not the committed one of the abandoned execution.
+        put(&mut stores[1], 3, b"re-executed");
+        assert!(!disk::is_committed(&dir, 3));
+        assert!(stores[1].disk_generations().is_empty());
+        // A piece replaced after its commit record is refused by name.
+        assert_eq!(stores[0].disk_generations(), vec![2]);
+        put(&mut stores[0], 2, b"rewritten");
+        let e = disk::read_committed_piece(&dir, 2, 0).expect_err("replaced");
+        assert!(e.to_string().contains("the commit record lists"), "{e}");
+        assert!(stores[0].disk_generations().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn partner_is_on_unless_replaced() {
         let disk = LevelSpec::Disk {
@@ -683,5 +866,11 @@ mod tests {
         .expect_err("too few ranks");
         assert!(e.to_string().contains("at least 5 ranks"), "{e}");
         assert!(validate(&[xor, LevelSpec::CorruptParityAt { rank: 4 }], &pl).is_err());
+        let disk_in = |d: &str| LevelSpec::Disk {
+            dir: PathBuf::from(d),
+            every: 1,
+        };
+        let e = validate(&[disk_in("a"), disk_in("b")], &pl).expect_err("two disk levels");
+        assert!(e.to_string().contains("at most one disk level"), "{e}");
     }
 }

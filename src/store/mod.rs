@@ -190,7 +190,9 @@ pub trait CheckpointStore: Send {
     /// Handle a message from another rank's store.
     fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()>;
     /// Bring this rank's own piece of `generation` back from `holder`.
-    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut);
+    /// Errors when this rank is the holder and can no longer read the piece
+    /// (asking itself would never be answered).
+    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) -> Result<()>;
     /// Re-send this rank's piece of `generation` to where the level keeps
     /// copies (rebuild redundancy after a recovery).
     fn replicate(&mut self, generation: u64, out: &mut StoreOut) -> Result<()>;
@@ -203,8 +205,9 @@ pub trait CheckpointStore: Send {
     /// A piece held here.
     fn get(&self, generation: u64, owner: Rank) -> Option<&Piece>;
     /// Drop every piece except those of `keep` (all, if `None`) and forget
-    /// in-flight transfers (at the start of a recovery decision).
-    fn retain_only(&mut self, keep: Option<u64>);
+    /// in-flight transfers (at the start of a recovery decision). Errors
+    /// only when a durable level cannot remove what it must.
+    fn retain_only(&mut self, keep: Option<u64>) -> Result<()>;
     /// Drop the pieces of `owner` older than generation `keep` (checkpoints
     /// taken by each rank alone, under message logging: each owner has its
     /// own generations).

@@ -146,7 +146,7 @@ impl CheckpointStore for PartnerStore {
         Ok(())
     }
 
-    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) {
+    fn fetch(&mut self, generation: u64, holder: Rank, out: &mut StoreOut) -> Result<()> {
         if self.pieces.contains_key(&(generation, self.rank)) {
             out.events.push(StoreEvent::Restored { generation });
         } else {
@@ -159,6 +159,7 @@ impl CheckpointStore for PartnerStore {
                 },
             ));
         }
+        Ok(())
     }
 
     fn replicate(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
@@ -184,7 +185,7 @@ impl CheckpointStore for PartnerStore {
         self.pieces.get(&(generation, owner))
     }
 
-    fn retain_only(&mut self, keep: Option<u64>) {
+    fn retain_only(&mut self, keep: Option<u64>) -> Result<()> {
         self.pieces.retain(|&(g, _), _| Some(g) == keep);
         // Restarting from the beginning forgets every commit record: only
         // generations committed from now on may be restored.
@@ -192,6 +193,7 @@ impl CheckpointStore for PartnerStore {
             self.committed = None;
         }
         self.abort_transfers();
+        Ok(())
     }
 
     fn retain_owner(&mut self, owner: Rank, keep: u64) {
