@@ -144,7 +144,10 @@ fn restart_falls_back_past_a_corrupted_piece_and_refuses_an_empty_dir() {
     bytes[n] ^= 0xff;
     std::fs::write(&piece, bytes).expect("write");
 
-    let (out, err, _) = resumed(&["--restart", dir.to_str().expect("utf-8")], "fallback-json");
+    let (out, err, _) = resumed(
+        &["--restart", dir.to_str().expect("utf-8")],
+        "fallback-json",
+    );
     assert!(
         out.contains(&format!("restarting from generation {}", gens[1])),
         "{out}"

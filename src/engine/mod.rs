@@ -743,7 +743,9 @@ impl Engine {
         }
         if let Some(i) = self.posted.iter().position(|(_, s)| self.accepts(s, &msg)) {
             let (id, spec) = self.posted.remove(i);
-            self.deliver(id, msg, spec.source.is_none());
+            if self.deliver(id, msg, spec.source.is_none()) {
+                self.rematch_replay();
+            }
         } else {
             self.unexpected.push_back(msg);
         }
@@ -759,7 +761,10 @@ impl Engine {
                 }))
     }
 
-    fn deliver(&mut self, id: ReqId, msg: AppMessage, wildcard: bool) {
+    /// Complete receive `id` with `msg`; returns whether it consumed a
+    /// determinant of the replay (the caller then calls
+    /// [`Engine::rematch_replay`]).
+    fn deliver(&mut self, id: ReqId, msg: AppMessage, wildcard: bool) -> bool {
         let (rsn, replayed) = if wildcard {
             self.rsn += 1;
             (Some(self.rsn), self.replay.pop_front().is_some())
@@ -778,6 +783,49 @@ impl Engine {
             });
         }
         self.completed.push((id, msg));
+        replayed
+    }
+
+    /// During a replay, the message the front determinant names may have
+    /// arrived while an earlier one was at the front: it waits among the
+    /// unexpected messages, and a wildcard receive that will match it may be
+    /// posted already (several posted at once, or a one-sided request
+    /// applied in between). Once the replay is over, any message it held
+    /// back may match a receive posted meanwhile. Nothing else would look at
+    /// them again: match them now, as their arrival would have (each to the
+    /// earliest posted receive that takes it, in arrival order). Called
+    /// after a determinant is consumed.
+    fn rematch_replay(&mut self) {
+        loop {
+            let next = match self.replay.front() {
+                // A one-sided request: `serve_rma` applies it.
+                Some(d) if d.at.is_some() => None,
+                Some(d) => {
+                    let (src, ssn) = (d.src, d.ssn);
+                    (self.unexpected.iter())
+                        .position(|m| m.ssn == ssn && m.envelope.src == src)
+                        .and_then(|mi| {
+                            let m = &self.unexpected[mi];
+                            (self.posted.iter())
+                                .position(|(_, s)| s.source.is_none() && self.accepts(s, m))
+                                .map(|pi| (mi, pi))
+                        })
+                }
+                None => self.unexpected.iter().enumerate().find_map(|(mi, m)| {
+                    (self.posted.iter())
+                        .position(|(_, s)| self.accepts(s, m))
+                        .map(|pi| (mi, pi))
+                }),
+            };
+            let Some((mi, pi)) = next else {
+                return;
+            };
+            let (id, spec) = self.posted.remove(pi);
+            let Some(msg) = self.unexpected.remove(mi) else {
+                return;
+            };
+            self.deliver(id, msg, spec.source.is_none());
+        }
     }
 
     // ----- protocol glue ------------------------------------------------
@@ -984,8 +1032,10 @@ impl Engine {
         let id = self.next_req;
         self.next_req += 1;
         if let Some(i) = self.unexpected.iter().position(|m| self.accepts(&spec, m)) {
-            if let Some(msg) = self.unexpected.remove(i) {
-                self.deliver(id, msg, spec.source.is_none());
+            if let Some(msg) = self.unexpected.remove(i)
+                && self.deliver(id, msg, spec.source.is_none())
+            {
+                self.rematch_replay();
             }
         } else {
             self.posted.push((id, spec));

@@ -148,6 +148,9 @@ impl Engine {
                 Bytes::from(reply),
                 true,
             )?;
+            if replayed {
+                self.rematch_replay();
+            }
         }
     }
 

@@ -518,7 +518,10 @@ impl CheckpointStore for MultiLevel {
                 let why = self
                     .disk_levels()
                     .find_map(|d| d.read_own(generation, self.rank).err())
-                    .map_or_else(|| "no level holds it any more".to_string(), |e| e.to_string());
+                    .map_or_else(
+                        || "no level holds it any more".to_string(),
+                        |e| e.to_string(),
+                    );
                 return Err(Error::CorruptCheckpoint {
                     owner: self.rank,
                     generation,
@@ -763,9 +766,7 @@ mod tests {
 
     fn put(store: &mut MultiLevel, generation: u64, data: &[u8]) {
         let piece = Piece::new(generation, store.rank, Bytes::copy_from_slice(data));
-        store
-            .put(piece, &mut StoreOut::default())
-            .expect("stored");
+        store.put(piece, &mut StoreOut::default()).expect("stored");
     }
 
     /// The disk level at a recovery: damage is reported and not offered, a
@@ -817,7 +818,9 @@ mod tests {
         // The decision restores generation 2 (memory holds it whole): the
         // truncated file does not stop its commit, and generation 3 goes.
         stores[0].retain_only(Some(2)).expect("retained");
-        stores[0].commit(2).expect("a damaged disk piece is not fatal");
+        stores[0]
+            .commit(2)
+            .expect("a damaged disk piece is not fatal");
         assert_eq!(disk::committed_generations(&dir).expect("listed"), vec![2]);
         // The re-execution writes generation 3 again: rank 1 first. Its
         // new piece is not the committed one of the abandoned execution.
