@@ -1347,14 +1347,23 @@ fn spawn_acceptor(
     std::thread::Builder::new()
         .name("launcher-accept".into())
         .spawn(move || {
-            while let Ok(mut s) = listener.accept() {
+            let what = if acks.is_some() {
+                "launcher (agents)"
+            } else {
+                "launcher"
+            };
+            listener.serve(what, |mut s, place| {
                 let secret = secret.clone();
                 let tx = tx.clone();
                 let acks = acks.clone();
+                // No thread (none left): the connection and its place are
+                // dropped with the closure.
                 let _ = std::thread::Builder::new()
                     .name("launcher-conn".into())
                     .spawn(move || {
-                        let peer = match handshake(&mut s, &secret, me, Role::Acceptor) {
+                        let authenticated = handshake(&mut s, &secret, me, Role::Acceptor);
+                        drop(place);
+                        let peer = match authenticated {
                             Ok(p) => p,
                             // A rank killed while it connected: its death
                             // is seen on its process, not reported here.
@@ -1397,7 +1406,7 @@ fn spawn_acceptor(
                             }
                         }
                     });
-            }
+            });
         })
         .map(|_| ())
         .map_err(|e| driver_err("cannot start a thread", e))

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use super::LaunchEnv;
 use super::auth::{Identity, Role, Secret, handshake};
-use super::net::{Addr, Listener, Stream};
+use super::net::{Addr, Handshaking, Listener, Stream};
 use super::shm::{self, RingReader, RingWriter};
 use super::wire::{
     RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, read_msg, write_msg,
@@ -1061,10 +1061,13 @@ impl Endpoint for ProcessEndpoint {
 }
 
 /// Serve one accepted connection: authenticate, then deliver frames and
-/// apply RMA requests until it closes.
-fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Arrival>) {
+/// apply RMA requests until it closes. `place` is held until the peer has
+/// authenticated (or failed to).
+fn serve_connection(mut s: Stream, place: Handshaking, sh: Arc<Shared>, inbox: Sender<Arrival>) {
     let me = sh.me.rank.unwrap_or(0);
-    let peer = match handshake(&mut s, &sh.secret, sh.me, Role::Acceptor) {
+    let authenticated = handshake(&mut s, &sh.secret, sh.me, Role::Acceptor);
+    drop(place);
+    let peer = match authenticated {
         Ok(p) if p.rank.is_some() => p,
         Ok(p) => {
             eprintln!("lazarus: rank {me}: refused a connection from {p:?}: not a rank");
@@ -1238,13 +1241,16 @@ pub(crate) fn run_worker<T: Serialize>(
         std::thread::Builder::new()
             .name("accept".into())
             .spawn(move || {
-                while let Ok(s) = listener.accept() {
+                let what = format!("rank {rank}");
+                listener.serve(&what, |s, place| {
                     let sh = sh.clone();
                     let tx = inbox_tx.clone();
+                    // No thread (none left): the connection and its place
+                    // are dropped with the closure.
                     let _ = std::thread::Builder::new()
                         .name("peer-reader".into())
-                        .spawn(move || serve_connection(s, sh, tx));
-                }
+                        .spawn(move || serve_connection(s, place, sh, tx));
+                });
             })
             .map_err(|e| io("cannot start a thread", &e))?;
     }
