@@ -314,6 +314,30 @@ const AFTER_THE_END_WAIT: Duration = Duration::from_millis(100);
 /// fails the job instead of being restarted again.
 const MAX_EARLY_DEATHS: u32 = 3;
 
+/// How often the supervisor checks exit statuses and heartbeats: every
+/// 5 ms, or four times per heartbeat timeout when that is shorter, so that
+/// a check on time never looks late (see [`heartbeats_trusted`]).
+fn check_tick(timeout: Duration) -> Duration {
+    Duration::from_millis(5)
+        .min(timeout / 4)
+        .max(Duration::from_millis(1))
+}
+
+/// Whether silence may be held against the ranks at a check that came
+/// `since` after the previous one, which was due `tick` after it.
+///
+/// A check that ran late means the launcher itself was held up (loaded,
+/// descheduled, stopped): heartbeats that arrived meanwhile may still sit
+/// unread in its sockets, and a live rank (which heartbeats every quarter
+/// timeout) looks silent for about the delay plus a quarter timeout. A
+/// delay under half the timeout leaves a margin; a longer one is not the
+/// ranks' fault. The delay is measured past the due time: measuring the
+/// whole gap would call every check late once the tick is not well under
+/// half the timeout, and a dead rank would never be declared.
+fn heartbeats_trusted(since: Duration, tick: Duration, timeout: Duration) -> bool {
+    since.saturating_sub(tick) < timeout / 2
+}
+
 /// Start the job's rank processes and supervise them until every rank has
 /// a final outcome; returns each rank's encoded result and the statistics.
 pub fn launch(spec: &LaunchSpec) -> (Result<Vec<Vec<u8>>>, JobStats) {
@@ -652,7 +676,8 @@ impl<'a> Launcher<'a> {
 
     /// Supervise until every rank has its final outcome.
     fn supervise(&mut self) -> Result<Vec<Vec<u8>>> {
-        let tick = Duration::from_millis(5);
+        let timeout = self.spec.heartbeat_timeout;
+        let tick = check_tick(timeout);
         let mut last_check = Instant::now();
         while !self.finals.done() {
             let next = match self.stash.pop_front() {
@@ -670,11 +695,9 @@ impl<'a> Launcher<'a> {
             while let Some(ev) = self.stash.pop_front().or_else(|| self.rx.try_recv().ok()) {
                 self.on_event(ev);
             }
-            if last_check.elapsed() >= tick {
-                // If this loop itself was held up (a loaded or stopped
-                // launcher), silence it measured is not the ranks' fault.
-                let trust = last_check.elapsed() < self.spec.heartbeat_timeout / 2;
-                self.check_children(trust);
+            let since = last_check.elapsed();
+            if since >= tick {
+                self.check_children(heartbeats_trusted(since, tick, timeout));
                 last_check = Instant::now();
             }
         }
@@ -1410,4 +1433,40 @@ fn spawn_acceptor(
         })
         .map(|_| ())
         .map_err(|e| driver_err("cannot start a thread", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: f64) -> Duration {
+        Duration::from_secs_f64(v / 1e3)
+    }
+
+    /// The check interval stays well within the heartbeat timeout, and a
+    /// check on time (give or take scheduling delays) is trusted at every
+    /// timeout from the minimum up: with the old rule (gap under half the
+    /// timeout, tick 5 ms) a 10 ms timeout was never enforced.
+    #[test]
+    fn a_check_on_time_is_trusted_and_a_stalled_one_is_not() {
+        assert_eq!(check_tick(ms(200.0)), ms(5.0));
+        assert_eq!(check_tick(ms(10.0)), ms(2.5));
+        for timeout in [10.0, 12.0, 20.0, 50.0, 200.0, 5000.0] {
+            let t = ms(timeout);
+            let tick = check_tick(t);
+            assert!(tick <= t / 4, "{timeout} ms: tick {tick:?}");
+            for late in [0.0, 0.5, 1.0, timeout / 2.0 - 0.5] {
+                assert!(
+                    heartbeats_trusted(tick + ms(late), tick, t),
+                    "{timeout} ms timeout, check {late} ms late"
+                );
+            }
+            for late in [timeout / 2.0, timeout, 10.0 * timeout] {
+                assert!(
+                    !heartbeats_trusted(tick + ms(late), tick, t),
+                    "{timeout} ms timeout, launcher stalled {late} ms"
+                );
+            }
+        }
+    }
 }

@@ -1230,7 +1230,9 @@ pub(crate) fn run_worker<T: Serialize>(
     spawn_control_reader(ctl_rd, ctl_tx, finished.clone(), env.max_frame)?;
     spawn_heartbeat(
         ctl.clone(),
-        env.heartbeat / 4,
+        // At least 1 ms: a zero timeout from the environment must not make
+        // this a busy loop (the launcher refuses one under 10 ms).
+        (env.heartbeat / 4).max(Duration::from_millis(1)),
         finished.clone(),
         env.max_frame,
     )?;
