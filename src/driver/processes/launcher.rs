@@ -20,8 +20,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
@@ -31,7 +34,7 @@ use super::agent::{Hosts, srun_command};
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Listen, Listener, Stream};
 use super::var;
-use super::wire::{WireMsg, read_msg, write_msg};
+use super::wire::{WireMsg, decode, read_frame, write_msg};
 use crate::driver::shared::{ExitAction, Finals, StatsBook, progress_bar};
 use crate::fault::KillSpec;
 use crate::job::{FailureDetection, JobStats};
@@ -103,12 +106,77 @@ enum Who {
 
 /// What happened on a connection.
 enum Conn {
-    /// It is authenticated; the stream writes to it.
-    Up(Stream),
+    /// It is authenticated; the stream writes to it, and the activity
+    /// tells when bytes last arrived on it.
+    Up(Stream, Arc<Activity>),
     /// A message arrived.
     Msg(WireMsg),
     /// It ended.
     Lost(String),
+}
+
+/// When bytes last arrived on a connection. A rank is alive while a long
+/// message of its (a large `Finishing` value) is still arriving, though no
+/// whole message has been read for a while: its heartbeats wait behind it.
+/// So it is while such a message, arrived whole, is being decoded.
+struct Activity {
+    origin: Instant,
+    /// From `origin` to the latest read that returned data, in nanoseconds.
+    nanos: AtomicU64,
+    /// A frame that has arrived is being decoded.
+    decoding: AtomicBool,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            origin: Instant::now(),
+            nanos: AtomicU64::new(0),
+            decoding: AtomicBool::new(false),
+        }
+    }
+
+    /// Decode `frame`, active throughout: that time is the launcher's,
+    /// not silence of the rank.
+    fn decode(&self, frame: bytes::Bytes) -> Result<WireMsg, super::wire::WireError> {
+        self.decoding.store(true, Ordering::Relaxed);
+        let msg = decode(frame);
+        self.touch();
+        self.decoding.store(false, Ordering::Relaxed);
+        msg
+    }
+
+    /// Bytes arrived now.
+    fn touch(&self) {
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.store(ns, Ordering::Relaxed);
+    }
+
+    /// When bytes last arrived (the connection's start before any did;
+    /// now while a frame is being decoded).
+    fn last(&self) -> Instant {
+        if self.decoding.load(Ordering::Relaxed) {
+            return Instant::now();
+        }
+        self.origin + Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+}
+
+/// A connection's reading end that records every read returning data in
+/// its [`Activity`], so liveness counts bytes, not whole messages.
+struct Counted<R> {
+    inner: R,
+    activity: Arc<Activity>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 {
+            self.activity.touch();
+        }
+        Ok(n)
+    }
 }
 
 /// A rank process, on this host or on an agent's.
@@ -243,7 +311,11 @@ struct RankProc {
     status: Status,
     /// Newest failure epoch this incarnation has been told of.
     told: u64,
+    /// When the launcher last heard from this incarnation: a whole
+    /// message, or (`activity`) bytes of one still arriving.
     last_seen: Instant,
+    /// Bytes arriving on the control connection, once it is up.
+    activity: Option<Arc<Activity>>,
     started: Instant,
     /// The value this incarnation reported on entering finalize (since the
     /// last failure event).
@@ -469,6 +541,7 @@ impl<'a> Launcher<'a> {
                 status: Status::Starting,
                 told: 0,
                 last_seen: now,
+                activity: None,
                 started: now,
                 finishing: None,
             });
@@ -729,7 +802,7 @@ impl<'a> Launcher<'a> {
         let Event { who, conn } = ev;
         if self.debug {
             match &conn {
-                Conn::Up(_) => eprintln!("launcher: connected {who:?}"),
+                Conn::Up(..) => eprintln!("launcher: connected {who:?}"),
                 Conn::Msg(WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)) => {}
                 Conn::Msg(msg) => eprintln!("launcher: from {who:?}: {msg:?}"),
                 Conn::Lost(why) => eprintln!("launcher: lost {who:?}: {why}"),
@@ -740,12 +813,13 @@ impl<'a> Launcher<'a> {
             Who::Agent(node) => return self.on_agent(node, conn),
         };
         match conn {
-            Conn::Up(stream) => {
+            Conn::Up(stream, activity) => {
                 if let Some(p) = self.procs.get_mut(rank)
                     && p.incarnation == incarnation
                     && p.status == Status::Starting
                 {
                     p.ctl = Some(stream);
+                    p.activity = Some(activity);
                     p.last_seen = Instant::now();
                 } else {
                     stream.shutdown();
@@ -775,7 +849,7 @@ impl<'a> Launcher<'a> {
             return;
         };
         match conn {
-            Conn::Up(stream) => {
+            Conn::Up(stream, _) => {
                 if link.is_some() {
                     // One agent per node: a second is refused.
                     eprintln!("lazarus launcher: a second agent for node {node} refused");
@@ -926,6 +1000,9 @@ impl<'a> Launcher<'a> {
             }
             match p.status {
                 Status::Starting | Status::Ready => {
+                    if let Some(a) = &p.activity {
+                        p.last_seen = p.last_seen.max(a.last());
+                    }
                     // With a control connection, its end (after every message
                     // the rank sent, such as its outcome) tells the story.
                     if let Some(status) = exited.filter(|_| p.ctl.is_none()) {
@@ -1194,6 +1271,7 @@ impl<'a> Launcher<'a> {
                     status: Status::Starting,
                     told: self.epoch,
                     last_seen: now,
+                    activity: None,
                     started: now,
                     finishing: None,
                 };
@@ -1406,11 +1484,17 @@ fn spawn_acceptor(
                         };
                         let Ok(wr) = s.try_clone() else { return };
                         let send = |conn| tx.send(Event { who, conn }).is_ok();
-                        if !send(Conn::Up(wr)) {
+                        let activity = Arc::new(Activity::new());
+                        if !send(Conn::Up(wr, activity.clone())) {
                             return;
                         }
+                        let mut s = Counted {
+                            inner: s,
+                            activity: activity.clone(),
+                        };
                         loop {
-                            let conn = match (read_msg(&mut s, max), &acks) {
+                            let msg = read_frame(&mut s, max).and_then(|f| activity.decode(f));
+                            let conn = match (msg, &acks) {
                                 (Ok(WireMsg::Killed { .. }), Some(a)) => {
                                     let _ = a.send(AgentAck::Killed(id));
                                     continue;
@@ -1437,7 +1521,48 @@ fn spawn_acceptor(
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::read_msg;
     use super::*;
+
+    /// Bytes of a message still arriving count as signs of life, though no
+    /// whole message (a heartbeat) can be read meanwhile.
+    #[test]
+    fn bytes_of_a_message_still_arriving_count_as_signs_of_life() {
+        let mut bytes = Vec::new();
+        write_msg(
+            &mut bytes,
+            &WireMsg::Finishing(vec![7; 3 << 20]),
+            usize::MAX,
+        )
+        .expect("encodes");
+        let activity = Arc::new(Activity::new());
+        let start = activity.last();
+        std::thread::sleep(Duration::from_millis(5));
+        // Half the value has arrived when the connection stalls (here: ends).
+        let mut rd = Counted {
+            inner: &bytes[..bytes.len() / 2],
+            activity: activity.clone(),
+        };
+        assert!(read_msg(&mut rd, usize::MAX).is_err(), "no whole message");
+        assert!(activity.last() >= start + Duration::from_millis(5));
+        // A connection on which nothing arrives shows no activity.
+        let idle = Arc::new(Activity::new());
+        let mut rd = Counted {
+            inner: &[][..],
+            activity: idle.clone(),
+        };
+        assert!(read_msg(&mut rd, usize::MAX).is_err());
+        assert_eq!(idle.last(), idle.origin);
+        // Decoding a frame that has arrived counts as well: as activity
+        // now while it lasts, and up to its end afterwards.
+        let frame = read_frame(&mut bytes.as_slice(), usize::MAX).expect("whole");
+        let before = Instant::now();
+        idle.decoding.store(true, Ordering::Relaxed);
+        assert!(idle.last() >= before);
+        idle.decoding.store(false, Ordering::Relaxed);
+        assert!(matches!(idle.decode(frame), Ok(WireMsg::Finishing(_))));
+        assert!(idle.last() >= before);
+    }
 
     fn ms(v: f64) -> Duration {
         Duration::from_secs_f64(v / 1e3)

@@ -438,6 +438,13 @@ fn encode_header(
 
 /// Read one frame from `r` (at most `max` bytes after the length prefix).
 pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
+    decode(read_frame(r, max)?)
+}
+
+/// Read the bytes of one frame from `r` (everything after the length
+/// prefix, at most `max`), to be [`decode`]d: a reader that must tell
+/// receiving a large frame from decoding it uses the two apart.
+pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Bytes, WireError> {
     let mut len_bytes = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -473,7 +480,7 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
             });
         }
     }
-    decode(Bytes::from(buf))
+    Ok(Bytes::from(buf))
 }
 
 /// Bytes of an application frame before its payload: the length prefix and

@@ -171,9 +171,20 @@ struct Shared {
     shm_dir: Option<std::path::PathBuf>,
 }
 
-/// Write `msg` on the (shared) control connection.
+/// Write `msg` on the (shared) control connection. It is encoded before
+/// the connection is taken: heartbeats wait behind a large message (the
+/// rank's value) while it is written, which the launcher counts as a sign
+/// of life, but not while it is copied.
 fn send_ctl(ctl: &Mutex<Stream>, msg: &WireMsg, max: usize) -> std::result::Result<(), WireError> {
-    write_msg(&mut *lock(ctl), msg, max)
+    use std::io::Write;
+    let mut head = Vec::new();
+    let payload = encode_into(msg, max, &mut head)?;
+    let mut s = lock(ctl);
+    s.write_all(&head)?;
+    if !payload.is_empty() {
+        s.write_all(&payload)?;
+    }
+    Ok(())
 }
 
 /// The endpoint of a rank process.
@@ -1210,7 +1221,11 @@ pub(crate) fn run_worker<T: Serialize>(
         slot: Slot::new(env.incarnation),
         shm_dir: env.shm_dir.clone(),
     });
+    // The rank is leaving: the launcher closing the control connection is
+    // no news any more.
     let finished = Arc::new(AtomicBool::new(false));
+    // The outcome is written: heartbeats may stop.
+    let reported = Arc::new(AtomicBool::new(false));
     let ctl_rd = ctl.try_clone().map_err(|e| io("control socket", &e))?;
     let ctl = Arc::new(Mutex::new(ctl));
     send_ctl(
@@ -1233,7 +1248,7 @@ pub(crate) fn run_worker<T: Serialize>(
         // At least 1 ms: a zero timeout from the environment must not make
         // this a busy loop (the launcher refuses one under 10 ms).
         (env.heartbeat / 4).max(Duration::from_millis(1)),
-        finished.clone(),
+        reported.clone(),
         env.max_frame,
     )?;
     let (inbox_tx, inbox) = unbounded();
@@ -1318,8 +1333,11 @@ pub(crate) fn run_worker<T: Serialize>(
         Err(e) => Err(RemoteError::from(e)),
     };
     finished.store(true, Ordering::SeqCst);
-    send_ctl(&ctl, &WireMsg::Exited(wire), env.max_frame)
-        .map_err(|e| io("cannot report the outcome", &e))?;
+    let sent = send_ctl(&ctl, &WireMsg::Exited(wire), env.max_frame);
+    // Only now: encoding and writing a large outcome takes a while, which
+    // silence would have made a death.
+    reported.store(true, Ordering::SeqCst);
+    sent.map_err(|e| io("cannot report the outcome", &e))?;
     outcome
 }
 
@@ -1373,16 +1391,18 @@ fn spawn_control_reader(
         .map_err(|e| Error::Driver(format!("cannot start a thread: {e}")))
 }
 
+/// Heartbeat every `every` until `reported` (the rank's outcome is with
+/// the launcher).
 fn spawn_heartbeat(
     ctl: Arc<Mutex<Stream>>,
     every: Duration,
-    finished: Arc<AtomicBool>,
+    reported: Arc<AtomicBool>,
     max: usize,
 ) -> Result<()> {
     std::thread::Builder::new()
         .name("heartbeat".into())
         .spawn(move || {
-            while !finished.load(Ordering::SeqCst) {
+            while !reported.load(Ordering::SeqCst) {
                 if send_ctl(&ctl, &WireMsg::Heartbeat, max).is_err() {
                     return;
                 }
