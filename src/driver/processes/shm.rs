@@ -247,7 +247,20 @@ impl RingWriter {
             .open(&path)
             .map_err(|e| io("cannot create", e))?;
         let len = HEADER + capacity;
-        file.set_len(len as u64).map_err(|e| io("cannot size", e))?;
+        // Allocated, not merely sized: the pages of a sparse file are found
+        // missing only when first written, and a write to a page a full
+        // /dev/shm cannot back kills the process with SIGBUS. Failing here
+        // instead sends the frames over the socket.
+        let allocated = libc::off_t::try_from(len)
+            .map_err(|_| ShmError::Invalid(format!("capacity {capacity}")))
+            .and_then(|l| {
+                nix::fcntl::posix_fallocate(&file, 0, l)
+                    .map_err(|e| io("cannot allocate", std::io::Error::from(e)))
+            });
+        if let Err(e) = allocated {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         let map = Mapping::map(&file, len, &path)?;
         map.word64(OFF_CAPACITY)
             .store(capacity as u64, Ordering::Relaxed);
@@ -662,6 +675,31 @@ mod tests {
         // A frame larger than the ring never fits.
         let big = vec![7u8; MIN_CAPACITY + 1];
         assert!(!w.write_whole(&[&big]));
+    }
+
+    /// A ring file's pages are allocated when it is made (where it fails
+    /// cleanly), not when first written (where a full /dev/shm would kill
+    /// the writer with SIGBUS).
+    #[test]
+    fn a_ring_file_is_allocated_when_made() {
+        use std::os::unix::fs::MetadataExt;
+        let shm = Path::new("/dev/shm");
+        let d = if shm.is_dir() {
+            let p = shm.join(format!("lazarus-shm-test-{}-alloc", std::process::id()));
+            std::fs::create_dir_all(&p).expect("test dir");
+            tempdir::Dir(p)
+        } else {
+            dir()
+        };
+        let _w = RingWriter::create(&d.0, "f", CAPACITY).expect("create");
+        let m = std::fs::metadata(d.0.join("f")).expect("the ring file");
+        assert_eq!(m.len(), (HEADER + CAPACITY) as u64);
+        assert!(
+            m.blocks() * 512 >= m.len(),
+            "{} of {} bytes allocated",
+            m.blocks() * 512,
+            m.len()
+        );
     }
 
     #[test]
