@@ -1100,13 +1100,18 @@ impl<'a> Launcher<'a> {
         // Before any rank reported its protocol, the launching call's
         // protocol decides; under `lazarus launch` a rank lost that early
         // is replaced (a program without recovery then fails as it would).
+        // Nobody to recover with once the job is aborted or a rank has
+        // left. Decided before the survivors are told: told of a
+        // replacement, they would keep frames for one that never starts.
         let respawn = self
             .replaces
             .or(self
                 .spec
                 .protocol_override
                 .map(|p| p.replaces_failed_ranks()))
-            .unwrap_or(true);
+            .unwrap_or(true)
+            && self.abort.is_none()
+            && !self.procs.iter().any(|p| p.status == Status::Finished);
         let notice = WireMsg::FailureNotice {
             epoch: self.epoch,
             dead: dead.clone(),
@@ -1125,12 +1130,9 @@ impl<'a> Launcher<'a> {
             dead: dead.clone(),
             respawn,
         });
-        // Nobody to recover with once the job is aborted or a rank has
-        // left; and a rank whose processes keep dying before they connect
-        // (a broken program, a setup error) is not restarted forever.
-        let respawn = respawn
-            && self.abort.is_none()
-            && !self.procs.iter().any(|p| p.status == Status::Finished);
+        // A rank whose processes keep dying before they connect (a broken
+        // program, a setup error) is not restarted forever (its failure
+        // aborts the job, which the survivors hear of).
         for (r, inc) in dead {
             let early = &mut self.early_deaths[r];
             if started_only.contains(&r) {
@@ -1562,6 +1564,73 @@ mod tests {
         idle.decoding.store(false, Ordering::Relaxed);
         assert!(matches!(idle.decode(frame), Ok(WireMsg::Finishing(_))));
         assert!(idle.last() >= before);
+    }
+
+    /// A rank dying after another has finished is not replaced (nobody
+    /// could roll back with it), and the survivors hear so: a notice
+    /// promising a replacement would have them keep frames, and wait, for
+    /// one that never starts.
+    #[test]
+    fn a_failure_after_a_rank_finished_promises_no_replacement() {
+        let spec = LaunchSpec {
+            program: "/bin/false".into(),
+            args: Vec::new(),
+            ranks: 3,
+            nodes: 1,
+            kills: Vec::new(),
+            listen: Listen::Unix { rings: false },
+            heartbeat_timeout: Duration::from_millis(200),
+            max_frame: 1 << 20,
+            restart_generation: None,
+            self_launch: true,
+            call: 0,
+            protocol: "coordinated".into(),
+            earlier: Vec::new(),
+            progress_bar: false,
+            quiet_stdout: true,
+            protocol_override: Some(crate::ProtocolKind::Coordinated),
+            hosts: Hosts::Local,
+            sets: Default::default(),
+            agent_program: "/bin/false".into(),
+        };
+        let mut l = Launcher::new(&spec).expect("launcher");
+        l.replaces = Some(true);
+        let mut survivor = None;
+        for (r, status) in [Status::Finished, Status::Ready, Status::Ready]
+            .into_iter()
+            .enumerate()
+        {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+            if r == 1 {
+                survivor = Some(theirs);
+            }
+            let now = Instant::now();
+            l.procs.push(RankProc {
+                incarnation: 0,
+                child: None,
+                ctl: Some(Stream::Unix(ours)),
+                addr: None,
+                status,
+                told: 0,
+                last_seen: now,
+                activity: None,
+                started: now,
+                finishing: None,
+            });
+        }
+        l.failure(&[2], "test");
+        let mut survivor = survivor.expect("rank 1's end");
+        match read_msg(&mut survivor, 1 << 20) {
+            Ok(WireMsg::FailureNotice { dead, respawn, .. }) => {
+                assert_eq!(dead, vec![(2, 0)]);
+                assert!(!respawn, "no replacement starts, and none may be promised");
+            }
+            other => panic!("expected a failure notice, got {other:?}"),
+        }
+        assert!(l.events.iter().all(|e| !e.respawn));
+        assert_eq!(l.procs[2].status, Status::Dead);
+        assert_eq!(l.procs[2].incarnation, 0, "no replacement started");
+        l.cleanup();
     }
 
     fn ms(v: f64) -> Duration {
