@@ -73,6 +73,12 @@ pub enum FailureHandling {
     Return,
 }
 
+/// Shortest heartbeat timeout of the processes backend: ranks heartbeat
+/// four times per timeout and the launcher checks at least as often, so
+/// anything shorter cannot tell a slow rank from a dead one (and 0 would
+/// have ranks heartbeat in a busy loop).
+pub const MIN_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Configuration of one job.
 ///
 /// | field | CLI | default |
@@ -95,7 +101,7 @@ pub enum FailureHandling {
 /// | `network` | (sim only) | 0.5/2 us latency, 20/10 GB/s |
 /// | `listen` | `--listen unix\|unix-sockets\|tcp[:IP]` (processes only) | unix (frames in shared-memory rings) |
 /// | `hosts` | `--hosts local\|slurm` (processes only) | local |
-/// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only) | 200 ms |
+/// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only, at least 10) | 200 ms |
 /// | `max_frame` | (processes only) | 1 GiB |
 /// | `worker_args` | (processes only) | this program's own arguments |
 #[derive(Debug, Clone)]
@@ -261,6 +267,16 @@ impl Config {
         let pl = self.placement()?;
         if self.backend == Backend::Processes {
             self.hosts.check_listen(self.listen)?;
+            if self.heartbeat_timeout < MIN_HEARTBEAT_TIMEOUT {
+                return Err(Error::config(
+                    "--heartbeat-timeout",
+                    format!(
+                        "{} ms is too short to tell a slow rank from a dead one (at least {})",
+                        self.heartbeat_timeout.as_millis(),
+                        MIN_HEARTBEAT_TIMEOUT.as_millis()
+                    ),
+                ));
+            }
         }
         if let crate::protocol::correlated::SetRule::Consecutive(n) = self.sets
             && (n == 0 || n > self.ranks)
@@ -315,5 +331,29 @@ impl Config {
             }
         }
         Ok(pl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A heartbeat timeout of 0 (ranks would heartbeat in a busy loop) or
+    /// below the minimum is refused on the processes backend.
+    #[test]
+    fn too_short_a_heartbeat_timeout_is_refused() {
+        let cfg = |ms| Config {
+            heartbeat_timeout: Duration::from_millis(ms),
+            ..Config::new(2).backend(Backend::Processes)
+        };
+        for ms in [0, 1, 9] {
+            match cfg(ms).validate() {
+                Err(Error::Config { option, .. }) => assert_eq!(option, "--heartbeat-timeout"),
+                other => panic!("{ms} ms: {other:?}"),
+            }
+        }
+        assert!(cfg(10).validate().is_ok());
+        assert!(cfg(200).validate().is_ok());
     }
 }

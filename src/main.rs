@@ -690,15 +690,20 @@ fn parse_kills(specs: &[String]) -> anyhow::Result<Vec<KillSpec>> {
         .map_err(usage)
 }
 
-/// `--heartbeat-timeout MS`, at least 10 ms.
+/// `--heartbeat-timeout MS`, at least `MIN_HEARTBEAT_TIMEOUT`.
 fn heartbeat(ms: u64) -> anyhow::Result<std::time::Duration> {
-    if ms < 10 {
+    let min = lazarus::config::MIN_HEARTBEAT_TIMEOUT;
+    let t = std::time::Duration::from_millis(ms);
+    if t < min {
         return Err(usage(lazarus::Error::config(
             "--heartbeat-timeout",
-            format!("{ms} ms is too short to tell a slow rank from a dead one (at least 10)"),
+            format!(
+                "{ms} ms is too short to tell a slow rank from a dead one (at least {})",
+                min.as_millis()
+            ),
         )));
     }
-    Ok(std::time::Duration::from_millis(ms))
+    Ok(t)
 }
 
 /// `90s`, `15m`, `2h`, `1d`, `250ms`, or plain seconds.

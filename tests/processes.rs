@@ -1,11 +1,14 @@
 //! The processes backend from the outside: real rank processes killed with
 //! `kill -9` by the test, a stopped (hung) rank found by its missing
 //! heartbeats, a launcher killed with its job (no orphans), a whole-job
-//! restart from disk after everything was killed, and a stranger refused at
-//! a rank's socket.
+//! restart from disk after everything was killed, a stranger refused at
+//! a rank's socket, and a rank not taken for dead while its large value
+//! crosses to the launcher.
 //!
 //! Every run must print the same `VERIFIED` value as the failure-free run,
 //! and no process of the job may be left once it ends.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -946,4 +949,33 @@ fn rank_processes_report_the_memory_a_log_holds() {
         "pessimistic peak {logged_peak} B vs none {none_peak} B"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rank whose value is large takes longer than the heartbeat timeout to
+/// report it (its heartbeats wait behind it on the control connection, as
+/// its final heartbeats wait behind the outcome): the bytes arriving, and
+/// their decoding, keep it alive, and the job ends with no failure.
+#[test]
+fn a_rank_reporting_a_large_value_is_not_taken_for_dead() {
+    const BIG: usize = 256 << 20;
+    let cfg = common::config(lazarus::Backend::Processes, 2);
+    assert_eq!(cfg.heartbeat_timeout, Duration::from_millis(200));
+    let report = common::within(300, "large value", move || {
+        lazarus::run(&cfg, |ctx| {
+            let n = if ctx.rank() == 0 { BIG } else { 1 };
+            Ok(serde_bytes::ByteBuf::from(vec![7u8; n]))
+        })
+    });
+    let values = match report.outcome {
+        Ok(v) => v,
+        Err(e) => panic!("the job failed: {e}"),
+    };
+    assert_eq!(values.len(), 2);
+    assert!(values[0].len() == BIG && values[0].iter().all(|&b| b == 7));
+    assert_eq!(values[1].as_slice(), &[7]);
+    assert_eq!(
+        report.stats.failures, 0,
+        "{:?}",
+        report.stats.failure_detections
+    );
 }

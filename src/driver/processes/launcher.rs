@@ -20,8 +20,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
@@ -31,7 +34,7 @@ use super::agent::{Hosts, srun_command};
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Listen, Listener, Stream};
 use super::var;
-use super::wire::{WireMsg, read_msg, write_msg};
+use super::wire::{WireMsg, decode, read_frame, write_msg};
 use crate::driver::shared::{ExitAction, Finals, StatsBook, progress_bar};
 use crate::fault::KillSpec;
 use crate::job::{FailureDetection, JobStats};
@@ -103,12 +106,77 @@ enum Who {
 
 /// What happened on a connection.
 enum Conn {
-    /// It is authenticated; the stream writes to it.
-    Up(Stream),
+    /// It is authenticated; the stream writes to it, and the activity
+    /// tells when bytes last arrived on it.
+    Up(Stream, Arc<Activity>),
     /// A message arrived.
     Msg(WireMsg),
     /// It ended.
     Lost(String),
+}
+
+/// When bytes last arrived on a connection. A rank is alive while a long
+/// message of its (a large `Finishing` value) is still arriving, though no
+/// whole message has been read for a while: its heartbeats wait behind it.
+/// So it is while such a message, arrived whole, is being decoded.
+struct Activity {
+    origin: Instant,
+    /// From `origin` to the latest read that returned data, in nanoseconds.
+    nanos: AtomicU64,
+    /// A frame that has arrived is being decoded.
+    decoding: AtomicBool,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            origin: Instant::now(),
+            nanos: AtomicU64::new(0),
+            decoding: AtomicBool::new(false),
+        }
+    }
+
+    /// Decode `frame`, active throughout: that time is the launcher's,
+    /// not silence of the rank.
+    fn decode(&self, frame: bytes::Bytes) -> Result<WireMsg, super::wire::WireError> {
+        self.decoding.store(true, Ordering::Relaxed);
+        let msg = decode(frame);
+        self.touch();
+        self.decoding.store(false, Ordering::Relaxed);
+        msg
+    }
+
+    /// Bytes arrived now.
+    fn touch(&self) {
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.store(ns, Ordering::Relaxed);
+    }
+
+    /// When bytes last arrived (the connection's start before any did;
+    /// now while a frame is being decoded).
+    fn last(&self) -> Instant {
+        if self.decoding.load(Ordering::Relaxed) {
+            return Instant::now();
+        }
+        self.origin + Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+}
+
+/// A connection's reading end that records every read returning data in
+/// its [`Activity`], so liveness counts bytes, not whole messages.
+struct Counted<R> {
+    inner: R,
+    activity: Arc<Activity>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 {
+            self.activity.touch();
+        }
+        Ok(n)
+    }
 }
 
 /// A rank process, on this host or on an agent's.
@@ -243,7 +311,11 @@ struct RankProc {
     status: Status,
     /// Newest failure epoch this incarnation has been told of.
     told: u64,
+    /// When the launcher last heard from this incarnation: a whole
+    /// message, or (`activity`) bytes of one still arriving.
     last_seen: Instant,
+    /// Bytes arriving on the control connection, once it is up.
+    activity: Option<Arc<Activity>>,
     started: Instant,
     /// The value this incarnation reported on entering finalize (since the
     /// last failure event).
@@ -313,6 +385,30 @@ const AFTER_THE_END_WAIT: Duration = Duration::from_millis(100);
 /// A rank whose processes die this many times in a row before connecting
 /// fails the job instead of being restarted again.
 const MAX_EARLY_DEATHS: u32 = 3;
+
+/// How often the supervisor checks exit statuses and heartbeats: every
+/// 5 ms, or four times per heartbeat timeout when that is shorter, so that
+/// a check on time never looks late (see [`heartbeats_trusted`]).
+fn check_tick(timeout: Duration) -> Duration {
+    Duration::from_millis(5)
+        .min(timeout / 4)
+        .max(Duration::from_millis(1))
+}
+
+/// Whether silence may be held against the ranks at a check that came
+/// `since` after the previous one, which was due `tick` after it.
+///
+/// A check that ran late means the launcher itself was held up (loaded,
+/// descheduled, stopped): heartbeats that arrived meanwhile may still sit
+/// unread in its sockets, and a live rank (which heartbeats every quarter
+/// timeout) looks silent for about the delay plus a quarter timeout. A
+/// delay under half the timeout leaves a margin; a longer one is not the
+/// ranks' fault. The delay is measured past the due time: measuring the
+/// whole gap would call every check late once the tick is not well under
+/// half the timeout, and a dead rank would never be declared.
+fn heartbeats_trusted(since: Duration, tick: Duration, timeout: Duration) -> bool {
+    since.saturating_sub(tick) < timeout / 2
+}
 
 /// Start the job's rank processes and supervise them until every rank has
 /// a final outcome; returns each rank's encoded result and the statistics.
@@ -445,6 +541,7 @@ impl<'a> Launcher<'a> {
                 status: Status::Starting,
                 told: 0,
                 last_seen: now,
+                activity: None,
                 started: now,
                 finishing: None,
             });
@@ -652,7 +749,8 @@ impl<'a> Launcher<'a> {
 
     /// Supervise until every rank has its final outcome.
     fn supervise(&mut self) -> Result<Vec<Vec<u8>>> {
-        let tick = Duration::from_millis(5);
+        let timeout = self.spec.heartbeat_timeout;
+        let tick = check_tick(timeout);
         let mut last_check = Instant::now();
         while !self.finals.done() {
             let next = match self.stash.pop_front() {
@@ -670,11 +768,9 @@ impl<'a> Launcher<'a> {
             while let Some(ev) = self.stash.pop_front().or_else(|| self.rx.try_recv().ok()) {
                 self.on_event(ev);
             }
-            if last_check.elapsed() >= tick {
-                // If this loop itself was held up (a loaded or stopped
-                // launcher), silence it measured is not the ranks' fault.
-                let trust = last_check.elapsed() < self.spec.heartbeat_timeout / 2;
-                self.check_children(trust);
+            let since = last_check.elapsed();
+            if since >= tick {
+                self.check_children(heartbeats_trusted(since, tick, timeout));
                 last_check = Instant::now();
             }
         }
@@ -706,7 +802,7 @@ impl<'a> Launcher<'a> {
         let Event { who, conn } = ev;
         if self.debug {
             match &conn {
-                Conn::Up(_) => eprintln!("launcher: connected {who:?}"),
+                Conn::Up(..) => eprintln!("launcher: connected {who:?}"),
                 Conn::Msg(WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)) => {}
                 Conn::Msg(msg) => eprintln!("launcher: from {who:?}: {msg:?}"),
                 Conn::Lost(why) => eprintln!("launcher: lost {who:?}: {why}"),
@@ -717,12 +813,13 @@ impl<'a> Launcher<'a> {
             Who::Agent(node) => return self.on_agent(node, conn),
         };
         match conn {
-            Conn::Up(stream) => {
+            Conn::Up(stream, activity) => {
                 if let Some(p) = self.procs.get_mut(rank)
                     && p.incarnation == incarnation
                     && p.status == Status::Starting
                 {
                     p.ctl = Some(stream);
+                    p.activity = Some(activity);
                     p.last_seen = Instant::now();
                 } else {
                     stream.shutdown();
@@ -752,7 +849,7 @@ impl<'a> Launcher<'a> {
             return;
         };
         match conn {
-            Conn::Up(stream) => {
+            Conn::Up(stream, _) => {
                 if link.is_some() {
                     // One agent per node: a second is refused.
                     eprintln!("lazarus launcher: a second agent for node {node} refused");
@@ -903,6 +1000,9 @@ impl<'a> Launcher<'a> {
             }
             match p.status {
                 Status::Starting | Status::Ready => {
+                    if let Some(a) = &p.activity {
+                        p.last_seen = p.last_seen.max(a.last());
+                    }
                     // With a control connection, its end (after every message
                     // the rank sent, such as its outcome) tells the story.
                     if let Some(status) = exited.filter(|_| p.ctl.is_none()) {
@@ -1000,13 +1100,18 @@ impl<'a> Launcher<'a> {
         // Before any rank reported its protocol, the launching call's
         // protocol decides; under `lazarus launch` a rank lost that early
         // is replaced (a program without recovery then fails as it would).
+        // Nobody to recover with once the job is aborted or a rank has
+        // left. Decided before the survivors are told: told of a
+        // replacement, they would keep frames for one that never starts.
         let respawn = self
             .replaces
             .or(self
                 .spec
                 .protocol_override
                 .map(|p| p.replaces_failed_ranks()))
-            .unwrap_or(true);
+            .unwrap_or(true)
+            && self.abort.is_none()
+            && !self.procs.iter().any(|p| p.status == Status::Finished);
         let notice = WireMsg::FailureNotice {
             epoch: self.epoch,
             dead: dead.clone(),
@@ -1025,12 +1130,9 @@ impl<'a> Launcher<'a> {
             dead: dead.clone(),
             respawn,
         });
-        // Nobody to recover with once the job is aborted or a rank has
-        // left; and a rank whose processes keep dying before they connect
-        // (a broken program, a setup error) is not restarted forever.
-        let respawn = respawn
-            && self.abort.is_none()
-            && !self.procs.iter().any(|p| p.status == Status::Finished);
+        // A rank whose processes keep dying before they connect (a broken
+        // program, a setup error) is not restarted forever (its failure
+        // aborts the job, which the survivors hear of).
         for (r, inc) in dead {
             let early = &mut self.early_deaths[r];
             if started_only.contains(&r) {
@@ -1171,6 +1273,7 @@ impl<'a> Launcher<'a> {
                     status: Status::Starting,
                     told: self.epoch,
                     last_seen: now,
+                    activity: None,
                     started: now,
                     finishing: None,
                 };
@@ -1347,14 +1450,23 @@ fn spawn_acceptor(
     std::thread::Builder::new()
         .name("launcher-accept".into())
         .spawn(move || {
-            while let Ok(mut s) = listener.accept() {
+            let what = if acks.is_some() {
+                "launcher (agents)"
+            } else {
+                "launcher"
+            };
+            listener.serve(what, |mut s, place| {
                 let secret = secret.clone();
                 let tx = tx.clone();
                 let acks = acks.clone();
+                // No thread (none left): the connection and its place are
+                // dropped with the closure.
                 let _ = std::thread::Builder::new()
                     .name("launcher-conn".into())
                     .spawn(move || {
-                        let peer = match handshake(&mut s, &secret, me, Role::Acceptor) {
+                        let authenticated = handshake(&mut s, &secret, me, Role::Acceptor);
+                        drop(place);
+                        let peer = match authenticated {
                             Ok(p) => p,
                             // A rank killed while it connected: its death
                             // is seen on its process, not reported here.
@@ -1374,11 +1486,17 @@ fn spawn_acceptor(
                         };
                         let Ok(wr) = s.try_clone() else { return };
                         let send = |conn| tx.send(Event { who, conn }).is_ok();
-                        if !send(Conn::Up(wr)) {
+                        let activity = Arc::new(Activity::new());
+                        if !send(Conn::Up(wr, activity.clone())) {
                             return;
                         }
+                        let mut s = Counted {
+                            inner: s,
+                            activity: activity.clone(),
+                        };
                         loop {
-                            let conn = match (read_msg(&mut s, max), &acks) {
+                            let msg = read_frame(&mut s, max).and_then(|f| activity.decode(f));
+                            let conn = match (msg, &acks) {
                                 (Ok(WireMsg::Killed { .. }), Some(a)) => {
                                     let _ = a.send(AgentAck::Killed(id));
                                     continue;
@@ -1397,8 +1515,152 @@ fn spawn_acceptor(
                             }
                         }
                     });
-            }
+            });
         })
         .map(|_| ())
         .map_err(|e| driver_err("cannot start a thread", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::wire::read_msg;
+    use super::*;
+
+    /// Bytes of a message still arriving count as signs of life, though no
+    /// whole message (a heartbeat) can be read meanwhile.
+    #[test]
+    fn bytes_of_a_message_still_arriving_count_as_signs_of_life() {
+        let mut bytes = Vec::new();
+        write_msg(
+            &mut bytes,
+            &WireMsg::Finishing(vec![7; 3 << 20]),
+            usize::MAX,
+        )
+        .expect("encodes");
+        let activity = Arc::new(Activity::new());
+        let start = activity.last();
+        std::thread::sleep(Duration::from_millis(5));
+        // Half the value has arrived when the connection stalls (here: ends).
+        let mut rd = Counted {
+            inner: &bytes[..bytes.len() / 2],
+            activity: activity.clone(),
+        };
+        assert!(read_msg(&mut rd, usize::MAX).is_err(), "no whole message");
+        assert!(activity.last() >= start + Duration::from_millis(5));
+        // A connection on which nothing arrives shows no activity.
+        let idle = Arc::new(Activity::new());
+        let mut rd = Counted {
+            inner: &[][..],
+            activity: idle.clone(),
+        };
+        assert!(read_msg(&mut rd, usize::MAX).is_err());
+        assert_eq!(idle.last(), idle.origin);
+        // Decoding a frame that has arrived counts as well: as activity
+        // now while it lasts, and up to its end afterwards.
+        let frame = read_frame(&mut bytes.as_slice(), usize::MAX).expect("whole");
+        let before = Instant::now();
+        idle.decoding.store(true, Ordering::Relaxed);
+        assert!(idle.last() >= before);
+        idle.decoding.store(false, Ordering::Relaxed);
+        assert!(matches!(idle.decode(frame), Ok(WireMsg::Finishing(_))));
+        assert!(idle.last() >= before);
+    }
+
+    /// A rank dying after another has finished is not replaced (nobody
+    /// could roll back with it), and the survivors hear so: a notice
+    /// promising a replacement would have them keep frames, and wait, for
+    /// one that never starts.
+    #[test]
+    fn a_failure_after_a_rank_finished_promises_no_replacement() {
+        let spec = LaunchSpec {
+            program: "/bin/false".into(),
+            args: Vec::new(),
+            ranks: 3,
+            nodes: 1,
+            kills: Vec::new(),
+            listen: Listen::Unix { rings: false },
+            heartbeat_timeout: Duration::from_millis(200),
+            max_frame: 1 << 20,
+            restart_generation: None,
+            self_launch: true,
+            call: 0,
+            protocol: "coordinated".into(),
+            earlier: Vec::new(),
+            progress_bar: false,
+            quiet_stdout: true,
+            protocol_override: Some(crate::ProtocolKind::Coordinated),
+            hosts: Hosts::Local,
+            sets: Default::default(),
+            agent_program: "/bin/false".into(),
+        };
+        let mut l = Launcher::new(&spec).expect("launcher");
+        l.replaces = Some(true);
+        let mut survivor = None;
+        for (r, status) in [Status::Finished, Status::Ready, Status::Ready]
+            .into_iter()
+            .enumerate()
+        {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+            if r == 1 {
+                survivor = Some(theirs);
+            }
+            let now = Instant::now();
+            l.procs.push(RankProc {
+                incarnation: 0,
+                child: None,
+                ctl: Some(Stream::Unix(ours)),
+                addr: None,
+                status,
+                told: 0,
+                last_seen: now,
+                activity: None,
+                started: now,
+                finishing: None,
+            });
+        }
+        l.failure(&[2], "test");
+        let mut survivor = survivor.expect("rank 1's end");
+        match read_msg(&mut survivor, 1 << 20) {
+            Ok(WireMsg::FailureNotice { dead, respawn, .. }) => {
+                assert_eq!(dead, vec![(2, 0)]);
+                assert!(!respawn, "no replacement starts, and none may be promised");
+            }
+            other => panic!("expected a failure notice, got {other:?}"),
+        }
+        assert!(l.events.iter().all(|e| !e.respawn));
+        assert_eq!(l.procs[2].status, Status::Dead);
+        assert_eq!(l.procs[2].incarnation, 0, "no replacement started");
+        l.cleanup();
+    }
+
+    fn ms(v: f64) -> Duration {
+        Duration::from_secs_f64(v / 1e3)
+    }
+
+    /// The check interval stays well within the heartbeat timeout, and a
+    /// check on time (give or take scheduling delays) is trusted at every
+    /// timeout from the minimum up: with the old rule (gap under half the
+    /// timeout, tick 5 ms) a 10 ms timeout was never enforced.
+    #[test]
+    fn a_check_on_time_is_trusted_and_a_stalled_one_is_not() {
+        assert_eq!(check_tick(ms(200.0)), ms(5.0));
+        assert_eq!(check_tick(ms(10.0)), ms(2.5));
+        for timeout in [10.0, 12.0, 20.0, 50.0, 200.0, 5000.0] {
+            let t = ms(timeout);
+            let tick = check_tick(t);
+            assert!(tick <= t / 4, "{timeout} ms: tick {tick:?}");
+            for late in [0.0, 0.5, 1.0, timeout / 2.0 - 0.5] {
+                assert!(
+                    heartbeats_trusted(tick + ms(late), tick, t),
+                    "{timeout} ms timeout, check {late} ms late"
+                );
+            }
+            for late in [timeout / 2.0, timeout, 10.0 * timeout] {
+                assert!(
+                    !heartbeats_trusted(tick + ms(late), tick, t),
+                    "{timeout} ms timeout, launcher stalled {late} ms"
+                );
+            }
+        }
+    }
 }

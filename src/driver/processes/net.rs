@@ -7,12 +7,27 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::{Error, Result};
 
 /// Socket buffer size asked for on every connection.
 const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Connections of one listener in their handshake at once, at most: each
+/// holds a thread and a descriptor until it authenticates or the handshake
+/// times out, so strangers that connect and say nothing must not be able
+/// to exhaust either. A legitimate handshake takes a few round trips, so
+/// even a large job's ranks starting together rarely overlap this much
+/// (and a refused rank-to-rank connection is retried).
+pub const MAX_HANDSHAKING: usize = 256;
+
+/// Pause of an accept loop after the system ran out of descriptors or
+/// memory: accepting again at once would only fail again, while
+/// connections ending meanwhile give some back.
+const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(10);
 
 /// Where a process listens: `unix:PATH` or `tcp:IP:PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +149,9 @@ impl Listener {
         }
     }
 
-    /// Wait for the next connection.
+    /// Wait for the next connection. An error is the listener's (see
+    /// [`accept_loop`]): a connection that cannot be set up is dropped here
+    /// and the next one awaited.
     pub fn accept(&self) -> io::Result<Stream> {
         match self {
             Listener::Unix(l, _) => {
@@ -142,13 +159,92 @@ impl Listener {
                 s.set_buffers(SOCKET_BUFFER);
                 Ok(s)
             }
-            Listener::Tcp(l) => {
+            Listener::Tcp(l) => loop {
                 let (s, _) = l.accept()?;
-                s.set_nodelay(true)?;
+                // Failing on a fresh socket means the peer already reset
+                // it: that connection is lost, not the listener.
+                if s.set_nodelay(true).is_err() {
+                    continue;
+                }
                 let s = Stream::Tcp(s);
                 s.set_buffers(SOCKET_BUFFER);
-                Ok(s)
+                return Ok(s);
+            },
+        }
+    }
+
+    /// Accept connections for as long as the listener works (see
+    /// [`accept_loop`]); `what` names the listener in messages.
+    pub fn serve(&self, what: &str, serve: impl FnMut(Stream, Handshaking)) {
+        accept_loop(|| self.accept(), MAX_HANDSHAKING, what, serve);
+    }
+}
+
+/// A connection's place among those of its listener in their handshake:
+/// dropping it, once the peer has authenticated or failed to, frees the
+/// place.
+#[derive(Debug)]
+pub struct Handshaking(Arc<AtomicUsize>);
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Hand every connection `next` accepts to `serve` (which starts a thread
+/// of its own for it) with its [`Handshaking`] place, until `next` fails
+/// in a way that means the listener itself is broken.
+///
+/// Only that ends the loop: an accept error is otherwise about one
+/// connection (reset before it was accepted, a network error passed on)
+/// or a shortage of descriptors or memory, which passes once connections
+/// end, so the loop pauses briefly and goes on; peers must always be able
+/// to connect. Beyond `limit` connections in their handshake at once, new
+/// ones are closed at once (a flood of strangers, logged once).
+pub fn accept_loop(
+    mut next: impl FnMut() -> io::Result<Stream>,
+    limit: usize,
+    what: &str,
+    mut serve: impl FnMut(Stream, Handshaking),
+) {
+    let handshaking = Arc::new(AtomicUsize::new(0));
+    let mut told_full = false;
+    let mut told_exhausted = false;
+    loop {
+        match next() {
+            Ok(s) => {
+                // Only this thread adds places: the check cannot race.
+                if handshaking.load(Ordering::Acquire) >= limit {
+                    if !told_full {
+                        eprintln!(
+                            "lazarus: {what}: more than {limit} connections are \
+                             authenticating at once; closing new ones until some finish"
+                        );
+                        told_full = true;
+                    }
+                    s.shutdown();
+                    continue;
+                }
+                handshaking.fetch_add(1, Ordering::AcqRel);
+                serve(s, Handshaking(handshaking.clone()));
             }
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS) => {
+                    if !told_exhausted {
+                        eprintln!("lazarus: {what}: cannot accept a connection ({e}); retrying");
+                        told_exhausted = true;
+                    }
+                    std::thread::sleep(EXHAUSTED_BACKOFF);
+                }
+                Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP) => {
+                    eprintln!("lazarus: {what}: the listening socket failed ({e})");
+                    return;
+                }
+                // One connection's failure (ECONNABORTED, EPROTO, a
+                // network error passed on, EINTR): the next may be fine.
+                _ => {}
+            },
         }
     }
 }
@@ -247,5 +343,146 @@ impl Write for Stream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+    use std::rc::Rc;
+
+    fn errno(e: i32) -> io::Result<Stream> {
+        Err(io::Error::from_raw_os_error(e))
+    }
+
+    /// A connected pair: the accepted end and the peer's.
+    fn pair() -> (Stream, UnixStream) {
+        let (a, b) = UnixStream::pair().expect("socket pair");
+        (Stream::Unix(a), b)
+    }
+
+    /// Whether the peer's end was closed by the other side.
+    fn closed(peer: &mut UnixStream) -> bool {
+        peer.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        matches!(peer.read(&mut [0u8; 1]), Ok(0))
+    }
+
+    /// Running out of descriptors, a connection aborted before it was
+    /// accepted: the loop goes on and serves the next connection; only a
+    /// broken listener ends it.
+    #[test]
+    fn accept_errors_do_not_stop_the_loop() {
+        let (s, _peer) = pair();
+        let mut script: VecDeque<io::Result<Stream>> = VecDeque::from([
+            errno(libc::EMFILE),
+            errno(libc::ECONNABORTED),
+            errno(libc::ENOBUFS),
+            errno(libc::EPROTO),
+            Ok(s),
+            errno(libc::EBADF),
+        ]);
+        let mut served = 0;
+        accept_loop(
+            || script.pop_front().unwrap_or_else(|| errno(libc::EBADF)),
+            4,
+            "test",
+            |_, _| served += 1,
+        );
+        assert_eq!(served, 1);
+        assert!(script.is_empty());
+    }
+
+    /// Beyond the bound of connections in their handshake, a new one is
+    /// closed at once; once a place is free, the next is served again.
+    #[test]
+    fn handshakes_beyond_the_bound_are_closed_and_later_ones_served() {
+        let places: Rc<RefCell<Vec<Handshaking>>> = Rc::default();
+        let mut open = Vec::new();
+        let (s1, _p1) = pair();
+        let (s2, _p2) = pair();
+        let (s3, mut p3) = pair();
+        let (s4, mut p4) = pair();
+        let mut script = VecDeque::from([s1, s2, s3, s4]);
+        let mut step = 0;
+        let held = places.clone();
+        accept_loop(
+            || {
+                step += 1;
+                if step == 4 {
+                    // The first connection authenticates: its place frees.
+                    held.borrow_mut().remove(0);
+                }
+                script
+                    .pop_front()
+                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+            },
+            2,
+            "test",
+            |s, place| {
+                places.borrow_mut().push(place);
+                // Kept open, as a handshake thread would.
+                open.push(s);
+            },
+        );
+        assert!(closed(&mut p3), "the third connection is closed at once");
+        assert!(!closed(&mut p4), "the fourth is served");
+        assert_eq!((places.borrow().len(), open.len()), (2, 3));
+    }
+
+    /// On a real socket: strangers that connect and never speak hold every
+    /// place; once they leave, a peer is served again.
+    #[test]
+    fn a_listener_serves_again_after_a_flood_of_silent_connections() {
+        let dir = std::env::temp_dir().join(format!("lazarus-net-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let l = Listener::bind(Listen::Unix { rings: false }, &dir, "flood.sock").expect("bind");
+        let Ok(Addr::Unix(path)) = l.addr() else {
+            panic!("a Unix address");
+        };
+        std::thread::spawn(move || {
+            accept_loop(
+                || l.accept(),
+                4,
+                "test",
+                |mut s, place| {
+                    std::thread::spawn(move || {
+                        // The "handshake": one byte, echoed.
+                        let mut b = [0u8; 1];
+                        if s.read_exact(&mut b).is_ok() {
+                            drop(place);
+                            let _ = s.write_all(&b);
+                            let _ = s.read(&mut b);
+                        }
+                    });
+                },
+            )
+        });
+        let silent: Vec<UnixStream> = (0..4)
+            .map(|_| UnixStream::connect(&path).expect("connect"))
+            .collect();
+        let mut refused = UnixStream::connect(&path).expect("connect");
+        assert!(closed(&mut refused), "a fifth stranger is closed");
+        drop(silent);
+        // The strangers' places free as their threads see them go.
+        let t0 = std::time::Instant::now();
+        loop {
+            let mut s = UnixStream::connect(&path).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut b = [0u8; 1];
+            if s.write_all(b"x").is_ok() && s.read_exact(&mut b).is_ok() {
+                assert_eq!(&b, b"x");
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "no peer served after the flood"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

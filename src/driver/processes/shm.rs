@@ -20,13 +20,14 @@
 //! that finds it set after publishing rings a doorbell on the socket.
 //!
 //! Nothing the peer writes can make the reader go out of bounds: positions
-//! are masked into the data area, and a record's length is checked against
-//! the frame limit before anything is allocated for it.
+//! are masked into the data area, a record's length is checked against the
+//! frame limit, and a record's buffer grows as its bytes arrive (as a
+//! socket's reader does), not to the announced length at once.
 //!
 //! An application frame is read in two parts: its fixed fields onto the
-//! stack and its payload into a buffer of exactly the payload's size, which
-//! becomes the message's `Bytes` as it is (one allocation per message, no
-//! copy besides the one out of the ring).
+//! stack and its payload into a buffer that ends at exactly the payload's
+//! size, which becomes the message's `Bytes` as it is (one allocation per
+//! message up to a megabyte, no copy besides the one out of the ring).
 
 use std::fs::{File, OpenOptions};
 use std::path::Path;
@@ -34,7 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use bytes::Bytes;
 
-use super::wire::{APP_FIXED, APP_FRAME, WireError, WireMsg, decode, decode_app_parts};
+use super::wire::{APP_FIXED, APP_FRAME, WireError, WireMsg, decode, decode_app_parts, growth};
 
 /// Data bytes of a ring at most (a power of two): a 1 MiB frame fits whole.
 pub const CAPACITY: usize = 2 << 20;
@@ -247,7 +248,20 @@ impl RingWriter {
             .open(&path)
             .map_err(|e| io("cannot create", e))?;
         let len = HEADER + capacity;
-        file.set_len(len as u64).map_err(|e| io("cannot size", e))?;
+        // Allocated, not merely sized: the pages of a sparse file are found
+        // missing only when first written, and a write to a page a full
+        // /dev/shm cannot back kills the process with SIGBUS. Failing here
+        // instead sends the frames over the socket.
+        let allocated = libc::off_t::try_from(len)
+            .map_err(|_| ShmError::Invalid(format!("capacity {capacity}")))
+            .and_then(|l| {
+                nix::fcntl::posix_fallocate(&file, 0, l)
+                    .map_err(|e| io("cannot allocate", std::io::Error::from(e)))
+            });
+        if let Err(e) = allocated {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         let map = Mapping::map(&file, len, &path)?;
         map.word64(OFF_CAPACITY)
             .store(capacity as u64, Ordering::Relaxed);
@@ -354,7 +368,7 @@ impl Record {
 /// What has arrived of a record being reassembled.
 enum Part {
     /// An application frame: `got` bytes of its fixed fields, then its
-    /// payload (allocated at its exact size).
+    /// payload (grown as it arrives, to its exact size).
     App {
         fixed: [u8; APP_FIXED],
         got: usize,
@@ -504,10 +518,10 @@ impl RingReader {
                     Part::App {
                         fixed: [0; APP_FIXED],
                         got: 0,
-                        payload: Vec::with_capacity(len - APP_FIXED),
+                        payload: Vec::new(),
                     }
                 } else {
-                    Part::Whole(Vec::with_capacity(len))
+                    Part::Whole(Vec::new())
                 }
             }
         };
@@ -523,12 +537,12 @@ impl RingReader {
                 avail -= n;
                 let rest = len - APP_FIXED;
                 let n = avail.min(rest - payload.len());
-                self.read_vec(n, payload);
+                self.read_vec(n, rest, payload);
                 *got == APP_FIXED && payload.len() == rest
             }
             Part::Whole(buf) => {
                 let n = avail.min(len - buf.len());
-                self.read_vec(n, buf);
+                self.read_vec(n, len, buf);
                 buf.len() == len
             }
         };
@@ -536,8 +550,8 @@ impl RingReader {
             self.pending = Some((len, Some(part)));
             return Ok(None);
         }
-        // Each buffer was allocated at its exact size: `Bytes` takes it
-        // over without allocating.
+        // Each buffer ends at its exact size: `Bytes` takes it over without
+        // allocating.
         Ok(Some(match part {
             Part::App { fixed, payload, .. } => Record::App(fixed, Bytes::from(payload)),
             Part::Whole(buf) => Record::Frame(Bytes::from(buf)),
@@ -550,9 +564,16 @@ impl RingReader {
         self.tail += dst.len() as u64;
     }
 
-    /// Consume `n` bytes, appended to `dst`.
-    fn read_vec(&mut self, n: usize, dst: &mut Vec<u8>) {
+    /// Consume `n` bytes, appended to `dst`, which holds part of a record
+    /// of `total` bytes. It grows as `wire::read_frame`'s buffer does, by
+    /// what has arrived and never to the announced length at once: a
+    /// sender announcing 1 GiB and writing a few bytes costs the receiver
+    /// one chunk.
+    fn read_vec(&mut self, n: usize, total: usize, dst: &mut Vec<u8>) {
         if n > 0 {
+            if dst.capacity() - dst.len() < n {
+                dst.reserve_exact(growth(dst.len(), total).max(n));
+            }
             self.map.read_at(self.tail, n, dst);
             self.tail += n as u64;
         }
@@ -664,6 +685,31 @@ mod tests {
         assert!(!w.write_whole(&[&big]));
     }
 
+    /// A ring file's pages are allocated when it is made (where it fails
+    /// cleanly), not when first written (where a full /dev/shm would kill
+    /// the writer with SIGBUS).
+    #[test]
+    fn a_ring_file_is_allocated_when_made() {
+        use std::os::unix::fs::MetadataExt;
+        let shm = Path::new("/dev/shm");
+        let d = if shm.is_dir() {
+            let p = shm.join(format!("lazarus-shm-test-{}-alloc", std::process::id()));
+            std::fs::create_dir_all(&p).expect("test dir");
+            tempdir::Dir(p)
+        } else {
+            dir()
+        };
+        let _w = RingWriter::create(&d.0, "f", CAPACITY).expect("create");
+        let m = std::fs::metadata(d.0.join("f")).expect("the ring file");
+        assert_eq!(m.len(), (HEADER + CAPACITY) as u64);
+        assert!(
+            m.blocks() * 512 >= m.len(),
+            "{} of {} bytes allocated",
+            m.blocks() * 512,
+            m.len()
+        );
+    }
+
     #[test]
     fn frames_cross_the_wrap_around_whole_and_in_order() {
         cross_the_wrap_around(CAPACITY);
@@ -765,6 +811,39 @@ mod tests {
             assert!(matches!(rec, Record::App(..)));
             assert_eq!(rec.decode().expect("decodes"), msg);
         }
+    }
+
+    /// A record announcing far more than has arrived gets a buffer of one
+    /// chunk at most, whatever the announced length; one larger than a
+    /// chunk still arrives whole and in order.
+    #[test]
+    fn a_records_buffer_grows_as_its_bytes_arrive() {
+        let d = dir();
+        for marker in [APP_FRAME, 0] {
+            let mut w = RingWriter::create(&d.0, &format!("g{marker}"), CAPACITY).expect("create");
+            let mut r = RingReader::attach(&d.0, &format!("g{marker}")).expect("attach");
+            let mut start = (512u32 << 20).to_le_bytes().to_vec();
+            start.extend_from_slice(&[marker; 100]);
+            w.push(&start);
+            assert!(r.pull(usize::MAX).expect("pull").is_none());
+            let held = match &r.pending {
+                Some((_, Some(Part::App { payload: b, .. } | Part::Whole(b)))) => b.capacity(),
+                _ => panic!("a record under way"),
+            };
+            assert!(held <= 1 << 20, "{held} bytes held for 100 arrived");
+        }
+        let mut w = RingWriter::create(&d.0, "h", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "h").expect("attach");
+        let body: Vec<u8> = (0..(5 << 20) + 3).map(|k| body_byte(2, k)).collect();
+        let mut pending = record(&body);
+        let mut got = None;
+        while got.is_none() {
+            let n = w.push(&pending);
+            pending.drain(..n);
+            got = r.pull(usize::MAX).expect("pull");
+        }
+        let (f, _) = whole(got.expect("the record"));
+        assert!(f == body);
     }
 
     #[test]

@@ -438,6 +438,13 @@ fn encode_header(
 
 /// Read one frame from `r` (at most `max` bytes after the length prefix).
 pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
+    decode(read_frame(r, max)?)
+}
+
+/// Read the bytes of one frame from `r` (everything after the length
+/// prefix, at most `max`), to be [`decode`]d: a reader that must tell
+/// receiving a large frame from decoding it uses the two apart.
+pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Bytes, WireError> {
     let mut len_bytes = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -458,12 +465,11 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
             "frame of {len} bytes is shorter than its own prefix"
         )));
     }
-    // Grow the buffer only as data arrives: at most one chunk (or the size
-    // already received) at a time. `read_to_end` fills spare capacity
-    // without zeroing it first.
+    // Grow the buffer only as data arrives (see `growth`). `read_to_end`
+    // fills spare capacity without zeroing it first.
     let mut buf: Vec<u8> = Vec::new();
     while buf.len() < len {
-        let want = (len - buf.len()).min(CHUNK.max(buf.len()));
+        let want = growth(buf.len(), len);
         buf.reserve_exact(want);
         let n = r.by_ref().take(want as u64).read_to_end(&mut buf)?;
         if n < want {
@@ -473,7 +479,16 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
             });
         }
     }
-    decode(Bytes::from(buf))
+    Ok(Bytes::from(buf))
+}
+
+/// How many bytes to grow a buffer holding `have` bytes of a `len`-byte
+/// frame by: one chunk, or as many as have arrived already if more, and
+/// never past the frame's end. A frame announcing 1 GiB and sending 10
+/// bytes then costs one chunk, not 1 GiB; a large one grows geometrically
+/// (few reallocations) and ends in a buffer of exactly its size.
+pub fn growth(have: usize, len: usize) -> usize {
+    len.saturating_sub(have).min(CHUNK.max(have))
 }
 
 /// Bytes of an application frame before its payload: the length prefix and

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use super::LaunchEnv;
 use super::auth::{Identity, Role, Secret, handshake};
-use super::net::{Addr, Listener, Stream};
+use super::net::{Addr, Handshaking, Listener, Stream};
 use super::shm::{self, RingReader, RingWriter};
 use super::wire::{
     RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, read_msg, write_msg,
@@ -171,9 +171,20 @@ struct Shared {
     shm_dir: Option<std::path::PathBuf>,
 }
 
-/// Write `msg` on the (shared) control connection.
+/// Write `msg` on the (shared) control connection. It is encoded before
+/// the connection is taken: heartbeats wait behind a large message (the
+/// rank's value) while it is written, which the launcher counts as a sign
+/// of life, but not while it is copied.
 fn send_ctl(ctl: &Mutex<Stream>, msg: &WireMsg, max: usize) -> std::result::Result<(), WireError> {
-    write_msg(&mut *lock(ctl), msg, max)
+    use std::io::Write;
+    let mut head = Vec::new();
+    let payload = encode_into(msg, max, &mut head)?;
+    let mut s = lock(ctl);
+    s.write_all(&head)?;
+    if !payload.is_empty() {
+        s.write_all(&payload)?;
+    }
+    Ok(())
 }
 
 /// The endpoint of a rank process.
@@ -1061,10 +1072,13 @@ impl Endpoint for ProcessEndpoint {
 }
 
 /// Serve one accepted connection: authenticate, then deliver frames and
-/// apply RMA requests until it closes.
-fn serve_connection(mut s: Stream, sh: Arc<Shared>, inbox: Sender<Arrival>) {
+/// apply RMA requests until it closes. `place` is held until the peer has
+/// authenticated (or failed to).
+fn serve_connection(mut s: Stream, place: Handshaking, sh: Arc<Shared>, inbox: Sender<Arrival>) {
     let me = sh.me.rank.unwrap_or(0);
-    let peer = match handshake(&mut s, &sh.secret, sh.me, Role::Acceptor) {
+    let authenticated = handshake(&mut s, &sh.secret, sh.me, Role::Acceptor);
+    drop(place);
+    let peer = match authenticated {
         Ok(p) if p.rank.is_some() => p,
         Ok(p) => {
             eprintln!("lazarus: rank {me}: refused a connection from {p:?}: not a rank");
@@ -1207,7 +1221,11 @@ pub(crate) fn run_worker<T: Serialize>(
         slot: Slot::new(env.incarnation),
         shm_dir: env.shm_dir.clone(),
     });
+    // The rank is leaving: the launcher closing the control connection is
+    // no news any more.
     let finished = Arc::new(AtomicBool::new(false));
+    // The outcome is written: heartbeats may stop.
+    let reported = Arc::new(AtomicBool::new(false));
     let ctl_rd = ctl.try_clone().map_err(|e| io("control socket", &e))?;
     let ctl = Arc::new(Mutex::new(ctl));
     send_ctl(
@@ -1227,8 +1245,10 @@ pub(crate) fn run_worker<T: Serialize>(
     spawn_control_reader(ctl_rd, ctl_tx, finished.clone(), env.max_frame)?;
     spawn_heartbeat(
         ctl.clone(),
-        env.heartbeat / 4,
-        finished.clone(),
+        // At least 1 ms: a zero timeout from the environment must not make
+        // this a busy loop (the launcher refuses one under 10 ms).
+        (env.heartbeat / 4).max(Duration::from_millis(1)),
+        reported.clone(),
         env.max_frame,
     )?;
     let (inbox_tx, inbox) = unbounded();
@@ -1238,13 +1258,16 @@ pub(crate) fn run_worker<T: Serialize>(
         std::thread::Builder::new()
             .name("accept".into())
             .spawn(move || {
-                while let Ok(s) = listener.accept() {
+                let what = format!("rank {rank}");
+                listener.serve(&what, |s, place| {
                     let sh = sh.clone();
                     let tx = inbox_tx.clone();
+                    // No thread (none left): the connection and its place
+                    // are dropped with the closure.
                     let _ = std::thread::Builder::new()
                         .name("peer-reader".into())
-                        .spawn(move || serve_connection(s, sh, tx));
-                }
+                        .spawn(move || serve_connection(s, place, sh, tx));
+                });
             })
             .map_err(|e| io("cannot start a thread", &e))?;
     }
@@ -1310,8 +1333,11 @@ pub(crate) fn run_worker<T: Serialize>(
         Err(e) => Err(RemoteError::from(e)),
     };
     finished.store(true, Ordering::SeqCst);
-    send_ctl(&ctl, &WireMsg::Exited(wire), env.max_frame)
-        .map_err(|e| io("cannot report the outcome", &e))?;
+    let sent = send_ctl(&ctl, &WireMsg::Exited(wire), env.max_frame);
+    // Only now: encoding and writing a large outcome takes a while, which
+    // silence would have made a death.
+    reported.store(true, Ordering::SeqCst);
+    sent.map_err(|e| io("cannot report the outcome", &e))?;
     outcome
 }
 
@@ -1365,16 +1391,18 @@ fn spawn_control_reader(
         .map_err(|e| Error::Driver(format!("cannot start a thread: {e}")))
 }
 
+/// Heartbeat every `every` until `reported` (the rank's outcome is with
+/// the launcher).
 fn spawn_heartbeat(
     ctl: Arc<Mutex<Stream>>,
     every: Duration,
-    finished: Arc<AtomicBool>,
+    reported: Arc<AtomicBool>,
     max: usize,
 ) -> Result<()> {
     std::thread::Builder::new()
         .name("heartbeat".into())
         .spawn(move || {
-            while !finished.load(Ordering::SeqCst) {
+            while !reported.load(Ordering::SeqCst) {
                 if send_ctl(&ctl, &WireMsg::Heartbeat, max).is_err() {
                     return;
                 }
