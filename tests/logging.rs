@@ -28,7 +28,10 @@ struct Chain {
 /// sends the result to everyone, and their next message depends on it. A
 /// replay that matched receptions in another order would compute another
 /// chain than the one the survivors received before the failure.
-fn wildcard_app(ctx: &mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
+/// What the wildcard apps return: the chain, and rank 0's arrival orders.
+type ChainAndOrders = (Vec<u64>, Vec<Vec<usize>>);
+
+fn wildcard_app(ctx: &mut Ctx) -> Result<ChainAndOrders> {
     wildcard_rounds(ctx, false)
 }
 
@@ -37,11 +40,11 @@ fn wildcard_app(ctx: &mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
 /// of what the replay must reproduce, and a resent message whose
 /// determinant is not yet at the front waits among the unexpected ones
 /// while a receive that will match it is already posted.
-fn posted_wildcard_app(ctx: &mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
+fn posted_wildcard_app(ctx: &mut Ctx) -> Result<ChainAndOrders> {
     wildcard_rounds(ctx, true)
 }
 
-fn wildcard_rounds(ctx: &mut Ctx, posted: bool) -> Result<(Vec<u64>, Vec<Vec<usize>>)> {
+fn wildcard_rounds(ctx: &mut Ctx, posted: bool) -> Result<ChainAndOrders> {
     let world = ctx.world();
     let (me, p) = (world.rank(), world.size());
     let mut st: Chain = ctx.restore_or_else(Chain::default)?;
@@ -146,7 +149,7 @@ fn check_wildcard(protocol: ProtocolKind, backend: Backend, kill: &str) {
 }
 
 fn check_wildcard_app(
-    app: fn(&mut Ctx) -> Result<(Vec<u64>, Vec<Vec<usize>>)>,
+    app: fn(&mut Ctx) -> Result<ChainAndOrders>,
     protocol: ProtocolKind,
     backend: Backend,
     kill: &str,

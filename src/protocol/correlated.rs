@@ -511,7 +511,14 @@ impl Correlated {
                     self.at.insert(src, index);
                     if self.at.len() == n {
                         self.querying = false;
-                        let index = self.at.values().copied().max().unwrap_or(0) + 1;
+                        // Saturating: the indexes come from frames.
+                        let index = self
+                            .at
+                            .values()
+                            .copied()
+                            .max()
+                            .unwrap_or(0)
+                            .saturating_add(1);
                         self.to_members(
                             cx,
                             SetMsg::CheckpointAt {
@@ -578,7 +585,7 @@ impl Correlated {
             .map(|r| r.1)
             .max()
             .unwrap_or(1)
-            .max(generation.map_or(1, |g| g + 1));
+            .max(generation.map_or(1, |g| g.saturating_add(1)));
         self.reports.remove(&epoch);
         self.to_members(
             cx,

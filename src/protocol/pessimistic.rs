@@ -433,8 +433,9 @@ impl Pessimistic {
 
     /// Records kept outside the channel logs were dropped.
     pub(crate) fn count_dropped(&mut self, records: usize, bytes: usize) {
-        self.log_records -= records;
-        self.log_bytes -= bytes;
+        // Saturating: a miscount must not wrap the budget check for ever.
+        self.log_records = self.log_records.saturating_sub(records);
+        self.log_bytes = self.log_bytes.saturating_sub(bytes);
     }
 
     /// Whether the log (channel logs and records counted with

@@ -299,6 +299,15 @@ impl Ulml {
     }
 
     /// Keep a result (counted as a log record).
+    /// Count every held result in the log counters, which a restore has
+    /// just set to the channel logs alone (results kept before the restore
+    /// are held still, and a later trim subtracts them).
+    fn count_results(&mut self) {
+        let (records, bytes) = (self.results.values().flat_map(BTreeMap::values))
+            .fold((0, 0), |(n, b), r| (n + 1, b + r.len()));
+        self.p2p.count_restored(records, bytes);
+    }
+
     fn keep(&mut self, context: ContextId, index: u64, result: &Bytes) {
         if index <= self.trimmed_upto(context) {
             return;
@@ -566,19 +575,14 @@ impl Protocol for Ulml {
             let t = self.trimmed.entry(context).or_insert(0);
             *t = (*t).max(upto);
         }
-        let (mut records, mut bytes) = (0, 0);
         for (context, list) in st.results {
             let trimmed = self.trimmed_upto(context);
             let log = self.results.entry(context).or_default();
             for (index, result) in list.into_iter().filter(|&(i, _)| i > trimmed) {
-                if let std::collections::btree_map::Entry::Vacant(e) = log.entry(index) {
-                    records += 1;
-                    bytes += result.len();
-                    e.insert(result);
-                }
+                log.entry(index).or_insert(result);
             }
         }
-        self.p2p.count_restored(records, bytes);
+        self.count_results();
         Ok(())
     }
 
@@ -704,6 +708,10 @@ impl Protocol for Ulml {
             }
             Event::Restored { generation } => {
                 self.p2p.handle(Event::Restored { generation }, cx);
+                if generation.is_none() {
+                    // The channel logs' counters were zeroed.
+                    self.count_results();
+                }
                 self.asking = true;
                 self.settled.clear();
             }
@@ -878,6 +886,49 @@ mod tests {
                 assert_eq!(requests(&a), vec![0, 1, 3], "still re-executing history");
             }
         }
+    }
+
+    /// Results that reach a replacement before its restore stay held
+    /// through it and stay counted, so that the trim that drops them later
+    /// leaves the counters at what is held (they went below zero).
+    #[test]
+    fn results_held_across_a_restore_stay_counted() {
+        fn log_now(a: &[Action]) -> (usize, usize) {
+            a.iter()
+                .find_map(|x| match x {
+                    Action::Record(crate::driver::Stat::Log {
+                        log_records,
+                        log_bytes,
+                        ..
+                    }) => Some((*log_records, *log_bytes)),
+                    _ => None,
+                })
+                .expect("a log record")
+        }
+        let mut p = Ulml::new(0, None);
+        let results = vec![Bytes::from_static(b"r1"), Bytes::from_static(b"r-2")];
+        control(
+            2,
+            &mut p,
+            0,
+            CollMsg::Results {
+                context: 1,
+                from: 1,
+                results,
+                on_completion: false,
+            },
+        );
+        run(2, &mut p, Event::Restored { generation: None });
+        assert_eq!(log_now(&run(2, &mut p, Event::Finish)), (2, 5), "held");
+        control(
+            2,
+            &mut p,
+            0,
+            CollMsg::Trim {
+                counts: vec![(1, 2)],
+            },
+        );
+        assert_eq!(log_now(&run(2, &mut p, Event::Finish)), (0, 0), "trimmed");
     }
 
     #[test]
