@@ -584,6 +584,7 @@ impl Pessimistic {
             keep: generation,
         });
         self.own.retain(|d| d.rsn > rsn);
+        self.replay.retain(|d| d.rsn > rsn);
         self.stability.floor = self.stability.floor.max(rsn);
         self.stored = Some(generation);
     }
@@ -652,7 +653,7 @@ impl Pessimistic {
                 cx,
                 r,
                 LogMsg::Determinants {
-                    determinants: self.own.clone(),
+                    determinants: self.all_determinants(),
                     full: true,
                 },
             );
@@ -751,6 +752,18 @@ impl Pessimistic {
             }
             LogMsg::CheckpointRequest => self.forced = true,
         }
+    }
+
+    /// Every determinant of this rank since its stored checkpoint: those
+    /// of its receptions so far, then those of its replay it has not
+    /// reached yet (a holder re-provisioned during a re-execution must get
+    /// the whole history, or a later replacement that only it can supply
+    /// would choose freely where the dead incarnation had chosen; 004 §2.2).
+    fn all_determinants(&self) -> Vec<Determinant> {
+        let mut all = self.own.clone();
+        let reached = all.last().map_or(0, |d| d.rsn);
+        all.extend(self.replay.iter().filter(|d| d.rsn > reached).copied());
+        all
     }
 
     /// The determinants this re-execution replays, and what they name of
@@ -1110,6 +1123,11 @@ impl Protocol for Pessimistic {
             }
             Event::Restored { generation } => {
                 self.phase = Phase::Done;
+                if generation.is_some() {
+                    // The restored piece is stored for good: a holder
+                    // replaced from now on gets it again (`serve`).
+                    self.stored = generation;
+                }
                 if generation.is_none() {
                     // From the beginning: a member rolled back with its set
                     // still has the log of the execution it rolls back,
@@ -1146,8 +1164,11 @@ impl Protocol for Pessimistic {
                         );
                     }
                 }
+                // Kept as well: until the re-execution has replayed them,
+                // `own` lacks them, and a holder replaced meanwhile must
+                // get them all (`serve`).
                 cx.emit(Action::Replay {
-                    determinants: std::mem::take(&mut self.replay),
+                    determinants: self.replay.clone(),
                 });
                 for d in (0..cx.size).filter(|&d| d != me && !self.internal.contains(&d)) {
                     let hsr = cx.hsr.get(&d).copied().unwrap_or(0);
@@ -1595,6 +1616,21 @@ mod tests {
                 replayed: 9
             })
         }));
+        // That rank is a holder, replaced while this rank has not replayed
+        // yet: it gets every determinant, the replay's included (it was
+        // given only those replayed so far, as a full set), and the
+        // restored piece.
+        assert!(
+            a.contains(&Action::Transmit {
+                dest: 1,
+                msg: Control::Log(LogMsg::Determinants {
+                    determinants: vec![det],
+                    full: true
+                })
+            }),
+            "{a:?}"
+        );
+        assert!(a.contains(&Action::Replicate { generation: 2 }), "{a:?}");
     }
 
     #[test]
