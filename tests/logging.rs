@@ -477,3 +477,30 @@ fn an_unrebuildable_loss_restarts_the_job_from_the_beginning() {
         }
     }
 }
+
+/// Which message a wildcard-source probe saw is not logged: under message
+/// logging it is refused with an error that says so, instead of a
+/// re-execution that could take another path; a named source is fine.
+#[test]
+fn wildcard_probes_are_refused_under_message_logging() {
+    for protocol in LOGGING {
+        let cfg = common::config(Backend::Threads, 2)
+            .protocol(protocol)
+            .nodes(2);
+        let report = lazarus::run(&cfg, |ctx: &mut Ctx| -> Result<bool> {
+            let world = ctx.world();
+            if world.rank() == 1 {
+                world.send_value(0, 3, &7u64)?;
+                return Ok(true);
+            }
+            world.probe(1, 3)?;
+            world.receive_value::<u64>(1, 3)?;
+            world.iprobe(Source::Any, 3).map(|_| true)
+        });
+        let e = report.outcome.expect_err("refused");
+        assert!(
+            e.to_string().contains("wildcard-source probe"),
+            "{protocol}: {e}"
+        );
+    }
+}

@@ -251,6 +251,11 @@ pub struct Engine {
     incarnations: BTreeMap<Rank, u64>,
     /// The protocol withheld the message being sent.
     withhold: bool,
+    /// While a send waits for its determinants to be stored: logged
+    /// messages the protocol resends meanwhile (a peer asked), held back
+    /// until then, since the one being sent may be among them and nothing
+    /// may leave before the determinants it depends on (004 §2.2).
+    held_resends: Option<Vec<AppMessage>>,
     /// Taking part in the recovery from this failure event (a survivor
     /// serving logs), for fault injection.
     serving: Option<u64>,
@@ -395,6 +400,7 @@ impl Engine {
             rollback_floor: if logging { 0 } else { epoch },
             incarnations,
             withhold: false,
+            held_resends: None,
             serving: None,
             app_sent: 0,
             app_arrived: 0,
@@ -914,7 +920,10 @@ impl Engine {
                 Action::Resume { generation } => self.resume = Some(generation),
                 Action::Record(stat) => self.ep.record(stat),
                 Action::Withhold => self.withhold = true,
-                Action::Resend { msg } => self.transmit(msg.envelope.dest, Body::App(msg))?,
+                Action::Resend { msg } => match &mut self.held_resends {
+                    Some(held) => held.push(msg),
+                    None => self.transmit(msg.envelope.dest, Body::App(msg))?,
+                },
                 Action::DropOlderPieces { owner, keep } => self.store.retain_owner(owner, keep),
                 Action::Checkpointed { generation } => self.committed_now = Some(generation),
                 Action::Replay { determinants } => self.load_replay(determinants)?,
@@ -1012,12 +1021,24 @@ impl Engine {
         // on a channel this message has not left on yet, and overtake it.
         let serving = std::mem::replace(&mut self.serving_rma, true);
         let mut ready = Ok(());
-        while ready.is_ok() && !self.proto.send_ready() {
-            ready = self.check().and_then(|()| self.progress(None));
+        if !self.proto.send_ready() {
+            self.held_resends = Some(Vec::new());
+            while ready.is_ok() && !self.proto.send_ready() {
+                ready = self.check().and_then(|()| self.progress(None));
+            }
         }
         self.serving_rma = serving;
+        // On an error this rank rolls back or the job ends: a peer's
+        // request is served again by the next recovery.
+        let held = self.held_resends.take().unwrap_or_default();
         ready?;
-        if std::mem::take(&mut self.withhold) {
+        let mut sent = false;
+        for m in held {
+            // (An unlogged message, SSN 0, is resent only if withheld.)
+            sent |= msg.ssn != 0 && m.envelope.dest == dest && m.ssn == msg.ssn;
+            self.transmit(m.envelope.dest, Body::App(m))?;
+        }
+        if std::mem::take(&mut self.withhold) || sent {
             return Ok(());
         }
         self.transmit(dest, Body::App(msg))
@@ -1107,7 +1128,23 @@ impl Engine {
 
     /// Nonblocking probe: the envelope and length of the first matching
     /// unexpected message.
+    ///
+    /// Under message logging a wildcard-source probe is refused: which
+    /// sender's message it saw is not logged, so a re-execution could see
+    /// another and take another path (or wait for a message it already
+    /// consumed by name).
     pub fn iprobe(&mut self, spec: MatchSpec) -> Result<Option<(Envelope, usize)>> {
+        if self.logging && spec.source.is_none() {
+            return Err(Error::config(
+                "--protocol",
+                format!(
+                    "protocol `{}` does not log which message a wildcard-source probe saw, \
+                     so it could not replay it after a failure; probe a named source, or \
+                     receive with a wildcard source (that outcome is logged)",
+                    self.proto.name()
+                ),
+            ));
+        }
         self.enter()?;
         self.drain()?;
         self.check()?;

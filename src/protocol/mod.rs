@@ -341,8 +341,8 @@ impl Collective {
 
 /// A determinant (004 §2.2, event logging): the outcome of one
 /// nondeterministic reception. The `rsn`-th reception of the receiver that
-/// could have matched messages of several senders (a wildcard-source receive
-/// or probe, or a one-sided request applied to the receiver's window)
+/// could have matched messages of several senders (a wildcard-source
+/// receive, or a one-sided request applied to the receiver's window)
 /// matched message `ssn` of `src`. Receptions from a named source need none:
 /// channels are FIFO and resent in SSN order, so their outcome is fixed by
 /// the program.

@@ -15,13 +15,18 @@
 //! from different senders. A receive from a named source matches that
 //! channel's messages in SSN order (channels are FIFO and are resent in SSN
 //! order), so its outcome is fixed by the program; a wildcard-source receive
-//! (or probe) is not, and its outcome, a [`Determinant`] (RSN → sender,
+//! is not, and its outcome, a [`Determinant`] (RSN → sender,
 //! SSN), is sent to the rank's *determinant holders*: its checkpoint
 //! partner, in another failure domain, and a second partner. The rank sends
 //! nothing until every holder still alive has acknowledged every
 //! determinant (the pessimistic condition: no unlogged nondeterministic
 //! event precedes a send; waiting for one holder only would lose, when the
 //! rank dies together with it, determinants its sends depended on).
+//! Not logged, and so not replayed exactly: which message a wildcard-source
+//! probe saw (refused under message logging, with an error saying so), and
+//! when a nonblocking check (`iprobe` of a named source, `test`) first
+//! succeeded; a program whose sends depend on those timings may take
+//! another path when it re-executes.
 //!
 //! **Checkpoints** are taken by each rank alone, every `every`-th safe
 //! point, and stored by the partner level. Once a rank's checkpoint is
