@@ -799,33 +799,15 @@ impl Engine {
     /// applied in between). Once the replay is over, any message it held
     /// back may match a receive posted meanwhile. Nothing else would look at
     /// them again: match them now, as their arrival would have (each to the
-    /// earliest posted receive that takes it, in arrival order). Called
-    /// after a determinant is consumed.
+    /// earliest posted receive that takes it, in arrival order; `accepts`
+    /// lets through only what the replay allows). Called after a
+    /// determinant is consumed; a replay only, never the receive path.
     fn rematch_replay(&mut self) {
-        loop {
-            let next = match self.replay.front() {
-                // A one-sided request: `serve_rma` applies it.
-                Some(d) if d.at.is_some() => None,
-                Some(d) => {
-                    let (src, ssn) = (d.src, d.ssn);
-                    (self.unexpected.iter())
-                        .position(|m| m.ssn == ssn && m.envelope.src == src)
-                        .and_then(|mi| {
-                            let m = &self.unexpected[mi];
-                            (self.posted.iter())
-                                .position(|(_, s)| s.source.is_none() && self.accepts(s, m))
-                                .map(|pi| (mi, pi))
-                        })
-                }
-                None => self.unexpected.iter().enumerate().find_map(|(mi, m)| {
-                    (self.posted.iter())
-                        .position(|(_, s)| self.accepts(s, m))
-                        .map(|pi| (mi, pi))
-                }),
-            };
-            let Some((mi, pi)) = next else {
-                return;
-            };
+        while let Some((mi, pi)) = self.unexpected.iter().enumerate().find_map(|(mi, m)| {
+            (self.posted.iter())
+                .position(|(_, s)| self.accepts(s, m))
+                .map(|pi| (mi, pi))
+        }) {
             let (id, spec) = self.posted.remove(pi);
             let Some(msg) = self.unexpected.remove(mi) else {
                 return;

@@ -752,31 +752,34 @@ pub fn read_committed_piece(dir: &Path, generation: u64, rank: Rank) -> Result<P
         }
     };
     let piece = read_piece(dir, generation, rank)?;
-    let path = piece_path(dir, generation, rank);
+    match unlike_record(&piece, (len, crc)) {
+        Some(d) => Err(corrupt(
+            rank,
+            generation,
+            &piece_path(dir, generation, rank),
+            d,
+        )),
+        None => Ok(piece),
+    }
+}
+
+/// How an intact `piece` differs from the `(length, CRC32C)` its commit
+/// record lists, if it does.
+fn unlike_record(piece: &Piece, (len, crc): (usize, u32)) -> Option<String> {
     if piece.data.len() != len {
-        return Err(corrupt(
-            rank,
-            generation,
-            &path,
-            format!(
-                "holds {} bytes, the commit record lists {len}",
-                piece.data.len()
-            ),
-        ));
+        Some(format!(
+            "holds {} bytes, the commit record lists {len}",
+            piece.data.len()
+        ))
+    } else if piece.crc != crc {
+        Some(format!(
+            "CRC32C {:#010x}, the commit record lists {crc:#010x} (the piece was replaced \
+             after the commit)",
+            piece.crc
+        ))
+    } else {
+        None
     }
-    if piece.crc != crc {
-        return Err(corrupt(
-            rank,
-            generation,
-            &path,
-            format!(
-                "CRC32C {:#010x}, the commit record lists {crc:#010x} (the piece was replaced \
-                 after the commit)",
-                piece.crc
-            ),
-        ));
-    }
-    Ok(piece)
 }
 
 // ---------------------------------------------------------------------------
@@ -892,23 +895,12 @@ fn check_piece(
     };
     match read_piece(dir, generation, rank) {
         Ok(piece) => {
-            let bytes = piece.data.len() as u64;
-            let problem = match expected {
-                Some((len, _)) if len != piece.data.len() => Some(format!(
-                    "{}: holds {bytes} bytes, the commit record lists {len}",
-                    path.display()
-                )),
-                Some((_, crc)) if crc != piece.crc => Some(format!(
-                    "{}: CRC32C {:#010x}, the commit record lists {crc:#010x} (the piece was \
-                     replaced after the commit)",
-                    path.display(),
-                    piece.crc
-                )),
-                _ => None,
-            };
+            let problem = expected
+                .and_then(|listed| unlike_record(&piece, listed))
+                .map(|d| format!("{}: {d}", path.display()));
             PieceReport {
                 rank,
-                bytes,
+                bytes: piece.data.len() as u64,
                 ok: problem.is_none(),
                 problem,
             }

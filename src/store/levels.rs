@@ -388,16 +388,25 @@ impl MultiLevel {
     /// Disk generations of which this rank's piece is intact, from the last
     /// scrub if nothing changed since.
     fn disk_generations(&self) -> Vec<u64> {
-        if let Some(g) = &self.disk_intact {
-            return g.clone();
+        match &self.disk_intact {
+            Some(g) => g.clone(),
+            None => self.scan_disk().0,
         }
-        let mut all: Vec<u64> = self
-            .disk_levels()
-            .flat_map(|d| d.own_pieces(self.rank).0)
-            .collect();
-        all.sort_unstable();
-        all.dedup();
-        all
+    }
+
+    /// Disk generations of which this rank's piece is intact, over every
+    /// disk level, and one error per damaged piece.
+    fn scan_disk(&self) -> (Vec<u64>, Vec<Error>) {
+        let mut intact = Vec::new();
+        let mut damaged = Vec::new();
+        for d in self.disk_levels() {
+            let (good, bad) = d.own_pieces(self.rank);
+            intact.extend(good);
+            damaged.extend(bad);
+        }
+        intact.sort_unstable();
+        intact.dedup();
+        (intact, damaged)
     }
 
     /// Give the erasure level this rank's own piece of `generation` if it
@@ -686,14 +695,8 @@ impl CheckpointStore for MultiLevel {
         if let Some(e) = self.erasure.as_mut() {
             errors.extend(e.scrub());
         }
-        let mut intact = Vec::new();
-        for d in self.disk_levels() {
-            let (good, damaged) = d.own_pieces(self.rank);
-            intact.extend(good);
-            errors.extend(damaged);
-        }
-        intact.sort_unstable();
-        intact.dedup();
+        let (intact, damaged) = self.scan_disk();
+        errors.extend(damaged);
         self.disk_intact = Some(intact);
         errors
     }
