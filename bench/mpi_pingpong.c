@@ -10,8 +10,10 @@
  * the round-trip time, bandwidth is size / one-way latency, as in Lazarus.
  * Each size's figure is the median over the trials.
  *
- * Rank 1 sends back the very buffer it received into, so both sides pay only
- * the library's cost. The payload is a pattern; rank 0 checks the last echo.
+ * As NetPIPE (and the NetPIPE loop of Lazarus's pingpong app), each of ranks
+ * 0 and 1 sends its own buffer and receives into another, so both sides pay
+ * only the library's cost. Each payload is a pattern; each side checks the
+ * last one it received.
  *
  * Usage: mpiexec -n 2 mpi_pingpong [TRIALS [MAX_BYTES [SCALE]]]
  *   TRIALS    trials per size (default 5)
@@ -89,7 +91,8 @@ int main(int argc, char **argv) {
         size_t s = (size_t)1 << i;
         sizes[i] = s < max_bytes ? s : max_bytes;
     }
-    unsigned char *buf = malloc(max_bytes);
+    unsigned char *sbuf = malloc(max_bytes);
+    unsigned char *rbuf = malloc(max_bytes);
     unsigned char *expect = malloc(max_bytes);
     double *lat = malloc((size_t)nsizes * trials * sizeof *lat); /* [size][trial], seconds */
     int intact = 1;
@@ -99,29 +102,35 @@ int main(int argc, char **argv) {
             size_t size = sizes[i];
             long reps = round_trips(size, scale);
             long warm = reps / 10 < 2 ? 2 : reps / 10;
-            if (rank == 0)
-                for (size_t k = 0; k < size; k++)
-                    buf[k] = expect[k] = (unsigned char)((k * 131) ^ (size_t)(t * 31 + i));
+            /* Rank r sends pattern seed + r; the peer expects it. */
+            size_t seed = (size_t)(t * 31 + i) * 2;
+            if (rank < 2)
+                for (size_t k = 0; k < size; k++) {
+                    sbuf[k] = (unsigned char)((k * 131) ^ (seed + (size_t)rank));
+                    expect[k] = (unsigned char)((k * 131) ^ (seed + (size_t)(1 - rank)));
+                }
             MPI_Barrier(MPI_COMM_WORLD);
             if (rank == 0) {
                 double t0 = 0;
                 for (long r = -warm; r < reps; r++) {
                     if (r == 0) t0 = MPI_Wtime();
-                    MPI_Send(buf, (int)size, MPI_BYTE, 1, TAG, MPI_COMM_WORLD);
-                    MPI_Recv(buf, (int)size, MPI_BYTE, 1, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    MPI_Send(sbuf, (int)size, MPI_BYTE, 1, TAG, MPI_COMM_WORLD);
+                    MPI_Recv(rbuf, (int)size, MPI_BYTE, 1, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
                 }
                 double dt = MPI_Wtime() - t0;
                 lat[i * trials + t] = dt / (2.0 * (double)reps);
-                intact &= memcmp(buf, expect, size) == 0;
             } else if (rank == 1) {
                 for (long r = -warm; r < reps; r++) {
-                    MPI_Recv(buf, (int)size, MPI_BYTE, 0, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                    MPI_Send(buf, (int)size, MPI_BYTE, 0, TAG, MPI_COMM_WORLD);
+                    MPI_Recv(rbuf, (int)size, MPI_BYTE, 0, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    MPI_Send(sbuf, (int)size, MPI_BYTE, 0, TAG, MPI_COMM_WORLD);
                 }
             }
+            if (rank < 2) intact &= memcmp(rbuf, expect, size) == 0;
         }
     }
 
+    /* Intact only if both sides got what the other sent. */
+    MPI_Allreduce(MPI_IN_PLACE, &intact, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
     if (rank == 0) {
         char version[MPI_MAX_LIBRARY_VERSION_STRING];
         int len = 0;
@@ -145,7 +154,8 @@ int main(int argc, char **argv) {
         printf("\n]}\n");
     }
     free(sizes);
-    free(buf);
+    free(sbuf);
+    free(rbuf);
     free(expect);
     free(lat);
     MPI_Finalize();

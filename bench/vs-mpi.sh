@@ -98,7 +98,7 @@ for r in range(1, rounds + 1):
     with open(f"{work}/mpich-{r}.json") as f:
         m = json.load(f)
     if not m["intact"]:
-        sys.exit(f"vs-mpi.sh: MPICH round {r}: echoed data corrupted")
+        sys.exit(f"vs-mpi.sh: MPICH round {r}: ping-pong data corrupted")
     library = " ".join(m["library"].split())
     for p in m["points"]:
         mpich.setdefault(p["bytes"], []).extend(p["latency_us_trials"])

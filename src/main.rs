@@ -1014,11 +1014,27 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                     Some(8) | Some(1048576) | Some(4194304)
                 )
             }) {
+                let f = |k: &str| pt[k].as_f64().unwrap_or(f64::NAN);
+                // Bandwidths also as a ratio to the reference protocol's.
+                let reference = report.protocols.iter().find(|r| r.protocol == "none");
+                let of_reference = |k: &str| match reference {
+                    Some(r) if r.protocol != p.protocol => r
+                        .metrics
+                        .as_array()
+                        .and_then(|ps| ps.iter().find(|q| q["bytes"] == pt["bytes"]))
+                        .and_then(|q| q[k].as_f64())
+                        .map(|b| format!(" ({:.2}x none)", f(k) / b))
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                };
                 println!(
-                    "    {:>8} B: latency {:.2} us, bandwidth {:.0} MB/s",
+                    "    {:>8} B: latency {:.2} us, bandwidth {:.0} MB/s{}, forwarded {:.0} MB/s{}",
                     pt["bytes"],
-                    pt["latency_us"].as_f64().unwrap_or(f64::NAN),
-                    pt["bandwidth_mb_s"].as_f64().unwrap_or(f64::NAN)
+                    f("latency_us"),
+                    f("bandwidth_mb_s"),
+                    of_reference("bandwidth_mb_s"),
+                    f("forwarded_bandwidth_mb_s"),
+                    of_reference("forwarded_bandwidth_mb_s"),
                 );
             }
         }

@@ -901,7 +901,7 @@ fn a_large_job_on_one_host_survives_a_node_kill() {
 }
 
 /// Every rank process reports its memory and CPU time: a sender-based log
-/// holding the echoed buffers of a ping-pong (rank 1 sends back the very
+/// holding the forwarded buffers of a ping-pong (rank 1 sends back the very
 /// buffer it received, and keeps it until rank 0's next checkpoint) shows as
 /// that much more resident memory than the same run without logging.
 #[test]
@@ -943,7 +943,7 @@ fn rank_processes_report_the_memory_a_log_holds() {
     let (logged_peak, logged_mean, _) = peak("pessimistic");
     assert!(none_mean <= none_peak && logged_mean <= logged_peak);
     assert!(none_faults > 0, "a process touches fresh pages");
-    // The 1 MiB size alone keeps 64 MiB of echoes in rank 1's log.
+    // The 1 MiB size alone keeps 64 MiB of forwarded buffers in rank 1's log.
     assert!(
         logged_peak >= none_peak + (32 << 20),
         "pessimistic peak {logged_peak} B vs none {none_peak} B"

@@ -7,7 +7,7 @@
 //! | [`stencil`] | 2-D 5-point Jacobi, halo exchange (001) | checksum equal to a one-rank computation |
 //! | [`cg`] | NAS CG, classes S, W, A (002) | NPB's published zeta within NPB's tolerance |
 //! | [`dht`] | distributed hash table over RMA atomics (003 §7.2.2) | every key found once with its value |
-//! | [`pingpong`] | latency and bandwidth, 1 B to 4 MiB (004 §4.2) | payloads echoed intact |
+//! | [`pingpong`] | latency and bandwidth, 1 B to 4 MiB (004 §4.2) | payloads sent and forwarded intact |
 
 pub mod cg;
 pub mod dht;

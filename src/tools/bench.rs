@@ -29,8 +29,8 @@ pub struct ProtocolFigures {
     pub verified_all: bool,
     /// The verification value (identical across runs, or the bench fails).
     pub value: String,
-    /// Median of the app's metrics per key, for pingpong: latency and
-    /// bandwidth per size.
+    /// Median of the app's metrics per key, for pingpong: latency,
+    /// bandwidth and forwarded bandwidth per size.
     pub metrics: serde_json::Value,
     /// Summaries of every run.
     pub runs: Vec<RunSummary>,
@@ -125,26 +125,26 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Pingpong: median latency and bandwidth per size over the runs.
+/// Pingpong: per size, the median over the runs of each figure (latency,
+/// bandwidth, forwarded bandwidth).
 fn pingpong_medians(runs: &[RunSummary]) -> serde_json::Value {
+    use std::collections::BTreeMap;
+    // bytes -> figure -> samples; sizes in the order the app measured them.
     let mut sizes: Vec<u64> = Vec::new();
-    let mut lat: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
-    let mut bw: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    let mut samples: BTreeMap<u64, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
     for r in runs {
-        if let Some(points) = r.metrics.as_array() {
-            for p in points {
-                let (Some(b), Some(l), Some(w)) = (
-                    p["bytes"].as_u64(),
-                    p["latency_us"].as_f64(),
-                    p["bandwidth_mb_s"].as_f64(),
-                ) else {
-                    continue;
-                };
-                if !sizes.contains(&b) {
-                    sizes.push(b);
+        for p in r.metrics.as_array().into_iter().flatten() {
+            let (Some(b), Some(fields)) = (p["bytes"].as_u64(), p.as_object()) else {
+                continue;
+            };
+            if !sizes.contains(&b) {
+                sizes.push(b);
+            }
+            let at = samples.entry(b).or_default();
+            for (k, v) in fields.iter().filter(|(k, _)| *k != "bytes") {
+                if let Some(v) = v.as_f64() {
+                    at.entry(k.clone()).or_default().push(v);
                 }
-                lat.entry(b).or_default().push(l);
-                bw.entry(b).or_default().push(w);
             }
         }
     }
@@ -152,11 +152,12 @@ fn pingpong_medians(runs: &[RunSummary]) -> serde_json::Value {
         sizes
             .iter()
             .map(|b| {
-                serde_json::json!({
-                    "bytes": b,
-                    "latency_us": median(&lat[b]),
-                    "bandwidth_mb_s": median(&bw[b]),
-                })
+                let mut point = serde_json::Map::new();
+                point.insert("bytes".into(), (*b).into());
+                for (k, v) in &samples[b] {
+                    point.insert(k.clone(), median(v).into());
+                }
+                serde_json::Value::Object(point)
             })
             .collect(),
     )
