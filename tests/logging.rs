@@ -8,7 +8,9 @@
 mod common;
 
 use lazarus::apps::{AppKind, AppParams, run_app};
-use lazarus::{Backend, Config, Ctx, JobStats, LockType, ProtocolKind, ReduceOp, Result, Source};
+use lazarus::{
+    Backend, Config, Ctx, JobStats, LockType, ProtocolKind, Rank, ReduceOp, Result, Source,
+};
 use serde::{Deserialize, Serialize};
 
 const ITERATIONS: u64 = 24;
@@ -350,6 +352,132 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
              {} forced checkpoints",
             r.stats.peak_log_bytes, r.stats.checkpoints
         );
+    }
+}
+
+/// State of the sub-communicator application.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Halves {
+    it: u64,
+    sum: u64,
+}
+
+/// Ranks split by `colour`; each part all-reduces a 4 KiB vector every
+/// iteration, and nothing is collective on the world. Under `ulml` each
+/// result is logged at the part's members only.
+fn parts_app(ctx: &mut Ctx, colour: fn(Rank) -> Option<u32>) -> Result<u64> {
+    let world = ctx.world();
+    let me = world.rank();
+    let part = world.split(colour(me), me as i64)?;
+    let mut st: Halves = ctx.restore_or_else(Halves::default)?;
+    while st.it < 4 * ITERATIONS {
+        if let Some(part) = &part {
+            let mine: Vec<u64> = (0..512u64).map(|i| i * (me as u64 + 1) + st.it).collect();
+            let mut all = vec![0u64; mine.len()];
+            part.all_reduce_into(&mine, &mut all, ReduceOp::Sum)?;
+            st.sum = st
+                .sum
+                .wrapping_mul(31)
+                .wrapping_add(all.iter().sum::<u64>());
+        }
+        st.it += 1;
+        ctx.set_progress(st.it as f64 / (4 * ITERATIONS) as f64);
+        ctx.checkpoint(&st)?;
+    }
+    Ok(st.sum)
+}
+
+/// Two halves by parity: the parts share their contexts.
+fn halves_app(ctx: &mut Ctx) -> Result<u64> {
+    parts_app(ctx, |r| Some(r as u32 % 2))
+}
+
+/// Ranks 0 to 2 together; rank 3 in no part.
+fn trio_app(ctx: &mut Ctx) -> Result<u64> {
+    parts_app(ctx, |r| (r < 3).then_some(0))
+}
+
+/// A rank function returning a checksum.
+type SumApp = fn(&mut Ctx) -> Result<u64>;
+
+/// The sub-communicator apps, with the rank each test kills.
+const PARTS_APPS: [(&str, SumApp, &str); 2] =
+    [("halves", halves_app, "1@60%"), ("trio", trio_app, "3@60%")];
+
+/// A log budget holds on sub-communicators too: each rank's results are
+/// dropped once its own communicator's members' checkpoints passed them
+/// (rank 3 never reports the trio's context, which held its results back
+/// for ever).
+#[test]
+fn a_log_budget_holds_on_sub_communicators() {
+    for (name, app, _) in PARTS_APPS {
+        for backend in Backend::ALL {
+            let base = common::config(backend, 4)
+                .protocol(ProtocolKind::Ulml)
+                .checkpoint_every(0);
+            let what = format!("{name} under ulml on {backend}");
+            let free = lazarus::run(&base, app);
+            let unbounded = free.stats.peak_log_bytes;
+            let reference = free
+                .outcome
+                .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+            assert_eq!(free.stats.checkpoints, 0, "{what}");
+            // Forced checkpoints trim the logs some iterations after they
+            // are asked for, and these iterations are short: half the
+            // unbounded log.
+            let budget = (unbounded / 2) as usize;
+            let cfg = Config {
+                log_budget: Some(budget),
+                ..base
+            };
+            let r = lazarus::run(&cfg, app);
+            let got = r
+                .outcome
+                .unwrap_or_else(|e| panic!("{what}, budget: failed: {e}"));
+            assert_eq!(got, reference, "{what}: another result with a budget");
+            assert!(r.stats.checkpoints > 0, "{what}: no forced checkpoint");
+            assert!(
+                r.stats.peak_log_bytes <= budget as u64,
+                "{what}: peak log {} bytes over the budget of {budget} (unbounded: {unbounded})",
+                r.stats.peak_log_bytes
+            );
+        }
+    }
+}
+
+/// A rank restored alone re-creates the communicators of its checkpoint
+/// without their collectives, which the others made long before and do not
+/// repeat (it waited for them for ever); also a split it joined no part of.
+/// Its part's collectives after the checkpoint come from the logs.
+#[test]
+fn sub_communicators_are_recreated_by_a_rank_restored_alone() {
+    for (name, app, kill) in PARTS_APPS {
+        for protocol in LOGGING {
+            for backend in Backend::ALL {
+                let what = format!("{name} under {protocol} on {backend}");
+                let base = common::config(backend, 4)
+                    .protocol(protocol)
+                    .nodes(nodes_for(protocol))
+                    .checkpoint_every(5);
+                let reference = lazarus::run(&base, app)
+                    .outcome
+                    .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+                let what = format!("{what}, kill {kill}");
+                common::within(120, &what.clone(), move || {
+                    let r = lazarus::run(&base.kill(kill.parse().expect("valid kill")), app);
+                    let got = r.outcome.unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+                    assert_eq!(got, reference, "{what}: another result");
+                    assert_eq!(r.stats.failures, 1, "{what}");
+                    assert_eq!(
+                        r.stats.ranks_rolled_back,
+                        rolled_back_per_death(protocol),
+                        "{what}"
+                    );
+                    assert_eq!(r.stats.ranks_restarted_from_scratch, 0, "{what}");
+                    assert_eq!(r.stats.job_restarts, 0, "{what}: the job started again");
+                });
+            }
+        }
     }
 }
 

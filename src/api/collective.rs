@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use super::comm::{Communicator, Source, TagMatch};
 use super::datatype::{Equivalence, ReduceOp, slice_to_bytes, to_vec, vec_into_bytes};
 use crate::engine::frame::Tag;
-use crate::engine::{CollStart, collective_tag};
+use crate::engine::{COMMUNICATOR_CONTEXTS, CollStart, collective_tag};
 use crate::protocol::Collective;
 use crate::{Error, Rank, Result};
 
@@ -471,25 +471,54 @@ impl Communicator {
 
     /// A new communicator with the same group and a new context (MPI_Comm_dup).
     pub fn duplicate(&self) -> Result<Communicator> {
-        let base = self.agree_context(2)?;
-        let group = (0..self.size())
-            .map(|r| self.world_rank(r))
-            .collect::<Result<Vec<_>>>()?;
+        let recreated = self.engine.borrow_mut().recreated_communicator();
+        let (base, group) = match recreated {
+            Some((base, Some(group))) => (base, group),
+            Some((_, None)) => {
+                return Err(Error::app(
+                    "duplicate: the restored checkpoint has a split here \
+                     (communicators must be created in the same order on re-execution)",
+                ));
+            }
+            None => {
+                let base = self.agree_context(COMMUNICATOR_CONTEXTS)?;
+                let group = (0..self.size())
+                    .map(|r| self.world_rank(r))
+                    .collect::<Result<Vec<_>>>()?;
+                self.engine
+                    .borrow_mut()
+                    .communicator_created(base, Some(group.clone()));
+                (base, group)
+            }
+        };
         self.with_group(group, base)
             .ok_or_else(|| Error::app("duplicate: this rank is not in the group"))
     }
 
     /// Split into communicators by `color` (`None`: this rank joins none),
     /// ordered by `key` then old rank (MPI_Comm_split).
+    ///
+    /// Under message logging a rank restored alone re-creates the
+    /// communicators of its checkpoint without their collectives (the other
+    /// ranks created them before that checkpoint and do not take part
+    /// again), so a rank function must create them in the same order on
+    /// every execution, as it allocates windows.
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
-        let base = self.agree_context(2)?;
+        let recreated = self.engine.borrow_mut().recreated_communicator();
+        if let Some((base, group)) = recreated {
+            return Ok(group.and_then(|g| self.with_group(g, base)));
+        }
+        let base = self.agree_context(COMMUNICATOR_CONTEXTS)?;
         let me = [
             color.map_or(-1, i64::from),
             key,
             self.world_rank(self.rank())? as i64,
         ];
         let all = self.all_gather(&me)?;
-        let Some(color) = color else { return Ok(None) };
+        let Some(color) = color else {
+            self.engine.borrow_mut().communicator_created(base, None);
+            return Ok(None);
+        };
         let mut members: Vec<(i64, usize, Rank)> = all
             .chunks_exact(3)
             .enumerate()
@@ -497,7 +526,10 @@ impl Communicator {
             .map(|(old, c)| (c[1], old, c[2] as Rank))
             .collect();
         members.sort();
-        let group = members.into_iter().map(|(_, _, w)| w).collect();
+        let group: Vec<Rank> = members.into_iter().map(|(_, _, w)| w).collect();
+        self.engine
+            .borrow_mut()
+            .communicator_created(base, Some(group.clone()));
         Ok(self.with_group(group, base))
     }
 }

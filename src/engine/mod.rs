@@ -79,7 +79,16 @@ pub struct Snapshot {
     /// Passive-target lock state of this rank's windows as a target
     /// (message logging): `(window, shared holders, exclusive held)`.
     pub window_locks: Vec<(WinId, u32, bool)>,
+    /// Communicators created (split, duplicate), in creation order.
+    pub communicators: Vec<CreatedCommunicator>,
 }
+
+/// A communicator this rank created: its first context id, and its group
+/// in world ranks (`None`: a split this rank joined no part of).
+pub type CreatedCommunicator = (ContextId, Option<Vec<Rank>>);
+
+/// Context ids a communicator takes (point-to-point and collective).
+pub const COMMUNICATOR_CONTEXTS: u64 = 2;
 
 /// The context that carries one-sided operations as messages under message
 /// logging (no communicator ever gets it: contexts are allocated upwards
@@ -288,6 +297,11 @@ pub struct Engine {
     progress: f64,
     restore_app: Option<Vec<u8>>,
     restore_windows: BTreeMap<WinId, Vec<u8>>,
+    /// Communicators this execution created, in order (checkpointed).
+    communicators: Vec<CreatedCommunicator>,
+    /// Under message logging, the restored checkpoint's communicators not
+    /// yet re-created (see [`Engine::recreated_communicator`]).
+    restore_communicators: VecDeque<CreatedCommunicator>,
     /// Lock state of restored windows, set when each is re-created.
     restore_locks: BTreeMap<WinId, (u32, bool)>,
     restored_generation: Option<u64>,
@@ -421,6 +435,8 @@ impl Engine {
             progress: 0.0,
             restore_app: None,
             restore_windows: BTreeMap::new(),
+            communicators: Vec::new(),
+            restore_communicators: VecDeque::new(),
             restore_locks: BTreeMap::new(),
             restored_generation: None,
             windows: BTreeMap::new(),
@@ -1374,6 +1390,7 @@ impl Engine {
             collectives: self.coll_seq.iter().map(|(&c, &n)| (c, n)).collect(),
             ops: self.ops,
             window_locks,
+            communicators: self.communicators.clone(),
         };
         let unexpected: usize = (snap.unexpected.iter())
             .map(|m| m.payload.len() + frame::ENCODED_MESSAGE_OVERHEAD)
@@ -1418,6 +1435,8 @@ impl Engine {
         self.progress = 0.0;
         self.restore_app = None;
         self.restore_windows.clear();
+        self.communicators.clear();
+        self.restore_communicators.clear();
         self.coll_seq.clear();
         self.coll_current = None;
         self.coll_outcome = None;
@@ -1514,6 +1533,10 @@ impl Engine {
             .into_iter()
             .map(|(id, m)| (id, m.into_vec()))
             .collect();
+        if self.logging {
+            self.restore_communicators = snap.communicators.iter().cloned().collect();
+        }
+        self.communicators = snap.communicators;
         self.restore_app = Some(snap.app);
         Ok(())
     }
@@ -1995,6 +2018,22 @@ impl Engine {
         let id = *self.restore_windows.keys().next()?;
         self.take_contexts(id, 1);
         Some(id)
+    }
+
+    /// Under message logging, the next communicator to re-create from the
+    /// restored checkpoint (its contexts are taken): a rank restored alone
+    /// re-executes the creation without the others, which made it before
+    /// that checkpoint and do not take part again (as for windows).
+    pub fn recreated_communicator(&mut self) -> Option<CreatedCommunicator> {
+        let (base, group) = self.restore_communicators.pop_front()?;
+        self.take_contexts(base, COMMUNICATOR_CONTEXTS);
+        Some((base, group))
+    }
+
+    /// A communicator was created (by its collectives): checkpoints record
+    /// it.
+    pub fn communicator_created(&mut self, base: ContextId, group: Option<Vec<Rank>>) {
+        self.communicators.push((base, group));
     }
 
     /// Withdraw a window.

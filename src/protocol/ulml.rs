@@ -40,10 +40,14 @@
 //! replaced. Unlogged messages to a dead rank wait until its substitute
 //! asks for its messages.
 //!
-//! Each rank's logged results are dropped once every rank's stored
+//! Each rank's logged results are dropped once every member's stored
 //! checkpoint is past them: ranks announce their stored checkpoints'
 //! collective counts to rank 0 (`Checkpointed`), which tells everyone how
-//! far to drop (`Trim`), O(P) messages per checkpoint round.
+//! far to drop (`Trim`), O(P) messages per checkpoint round. A
+//! sub-communicator's members come with its counts, and each rank is told
+//! its own communicators' minimum: a split gives every part the same
+//! context, and ranks outside a communicator never report it, so a minimum
+//! over all ranks would mix parts or hold results back for ever.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -83,6 +87,9 @@ pub enum CollMsg {
     Checkpointed {
         /// `(context, collectives completed)`.
         counts: Vec<(ContextId, u64)>,
+        /// World ranks of the sub-communicators among `counts` (a context
+        /// not listed is the world's: every rank takes part).
+        members: Vec<(ContextId, Vec<Rank>)>,
     },
     /// From the trim coordinator: every rank's stored checkpoint is past
     /// these numbers; drop the results up to them.
@@ -92,7 +99,11 @@ pub enum CollMsg {
     },
     /// To the trim coordinator: the sender's log passed half its budget;
     /// ask the ranks whose stored checkpoint is oldest to checkpoint.
-    TrimPressure,
+    TrimPressure {
+        /// World ranks of the sender's sub-communicators (the coordinator
+        /// may take part in none of their collectives).
+        members: Vec<(ContextId, Vec<Rank>)>,
+    },
 }
 
 /// The rank that collects stored checkpoints' collective counts and says
@@ -128,6 +139,8 @@ struct SavedState {
     results: Vec<(ContextId, Vec<(u64, Bytes)>)>,
     /// How far each context's results were trimmed.
     trimmed: Vec<(ContextId, u64)>,
+    /// Members of the sub-communicators this rank knows.
+    members: Vec<(ContextId, Vec<Rank>)>,
 }
 
 /// State of the ULML protocol on one rank.
@@ -157,6 +170,14 @@ pub struct Ulml {
     stored_counts: BTreeMap<Rank, BTreeMap<ContextId, u64>>,
     /// Results up to this number were dropped, per context.
     trimmed: BTreeMap<ContextId, u64>,
+    /// World ranks of this rank's sub-communicators (learned at their
+    /// collectives). A context not here is the world's.
+    members: BTreeMap<ContextId, Vec<Rank>>,
+    /// Trim coordinator: each rank's sub-communicator of a context, as it
+    /// reported it (the parts of a split share the context).
+    groups: BTreeMap<(Rank, ContextId), Vec<Rank>>,
+    /// Trim coordinator: how far each rank was told to drop each context.
+    told: BTreeMap<(Rank, ContextId), u64>,
     /// Ranks asked to checkpoint (log budget) whose checkpoint has not been
     /// announced since (trim coordinator).
     asked: BTreeSet<Rank>,
@@ -183,6 +204,9 @@ impl Ulml {
             capturing: BTreeMap::new(),
             stored_counts: BTreeMap::new(),
             trimmed: BTreeMap::new(),
+            members: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            told: BTreeMap::new(),
             asked: BTreeSet::new(),
             pressed: false,
         }
@@ -200,17 +224,29 @@ impl Ulml {
             self.ask_laggards(cx);
         } else if !self.pressed {
             self.pressed = true;
-            Self::send(cx, TRIM_COORDINATOR, CollMsg::TrimPressure);
+            let members = self.members_of(self.results.keys().copied());
+            Self::send(cx, TRIM_COORDINATOR, CollMsg::TrimPressure { members });
         }
     }
 
     /// Trim coordinator: ask the ranks whose stored checkpoint is oldest on
-    /// some communicator to checkpoint.
+    /// some communicator (among its members) to checkpoint.
     fn ask_laggards(&mut self, cx: &mut ProtocolCx<'_>) {
+        let me = cx.rank;
+        let mut communicators: BTreeSet<(ContextId, Vec<Rank>)> = self
+            .done
+            .keys()
+            .map(|&c| (c, self.own_group(me, c, cx.size)))
+            .collect();
+        communicators.extend(self.groups.iter().map(|(&(_, c), g)| (c, g.clone())));
         let mut laggards = BTreeSet::new();
-        for &context in self.done.keys() {
-            if let Some(oldest) = (0..cx.size).map(|r| self.stored_count(r, context)).min() {
-                laggards.extend((0..cx.size).filter(|&r| self.stored_count(r, context) == oldest));
+        for (context, members) in communicators {
+            if let Some(oldest) = members.iter().map(|&r| self.stored_count(r, context)).min() {
+                laggards.extend(
+                    members
+                        .into_iter()
+                        .filter(|&r| self.stored_count(r, context) == oldest),
+                );
             }
         }
         for r in laggards {
@@ -229,46 +265,50 @@ impl Ulml {
     }
 
     /// Trim coordinator: `src` stored a checkpoint with these collective
-    /// counts; when every rank's checkpoint passed more results, everyone
-    /// drops them.
+    /// counts; each rank whose communicators' members all passed more
+    /// results drops them.
     fn on_checkpointed(
         &mut self,
         src: Rank,
         counts: Vec<(ContextId, u64)>,
+        members: Vec<(ContextId, Vec<Rank>)>,
         cx: &mut ProtocolCx<'_>,
     ) {
+        self.learn_groups(src, members, cx.size);
         self.stored_counts.insert(src, counts.into_iter().collect());
         self.asked.remove(&src);
-        let contexts: BTreeSet<ContextId> = self
-            .stored_counts
-            .values()
-            .flat_map(|c| c.keys().copied())
-            .collect();
-        let mins: Vec<(ContextId, u64)> = contexts
-            .into_iter()
-            .map(|context| {
-                let min = (0..cx.size)
-                    .map(|r| self.stored_count(r, context))
-                    .min()
-                    .unwrap_or(0);
-                (context, min)
-            })
-            .filter(|&(context, min)| min > self.trimmed_upto(context))
-            .collect();
-        if mins.is_empty() {
-            return;
+        // The minimum of each communicator, once; then what each rank that
+        // reported a context is told (one that never reported holds
+        // nothing its communicators' members all passed).
+        let mut minimum: BTreeMap<(ContextId, Vec<Rank>), u64> = BTreeMap::new();
+        let mut tell: BTreeMap<Rank, Vec<(ContextId, u64)>> = BTreeMap::new();
+        for (&d, contexts) in &self.stored_counts {
+            for &context in contexts.keys() {
+                let group = self.group_of(d, context, cx.size);
+                let min = *minimum
+                    .entry((context, group))
+                    .or_insert_with_key(|(_, g)| {
+                        g.iter()
+                            .map(|&r| self.stored_count(r, context))
+                            .min()
+                            .unwrap_or(0)
+                    });
+                if min > self.told.get(&(d, context)).copied().unwrap_or(0) {
+                    tell.entry(d).or_default().push((context, min));
+                }
+            }
         }
         let me = cx.rank;
-        for d in (0..cx.size).filter(|&d| d != me) {
-            Self::send(
-                cx,
-                d,
-                CollMsg::Trim {
-                    counts: mins.clone(),
-                },
-            );
+        for (d, counts) in tell {
+            for &(context, upto) in &counts {
+                self.told.insert((d, context), upto);
+            }
+            if d == me {
+                self.trim(&counts);
+            } else {
+                Self::send(cx, d, CollMsg::Trim { counts });
+            }
         }
-        self.trim(&mins);
     }
 
     /// Collectives of `context` that `r`'s newest stored checkpoint holds
@@ -279,6 +319,44 @@ impl Ulml {
             .and_then(|c| c.get(&context))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// World ranks of `r`'s communicator of `context`, as `r` reported it
+    /// (trim coordinator); the world when it reported none.
+    fn group_of(&self, r: Rank, context: ContextId, size: usize) -> Vec<Rank> {
+        match self.groups.get(&(r, context)) {
+            Some(g) => g.clone(),
+            None => (0..size).collect(),
+        }
+    }
+
+    /// This rank's (`me`) communicator of `context`: its own knowledge
+    /// first (the coordinator reports to itself only at its checkpoints).
+    fn own_group(&self, me: Rank, context: ContextId, size: usize) -> Vec<Rank> {
+        match self.members.get(&context) {
+            Some(g) => g.clone(),
+            None => self.group_of(me, context, size),
+        }
+    }
+
+    /// The members of those of `contexts` that are this rank's
+    /// sub-communicators.
+    fn members_of(&self, contexts: impl Iterator<Item = ContextId>) -> Vec<(ContextId, Vec<Rank>)> {
+        contexts
+            .filter_map(|c| self.members.get(&c).map(|m| (c, m.clone())))
+            .collect()
+    }
+
+    /// `src`'s sub-communicators (trim coordinator). They come from the
+    /// network: a group must hold `src` and only ranks of the job, or it is
+    /// ignored (the context then counts as the world's, which only delays
+    /// trims).
+    fn learn_groups(&mut self, src: Rank, members: Vec<(ContextId, Vec<Rank>)>, size: usize) {
+        for (context, group) in members {
+            if group.contains(&src) && group.len() < size && group.iter().all(|&r| r < size) {
+                self.groups.insert((src, context), group);
+            }
+        }
     }
 
     /// Results of `context` up to this number were dropped.
@@ -364,6 +442,9 @@ impl Ulml {
         group: &[Rank],
         cx: &mut ProtocolCx<'_>,
     ) {
+        if group.len() < cx.size && self.members.get(&context).map(Vec::as_slice) != Some(group) {
+            self.members.insert(context, group.to_vec());
+        }
         self.current = Some(Current {
             context,
             index,
@@ -556,6 +637,7 @@ impl Protocol for Ulml {
                 .map(|(&c, l)| (c, l.iter().map(|(&i, b)| (i, b.clone())).collect()))
                 .collect(),
             trimmed: self.trimmed.iter().map(|(&c, &n)| (c, n)).collect(),
+            members: self.members_of(self.members.keys().copied()),
         };
         *piece = postcard::to_extend(&st, std::mem::take(piece))?;
         Ok(())
@@ -565,6 +647,7 @@ impl Protocol for Ulml {
         let rest = self.p2p.load_prefix(state)?;
         let st: SavedState = postcard::from_bytes(rest)?;
         self.done = st.done.into_iter().collect();
+        self.members.extend(st.members);
         for (slot, n) in self.per_kind.iter_mut().zip(st.per_kind) {
             *slot = n;
         }
@@ -622,12 +705,17 @@ impl Protocol for Ulml {
                     results,
                     on_completion,
                 } => self.on_results(context, from, results, on_completion, cx),
-                CollMsg::Checkpointed { counts } => self.on_checkpointed(src, counts, cx),
+                CollMsg::Checkpointed { counts, members } => {
+                    self.on_checkpointed(src, counts, members, cx)
+                }
                 CollMsg::Trim { counts } => {
                     self.pressed = false;
                     self.trim(&counts);
                 }
-                CollMsg::TrimPressure => self.ask_laggards(cx),
+                CollMsg::TrimPressure { members } => {
+                    self.learn_groups(src, members, cx.size);
+                    self.ask_laggards(cx)
+                }
             },
             Event::Control {
                 src,
@@ -661,10 +749,15 @@ impl Protocol for Ulml {
                 self.p2p.handle(Event::PieceStored { generation }, cx);
                 if let Some(counts) = self.capturing.remove(&generation) {
                     self.capturing.retain(|&g, _| g > generation);
+                    let members = self.members_of(counts.iter().map(|&(c, _)| c));
                     if cx.rank == TRIM_COORDINATOR {
-                        self.on_checkpointed(cx.rank, counts, cx);
+                        self.on_checkpointed(cx.rank, counts, members, cx);
                     } else {
-                        Self::send(cx, TRIM_COORDINATOR, CollMsg::Checkpointed { counts });
+                        Self::send(
+                            cx,
+                            TRIM_COORDINATOR,
+                            CollMsg::Checkpointed { counts, members },
+                        );
                     }
                 }
             }
@@ -678,19 +771,19 @@ impl Protocol for Ulml {
                     set.retain(|r| !dead.contains(r));
                 }
                 // A replacement restores results its checkpoint held; tell
-                // it how far everyone's stored checkpoints have passed.
-                if cx.rank == TRIM_COORDINATOR && !self.trimmed.is_empty() {
-                    let counts: Vec<(ContextId, u64)> =
-                        self.trimmed.iter().map(|(&c, &n)| (c, n)).collect();
+                // it how far its communicators' members' stored checkpoints
+                // have passed.
+                if cx.rank == TRIM_COORDINATOR {
                     let me = cx.rank;
                     for &d in dead.iter().filter(|&&d| d != me) {
-                        Self::send(
-                            cx,
-                            d,
-                            CollMsg::Trim {
-                                counts: counts.clone(),
-                            },
-                        );
+                        let counts: Vec<(ContextId, u64)> = self
+                            .told
+                            .range((d, ContextId::MIN)..=(d, ContextId::MAX))
+                            .map(|(&(_, c), &n)| (c, n))
+                            .collect();
+                        if !counts.is_empty() {
+                            Self::send(cx, d, CollMsg::Trim { counts });
+                        }
                     }
                 }
                 self.pending.retain(|_, s| !s.is_empty());
@@ -1122,6 +1215,7 @@ mod tests {
                 r,
                 CollMsg::Checkpointed {
                     counts: vec![(1, n)],
+                    members: Vec::new(),
                 },
             );
         }
@@ -1156,6 +1250,90 @@ mod tests {
             a.as_slice(),
             [Action::Fail(Error::Unrecoverable(_))]
         ));
+    }
+
+    /// A sub-communicator's results are dropped once its members' stored
+    /// checkpoints passed them, and each rank is told its own part's
+    /// minimum: the parts of a split share a context (a minimum over all
+    /// ranks mixes them), and ranks outside a communicator never report it
+    /// (a minimum over all ranks held it back for ever).
+    #[test]
+    fn each_rank_is_trimmed_by_its_own_communicators_members() {
+        let mut p = Ulml::new(0, None);
+        // Context 5: a split into {1, 2} and {0, 3}. Context 9: ranks 0, 1
+        // and 2 (rank 3 is in none). Context 1: the world.
+        let mut trims: BTreeMap<Rank, Vec<(ContextId, u64)>> = BTreeMap::new();
+        for (r, counts, members) in [
+            (3, vec![(1, 2), (5, 9)], vec![(5, vec![0, 3])]),
+            (
+                1,
+                vec![(1, 2), (5, 7), (9, 5)],
+                vec![(5, vec![1, 2]), (9, vec![0, 1, 2])],
+            ),
+            (
+                2,
+                vec![(1, 2), (5, 4), (9, 8)],
+                vec![(5, vec![1, 2]), (9, vec![0, 1, 2])],
+            ),
+            (
+                0,
+                vec![(1, 3), (5, 6), (9, 6)],
+                vec![(5, vec![0, 3]), (9, vec![0, 1, 2])],
+            ),
+        ] {
+            let a = control(0, &mut p, r, CollMsg::Checkpointed { counts, members });
+            for x in a {
+                if let Action::Transmit {
+                    dest,
+                    msg: Control::Collective(CollMsg::Trim { counts }),
+                } = x
+                {
+                    trims.entry(dest).or_default().extend(counts);
+                }
+            }
+        }
+        for t in trims.values_mut() {
+            t.sort();
+        }
+        assert_eq!(trims[&1], vec![(1, 2), (5, 4), (9, 5)]);
+        assert_eq!(trims[&2], vec![(1, 2), (5, 4), (9, 5)]);
+        assert_eq!(trims[&3], vec![(1, 2), (5, 6)]);
+        assert_eq!(trims.len(), 3, "the coordinator trims itself: {trims:?}");
+        // A member's log pressure makes the coordinator ask the members
+        // that lag on its communicator, not the other ranks.
+        let mut q = Ulml::new(0, None);
+        let sub = || vec![(5, vec![1, 2])];
+        control(
+            0,
+            &mut q,
+            1,
+            CollMsg::Checkpointed {
+                counts: vec![(5, 7)],
+                members: sub(),
+            },
+        );
+        let a = control(0, &mut q, 1, CollMsg::TrimPressure { members: sub() });
+        let asked: Vec<Rank> = a
+            .iter()
+            .filter_map(|x| match x {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Log(LogMsg::CheckpointRequest),
+                } => Some(*dest),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asked, vec![2]);
+        // Groups come from the network: one with a rank out of range, of
+        // every rank, or without its sender counts as the world.
+        q.learn_groups(
+            1,
+            vec![(6, vec![1, 99]), (7, vec![0, 1, 2, 3]), (8, vec![2, 3])],
+            4,
+        );
+        for c in [6, 7, 8] {
+            assert_eq!(q.group_of(1, c, 4), vec![0, 1, 2, 3], "context {c}");
+        }
     }
 
     /// Collective numbers come from other ranks: the largest do not
