@@ -441,6 +441,18 @@ fn unix_s(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Where shared-memory ring directories go.
+const SHM_ROOT: &str = "/dev/shm";
+
+/// The file in each job directory (temporary and shared-memory) that holds
+/// its launcher's PID, so that a later launcher can tell the job is gone.
+const LAUNCHER_PID: &str = "launcher.pid";
+
+/// The name of job `job`'s directories.
+fn job_dir_name(job: u64) -> String {
+    format!("lazarus-{job:016x}")
+}
+
 /// The job's shared-memory directory (mode 0700) for the rings between
 /// ranks, with `--listen unix` (one host) when `/dev/shm` exists;
 /// otherwise frames stay on the sockets.
@@ -449,9 +461,51 @@ fn shm_dir(listen: Listen, job: u64) -> Option<PathBuf> {
     if listen != (Listen::Unix { rings: true }) {
         return None;
     }
-    let dir = Path::new("/dev/shm").join(format!("lazarus-{job:016x}"));
+    let dir = Path::new(SHM_ROOT).join(job_dir_name(job));
     std::fs::DirBuilder::new().mode(0o700).create(&dir).ok()?;
+    mark_launcher(&dir);
     Some(dir)
+}
+
+/// Record this launcher's PID in a job directory it made. Best effort: a
+/// directory without it is never swept.
+fn mark_launcher(dir: &Path) {
+    let _ = std::fs::write(dir.join(LAUNCHER_PID), std::process::id().to_string());
+}
+
+/// Remove the job directories under `roots` whose launcher is gone. A
+/// launcher killed by SIGKILL cannot clean up (its ranks die with it, by
+/// their parent-death signal), and its directories stayed for ever. Only
+/// directories named like a job's and holding a launcher PID that no
+/// process has any more are removed; anything else (another user's, a job
+/// starting, an older build's) is left alone.
+fn sweep_stale_jobs(roots: &[&Path]) {
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(hex) = name.to_str().and_then(|n| n.strip_prefix("lazarus-")) else {
+                continue;
+            };
+            if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let dir = entry.path();
+            let pid = std::fs::read_to_string(dir.join(LAUNCHER_PID))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+                .filter(|&p| p > 0);
+            let gone = pid.is_some_and(|p| {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
+                    == Err(nix::errno::Errno::ESRCH)
+            });
+            if gone {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
 }
 
 fn driver_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -461,7 +515,9 @@ fn driver_err(what: &str, e: impl std::fmt::Display) -> Error {
 impl<'a> Launcher<'a> {
     fn new(spec: &'a LaunchSpec) -> Result<Self> {
         let job: u64 = rand::rng().random();
-        let dir = std::env::temp_dir().join(format!("lazarus-{job:016x}"));
+        let tmp = std::env::temp_dir();
+        sweep_stale_jobs(&[&tmp, Path::new(SHM_ROOT)]);
+        let dir = tmp.join(job_dir_name(job));
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
@@ -469,6 +525,7 @@ impl<'a> Launcher<'a> {
                 .create(&dir)
                 .map_err(|e| driver_err(&format!("cannot create {}", dir.display()), e))?;
         }
+        mark_launcher(&dir);
         let shm_dir = shm_dir(spec.listen, job);
         let secret = Secret::generate();
         let secret_file = dir.join("secret");
@@ -980,7 +1037,9 @@ impl<'a> Launcher<'a> {
             WireMsg::Finishing(value) => self.procs[rank].finishing = Some(value),
             WireMsg::Exited(outcome) => {
                 self.procs[rank].status = Status::Finished;
-                let outcome = outcome.map_err(|e| e.into_error(rank));
+                let outcome = outcome
+                    .map(serde_bytes::ByteBuf::into_vec)
+                    .map_err(|e| e.into_error(rank));
                 self.settle(rank, outcome);
             }
             other => {
@@ -1525,6 +1584,56 @@ fn spawn_acceptor(
 mod tests {
     use super::super::wire::read_msg;
     use super::*;
+
+    /// The directories of a job whose launcher died by SIGKILL are removed
+    /// by the next launcher; those of live launchers, of jobs that wrote no
+    /// PID yet (or an older build's), and anything not named like a job's
+    /// stay.
+    #[test]
+    fn a_later_launcher_sweeps_the_directories_of_dead_launchers() {
+        let root = std::env::temp_dir().join(format!("lazarus-sweep-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (tmp, shm) = (root.join("tmp"), root.join("shm"));
+        // A PID no process has: a child that exited and was reaped.
+        let mut child = Command::new("true").spawn().expect("spawn true");
+        let dead = child.id();
+        child.wait().expect("reap");
+        let make = |base: &Path, name: &str, pid: Option<u32>| {
+            let d = base.join(name);
+            std::fs::create_dir_all(&d).expect("dir");
+            if let Some(p) = pid {
+                std::fs::write(d.join(LAUNCHER_PID), p.to_string()).expect("pid file");
+            }
+            d
+        };
+        let gone = [
+            make(&tmp, &job_dir_name(1), Some(dead)),
+            make(&shm, &job_dir_name(1), Some(dead)),
+        ];
+        let kept = [
+            make(&tmp, &job_dir_name(2), Some(std::process::id())),
+            make(&shm, &job_dir_name(3), None),
+            make(&tmp, "lazarus-00000000000001-node0", Some(dead)),
+            make(&tmp, "lazarus-not-a-job-at-all", Some(dead)),
+        ];
+        std::fs::write(
+            make(&tmp, &job_dir_name(4), None).join(LAUNCHER_PID),
+            "garbage",
+        )
+        .expect("pid file");
+        sweep_stale_jobs(&[&tmp, &shm]);
+        for d in &gone {
+            assert!(!d.exists(), "{} stayed", d.display());
+        }
+        for d in &kept {
+            assert!(d.exists(), "{} was removed", d.display());
+        }
+        assert!(
+            tmp.join(job_dir_name(4)).exists(),
+            "an unreadable PID is not a dead one"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     /// Bytes of a message still arriving count as signs of life, though no
     /// whole message (a heartbeat) can be read meanwhile.

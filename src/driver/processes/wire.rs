@@ -167,11 +167,12 @@ pub enum WireMsg {
         victims: Vec<Rank>,
     },
     /// Worker → launcher: the rank function returned this value (postcard)
-    /// and the rank enters finalize.
-    Finishing(Vec<u8>),
+    /// and the rank enters finalize. (Values are encoded as byte strings,
+    /// one copy, not byte by byte as a sequence: they can be large.)
+    Finishing(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Worker → launcher: the rank function's final outcome (postcard of the
     /// value, or the error).
-    Exited(Result<Vec<u8>, RemoteError>),
+    Exited(Result<serde_bytes::ByteBuf, RemoteError>),
     /// Launcher → worker: every rank's incarnation and listening address
     /// (`None` while a rank is being replaced or is gone).
     Peers {

@@ -1329,6 +1329,7 @@ pub(crate) fn run_worker<T: Serialize>(
     }
     let wire = match &outcome {
         Ok(v) => postcard::to_allocvec(v)
+            .map(serde_bytes::ByteBuf::from)
             .map_err(|e| RemoteError::Other(format!("cannot encode the rank's result: {e}"))),
         Err(e) => Err(RemoteError::from(e)),
     };
