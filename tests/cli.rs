@@ -499,7 +499,7 @@ fn daly_interval_is_used_and_reported() {
         "--checkpoint-interval",
         "daly",
         "--mtbf",
-        "5s",
+        "1h",
         "--checkpoint-every",
         "1",
         "--kill",
@@ -512,14 +512,16 @@ fn daly_interval_is_used_and_reported() {
         serde_json::from_str(&std::fs::read_to_string(&path).expect("summary")).expect("JSON");
     let cost = v["daly_cost_s"].as_f64().expect("measured cost reported");
     let tau = v["daly_interval_s"].as_f64().expect("interval reported");
-    let expected = lazarus::tools::model::daly_interval(cost, 5.0).expect("valid");
+    let expected = lazarus::tools::model::daly_interval(cost, 3600.0).expect("valid");
     assert!(
         (tau - expected).abs() <= 1e-12 * expected.max(1.0),
         "{tau} vs {expected}"
     );
-    // Used: a checkpoint of well under a millisecond against a 5 s MTBF
-    // gives an interval of many of CG S's 15 safe points, not the first
-    // interval's every one.
+    // Used: a checkpoint of a few milliseconds at most against a 1 h MTBF
+    // gives an interval of about a second or more, many of CG S's 15 safe
+    // points, not the first interval's every one. (With a 5 s MTBF the
+    // interval was a few tens of milliseconds, one safe point when other
+    // work slowed CG down.)
     let every = v["daly_every"].as_u64().expect("daly_every reported");
     assert!(every > 1, "daly_every {every}");
     let checkpoints = v["checkpoints"].as_u64().expect("checkpoints reported");

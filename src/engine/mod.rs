@@ -195,6 +195,7 @@ enum Ev {
     Control(Rank, Control),
     PieceStored(u64),
     PieceRestored(u64),
+    PieceFetchFailed { generation: u64, holder: Rank },
 }
 
 /// Per-rank execution statistics.
@@ -860,6 +861,9 @@ impl Engine {
                 Ev::PieceRestored(generation) => {
                     self.handle(Event::PieceRestored { generation })?
                 }
+                Ev::PieceFetchFailed { generation, holder } => {
+                    self.handle(Event::PieceFetchFailed { generation, holder })?
+                }
             }
         }
         Ok(())
@@ -875,6 +879,19 @@ impl Engine {
             .map(|e| match e {
                 StoreEvent::Stored { generation } => Ev::PieceStored(generation),
                 StoreEvent::Restored { generation } => Ev::PieceRestored(generation),
+                StoreEvent::FetchFailed {
+                    generation,
+                    holder,
+                    detail,
+                } => {
+                    // Said here: the protocol may well recover from another
+                    // holder, but the damage is the user's to know about.
+                    eprintln!(
+                        "lazarus: rank {}: fetching its checkpoint generation {generation}: {detail}",
+                        self.rank
+                    );
+                    Ev::PieceFetchFailed { generation, holder }
+                }
             })
             .collect();
         self.run_events(evs)

@@ -35,8 +35,8 @@
 use std::collections::BTreeMap;
 
 use super::{Action, Control, Event, Protocol, ProtocolCx};
-use crate::Rank;
 use crate::store::Inventory;
+use crate::{Error, Rank};
 
 /// The root of the tree: coordinator of checkpoints, leader of recoveries.
 const LEADER: Rank = 0;
@@ -474,6 +474,17 @@ impl Protocol for Coordinated {
                         parity: cx.store.parity_held(),
                     },
                 });
+            }
+            // The leader chose this holder for the restored generation:
+            // there is no other copy to ask.
+            Event::PieceFetchFailed { generation, holder } => {
+                if self.recovery.is_some() {
+                    cx.emit(Action::Fail(Error::CorruptCheckpoint {
+                        owner: cx.rank,
+                        generation,
+                        detail: format!("its copy at rank {holder} could not be fetched"),
+                    }));
+                }
             }
             Event::AppSend { .. }
             | Event::AppDeliver { .. }

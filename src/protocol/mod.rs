@@ -413,6 +413,14 @@ pub enum Event<'a> {
         /// Generation.
         generation: u64,
     },
+    /// Fetching this rank's piece of `generation` from `holder` failed (a
+    /// damaged copy, or none there any more; the engine told the user).
+    PieceFetchFailed {
+        /// Generation.
+        generation: u64,
+        /// The holder asked.
+        holder: Rank,
+    },
     /// The failure detector declared `dead` failed; world epoch is `epoch`.
     PeerFailed {
         /// New world epoch.

@@ -1081,6 +1081,32 @@ impl Protocol for Pessimistic {
             Event::AppDeliver { wildcard: None, .. } => {}
             Event::SafePoint { .. } => self.on_safe_point(cx),
             Event::PieceStored { generation } => self.commit_stored(generation, cx),
+            Event::PieceFetchFailed { generation, holder } => {
+                if let Phase::Fetching {
+                    generation: g,
+                    holder: h,
+                    others,
+                } = &mut self.phase
+                    && (*g, *h) == (generation, holder)
+                {
+                    // The next holder of the same generation (every holder
+                    // of it answered `Located` with it). An older generation
+                    // would not do: logs and determinants were trimmed by
+                    // this one.
+                    let others = std::mem::take(others);
+                    if others.is_empty() {
+                        cx.emit(Action::Fail(Error::CorruptCheckpoint {
+                            owner: cx.rank,
+                            generation,
+                            detail: format!(
+                                "no holder has a sound copy (the last asked was rank {holder})"
+                            ),
+                        }));
+                    } else {
+                        self.fetch_next(generation, others, cx);
+                    }
+                }
+            }
             Event::PieceRestored { generation } => {
                 if matches!(self.phase, Phase::Fetching { .. }) {
                     self.phase = Phase::Restoring;
@@ -1636,6 +1662,76 @@ mod tests {
             "{a:?}"
         );
         assert!(a.contains(&Action::Replicate { generation: 2 }), "{a:?}");
+    }
+
+    /// A holder whose copy is damaged (or gone) is passed over for the next
+    /// holder of the same generation; with none left the recovery fails
+    /// with the damage named, not with a wait.
+    #[test]
+    fn a_damaged_copy_is_fetched_from_the_next_holder() {
+        let h = Harness::new(3, 4, 1); // holders: ranks 0 and 1
+        let mut p = Pessimistic::new(2, None);
+        h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: true,
+            },
+        );
+        let located = || LogMsg::Located {
+            held: vec![2],
+            committed: None,
+            determinants: Vec::new(),
+            complete: true,
+        };
+        h.control(&mut p, 0, located());
+        let a = h.control(&mut p, 1, located());
+        let Some(&Action::Fetch {
+            generation: 2,
+            holder: first,
+        }) = a.first()
+        else {
+            panic!("no fetch: {a:?}");
+        };
+        // A failure of some other fetch is not this one's.
+        let a = h.run(
+            &mut p,
+            Event::PieceFetchFailed {
+                generation: 1,
+                holder: first,
+            },
+        );
+        assert!(a.is_empty(), "{a:?}");
+        let a = h.run(
+            &mut p,
+            Event::PieceFetchFailed {
+                generation: 2,
+                holder: first,
+            },
+        );
+        let second = 1 - first;
+        assert_eq!(
+            a,
+            vec![Action::Fetch {
+                generation: 2,
+                holder: second
+            }]
+        );
+        let a = h.run(
+            &mut p,
+            Event::PieceFetchFailed {
+                generation: 2,
+                holder: second,
+            },
+        );
+        assert!(
+            matches!(
+                a.as_slice(),
+                [Action::Fail(Error::CorruptCheckpoint { owner: 3, generation: 2, detail })]
+                    if detail.contains("no holder has a sound copy")
+            ),
+            "{a:?}"
+        );
     }
 
     #[test]

@@ -444,7 +444,7 @@ impl MultiLevel {
                         }
                     }
                 }
-                StoreEvent::Restored { .. } => out.events.push(ev),
+                StoreEvent::Restored { .. } | StoreEvent::FetchFailed { .. } => out.events.push(ev),
             }
         }
     }

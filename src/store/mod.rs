@@ -96,6 +96,13 @@ pub enum StoreMsg {
     },
     /// The piece asked for.
     Piece(Piece),
+    /// The answer to `Fetch` when the piece is not held here (any more).
+    NotHeld {
+        /// Generation.
+        generation: u64,
+        /// Owner of the piece.
+        owner: Rank,
+    },
     /// A message of the `xor` / `rs:M` level (boxed: it is much larger than
     /// the others, and every frame would pay for it).
     Erasure(Box<erasure::ErasureMsg>),
@@ -169,6 +176,17 @@ pub enum StoreEvent {
     Restored {
         /// Generation.
         generation: u64,
+    },
+    /// Fetching this rank's piece of `generation` from `holder` failed: the
+    /// copy there is damaged, or it holds none any more. The protocol may
+    /// ask another holder.
+    FetchFailed {
+        /// Generation.
+        generation: u64,
+        /// The holder asked.
+        holder: Rank,
+        /// What went wrong, for the user.
+        detail: String,
     },
 }
 

@@ -127,17 +127,38 @@ impl CheckpointStore for PartnerStore {
                 }
             }
             StoreMsg::Fetch { generation, owner } => {
-                if let Some(p) = self.pieces.get(&(generation, owner)) {
-                    out.sends.push((src, StoreMsg::Piece(p.clone())));
-                }
+                let answer = match self.pieces.get(&(generation, owner)) {
+                    Some(p) => StoreMsg::Piece(p.clone()),
+                    None => StoreMsg::NotHeld { generation, owner },
+                };
+                out.sends.push((src, answer));
             }
             StoreMsg::Piece(piece) => {
                 if piece.owner == self.rank && self.fetching == Some(piece.generation) {
-                    piece.verify()?;
                     let generation = piece.generation;
-                    self.pieces.insert((generation, self.rank), piece);
                     self.fetching = None;
-                    out.events.push(StoreEvent::Restored { generation });
+                    match piece.verify() {
+                        Ok(()) => {
+                            self.pieces.insert((generation, self.rank), piece);
+                            out.events.push(StoreEvent::Restored { generation });
+                        }
+                        // Another holder may have a sound copy.
+                        Err(e) => out.events.push(StoreEvent::FetchFailed {
+                            generation,
+                            holder: src,
+                            detail: format!("the copy rank {src} sent is damaged: {e}"),
+                        }),
+                    }
+                }
+            }
+            StoreMsg::NotHeld { generation, owner } => {
+                if owner == self.rank && self.fetching == Some(generation) {
+                    self.fetching = None;
+                    out.events.push(StoreEvent::FetchFailed {
+                        generation,
+                        holder: src,
+                        detail: format!("rank {src} no longer holds it"),
+                    });
                 }
             }
             // Not this level's: a store with an erasure level routes these.
@@ -254,6 +275,64 @@ mod tests {
         let (_, ack) = out_b.sends.pop().expect("ack");
         a.on_msg(2, ack, &mut out).expect("ack");
         assert_eq!(out.events, vec![StoreEvent::Stored { generation: 1 }]);
+    }
+
+    /// A fetch that gets a damaged copy, or none, reports it as an event
+    /// naming the holder (the protocol asks another one) instead of failing
+    /// the rank.
+    #[test]
+    fn a_damaged_or_missing_copy_is_a_failed_fetch() {
+        let pl = Placement::block(4, 2).expect("valid");
+        let mut owner = PartnerStore::new(0, &pl);
+        let mut holder = PartnerStore::new(2, &pl);
+        // The holder lost everything: it says so.
+        let mut out = StoreOut::default();
+        owner.fetch(3, 2, &mut out).expect("asks");
+        let (dest, ask) = out.sends.pop().expect("a fetch");
+        assert_eq!(dest, 2);
+        let mut at_holder = StoreOut::default();
+        holder.on_msg(0, ask, &mut at_holder).expect("answers");
+        let (_, answer) = at_holder.sends.pop().expect("an answer");
+        assert_eq!(
+            answer,
+            StoreMsg::NotHeld {
+                generation: 3,
+                owner: 0
+            }
+        );
+        let mut out = StoreOut::default();
+        owner
+            .on_msg(2, answer, &mut out)
+            .expect("an event, not an error");
+        assert!(matches!(
+            out.events.as_slice(),
+            [StoreEvent::FetchFailed { generation: 3, holder: 2, detail }] if detail.contains("no longer holds")
+        ));
+        // A damaged copy from another holder.
+        let mut out = StoreOut::default();
+        owner.fetch(3, 1, &mut out).expect("asks again");
+        let mut p = Piece::new(3, 0, Bytes::from_static(b"state"));
+        p.crc ^= 1;
+        let mut out = StoreOut::default();
+        owner
+            .on_msg(1, StoreMsg::Piece(p), &mut out)
+            .expect("an event, not an error");
+        assert!(matches!(
+            out.events.as_slice(),
+            [StoreEvent::FetchFailed { generation: 3, holder: 1, detail }] if detail.contains("damaged")
+        ));
+        assert!(owner.get(3, 0).is_none(), "the damaged copy is not kept");
+        // A sound copy after all.
+        owner.fetch(3, 2, &mut StoreOut::default()).expect("asks");
+        let mut out = StoreOut::default();
+        owner
+            .on_msg(
+                2,
+                StoreMsg::Piece(Piece::new(3, 0, Bytes::from_static(b"state"))),
+                &mut out,
+            )
+            .expect("restored");
+        assert_eq!(out.events, vec![StoreEvent::Restored { generation: 3 }]);
     }
 
     #[test]
