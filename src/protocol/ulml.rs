@@ -418,6 +418,18 @@ impl Ulml {
         }
     }
 
+    /// A member of the collective this rank waits in is back from its
+    /// recovery: it was skipped when the others were asked (a recovering
+    /// rank is), and may be the only one left to have the result, or to
+    /// complete it.
+    fn ask_recovered(&mut self, member: Rank, cx: &mut ProtocolCx<'_>) {
+        let Some(cur) = &self.current else { return };
+        if cur.requested && !cur.from_log && cur.group.contains(&member) {
+            let (context, index) = (cur.context, cur.index);
+            Self::send(cx, member, CollMsg::ResultRequest { context, index });
+        }
+    }
+
     /// Complete the current collective from `result` if it is the one.
     fn offer(&mut self, context: ContextId, index: u64, cx: &mut ProtocolCx<'_>) {
         let Some(cur) = &mut self.current else { return };
@@ -721,6 +733,7 @@ impl Protocol for Ulml {
                 src,
                 msg: Control::Log(LogMsg::Recovering { hsr }),
             } => {
+                let was_awaited = self.p2p.awaits(src);
                 self.p2p.handle(
                     Event::Control {
                         src,
@@ -731,6 +744,9 @@ impl Protocol for Ulml {
                 if !self.p2p.awaits(src) {
                     for msg in self.withheld.remove(&src).unwrap_or_default() {
                         cx.emit(Action::Resend { msg });
+                    }
+                    if was_awaited {
+                        self.ask_recovered(src, cx);
                     }
                 }
             }
@@ -807,6 +823,14 @@ impl Protocol for Ulml {
                 }
                 self.asking = true;
                 self.settled.clear();
+                // Requests that came before the restore: the restored
+                // results may answer them (else they wait for this rank's
+                // completion, as before).
+                for ((context, index), requesters) in std::mem::take(&mut self.pending) {
+                    for r in requesters {
+                        self.on_request(r, context, index, cx);
+                    }
+                }
             }
             other => self.p2p.handle(other, cx),
         }
@@ -1334,6 +1358,87 @@ mod tests {
         for c in [6, 7, 8] {
             assert_eq!(q.group_of(1, c, 4), vec![0, 1, 2, 3], "context {c}");
         }
+    }
+
+    /// A request that reaches a replacement before its restore is answered
+    /// from the restored results (it waited for a completion of a
+    /// collective the replacement had already passed).
+    #[test]
+    fn a_request_parked_before_the_restore_is_answered_from_the_restored_results() {
+        let r = Bytes::from_static(b"result-1");
+        let mut before = Ulml::new(0, None);
+        complete(2, &mut before, 1, &r);
+        let mut piece = Vec::new();
+        before.save_state(&mut piece).expect("saved");
+        let mut q = Ulml::new(0, None);
+        let a = control(
+            2,
+            &mut q,
+            0,
+            CollMsg::ResultRequest {
+                context: 1,
+                index: 1,
+            },
+        );
+        assert!(a.is_empty(), "nothing to answer yet: {a:?}");
+        q.load_state(&piece).expect("restored");
+        let a = run(
+            2,
+            &mut q,
+            Event::Restored {
+                generation: Some(1),
+            },
+        );
+        assert!(
+            a.contains(&Action::Transmit {
+                dest: 0,
+                msg: Control::Collective(CollMsg::Results {
+                    context: 1,
+                    from: 1,
+                    results: vec![r],
+                    on_completion: false,
+                }),
+            }),
+            "{a:?}"
+        );
+    }
+
+    /// A survivor whose collective lost members asks the members that are
+    /// not recovering; one that comes back from its recovery is asked then
+    /// (with every other member recovering, nobody was asked at all).
+    #[test]
+    fn a_member_back_from_recovery_is_asked_for_the_result() {
+        let mut p = Ulml::new(0, None);
+        begin(0, &mut p, 1, Collective::AllReduce);
+        let a = run(
+            0,
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[1, 2, 3],
+            },
+        );
+        assert!(a.contains(&Action::CollectiveRestart), "{a:?}");
+        assert!(requests(&a).is_empty(), "every member recovers: {a:?}");
+        let a = run(
+            0,
+            &mut p,
+            Event::Control {
+                src: 2,
+                msg: Control::Log(LogMsg::Recovering { hsr: 0 }),
+            },
+        );
+        assert_eq!(requests(&a), vec![2]);
+        // Not again, nor for a rank that was not recovering.
+        let a = run(
+            0,
+            &mut p,
+            Event::Control {
+                src: 2,
+                msg: Control::Log(LogMsg::Recovering { hsr: 0 }),
+            },
+        );
+        assert!(requests(&a).is_empty(), "{a:?}");
     }
 
     /// Collective numbers come from other ranks: the largest do not
