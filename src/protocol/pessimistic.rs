@@ -1664,12 +1664,9 @@ mod tests {
         assert!(a.contains(&Action::Replicate { generation: 2 }), "{a:?}");
     }
 
-    /// A holder whose copy is damaged (or gone) is passed over for the next
-    /// holder of the same generation; with none left the recovery fails
-    /// with the damage named, not with a wait.
-    #[test]
-    fn a_damaged_copy_is_fetched_from_the_next_holder() {
-        let h = Harness::new(3, 4, 1); // holders: ranks 0 and 1
+    /// A replacement (checkpoint every 2 safe points) that has started its
+    /// recovery: it asked its holders where its piece is.
+    fn recovering_replacement(h: &Harness) -> Pessimistic {
         let mut p = Pessimistic::new(2, None);
         h.run(
             &mut p,
@@ -1678,6 +1675,16 @@ mod tests {
                 replacement: true,
             },
         );
+        p
+    }
+
+    /// A holder whose copy is damaged (or gone) is passed over for the next
+    /// holder of the same generation; with none left the recovery fails
+    /// with the damage named, not with a wait.
+    #[test]
+    fn a_damaged_copy_is_fetched_from_the_next_holder() {
+        let h = Harness::new(3, 4, 1); // holders: ranks 0 and 1
+        let mut p = recovering_replacement(&h);
         let located = || LogMsg::Located {
             held: vec![2],
             committed: None,
@@ -1737,14 +1744,7 @@ mod tests {
     #[test]
     fn holders_that_lost_their_state_make_recovery_fail_clearly() {
         let h = Harness::new(3, 4, 1);
-        let mut p = Pessimistic::new(2, None);
-        h.run(
-            &mut p,
-            Event::Recover {
-                epoch: 1,
-                replacement: true,
-            },
-        );
+        let mut p = recovering_replacement(&h);
         for holder in [0, 1] {
             let a = h.control(
                 &mut p,
