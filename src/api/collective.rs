@@ -515,21 +515,19 @@ impl Communicator {
             self.world_rank(self.rank())? as i64,
         ];
         let all = self.all_gather(&me)?;
-        let Some(color) = color else {
-            self.engine.borrow_mut().communicator_created(base, None);
-            return Ok(None);
-        };
-        let mut members: Vec<(i64, usize, Rank)> = all
-            .chunks_exact(3)
-            .enumerate()
-            .filter(|(_, c)| c[0] == i64::from(color))
-            .map(|(old, c)| (c[1], old, c[2] as Rank))
-            .collect();
-        members.sort();
-        let group: Vec<Rank> = members.into_iter().map(|(_, _, w)| w).collect();
+        let group: Option<Vec<Rank>> = color.map(|color| {
+            let mut members: Vec<(i64, usize, Rank)> = all
+                .chunks_exact(3)
+                .enumerate()
+                .filter(|(_, c)| c[0] == i64::from(color))
+                .map(|(old, c)| (c[1], old, c[2] as Rank))
+                .collect();
+            members.sort();
+            members.into_iter().map(|(_, _, w)| w).collect()
+        });
         self.engine
             .borrow_mut()
-            .communicator_created(base, Some(group.clone()));
-        Ok(self.with_group(group, base))
+            .communicator_created(base, group.clone());
+        Ok(group.and_then(|g| self.with_group(g, base)))
     }
 }

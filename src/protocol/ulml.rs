@@ -106,6 +106,11 @@ pub enum CollMsg {
     },
 }
 
+/// A communicator's members, or every rank when it is the world's.
+fn or_world(group: Option<&Vec<Rank>>, size: usize) -> Vec<Rank> {
+    group.cloned().unwrap_or_else(|| (0..size).collect())
+}
+
 /// The rank that collects stored checkpoints' collective counts and says
 /// how far everyone may drop results.
 const TRIM_COORDINATOR: Rank = 0;
@@ -232,11 +237,10 @@ impl Ulml {
     /// Trim coordinator: ask the ranks whose stored checkpoint is oldest on
     /// some communicator (among its members) to checkpoint.
     fn ask_laggards(&mut self, cx: &mut ProtocolCx<'_>) {
-        let me = cx.rank;
         let mut communicators: BTreeSet<(ContextId, Vec<Rank>)> = self
             .done
             .keys()
-            .map(|&c| (c, self.own_group(me, c, cx.size)))
+            .map(|&c| (c, or_world(self.members.get(&c), cx.size)))
             .collect();
         communicators.extend(self.groups.iter().map(|(&(_, c), g)| (c, g.clone())));
         let mut laggards = BTreeSet::new();
@@ -324,19 +328,7 @@ impl Ulml {
     /// World ranks of `r`'s communicator of `context`, as `r` reported it
     /// (trim coordinator); the world when it reported none.
     fn group_of(&self, r: Rank, context: ContextId, size: usize) -> Vec<Rank> {
-        match self.groups.get(&(r, context)) {
-            Some(g) => g.clone(),
-            None => (0..size).collect(),
-        }
-    }
-
-    /// This rank's (`me`) communicator of `context`: its own knowledge
-    /// first (the coordinator reports to itself only at its checkpoints).
-    fn own_group(&self, me: Rank, context: ContextId, size: usize) -> Vec<Rank> {
-        match self.members.get(&context) {
-            Some(g) => g.clone(),
-            None => self.group_of(me, context, size),
-        }
+        or_world(self.groups.get(&(r, context)), size)
     }
 
     /// The members of those of `contexts` that are this rank's
