@@ -32,7 +32,7 @@ use rand::RngExt;
 
 use super::agent::{Hosts, srun_command};
 use super::auth::{Identity, Role, Secret, handshake};
-use super::net::{Listen, Listener, Stream};
+use super::net::{AcceptStop, Listen, Listener, Stream};
 use super::var;
 use super::wire::{WireMsg, decode, read_frame, write_msg};
 use crate::driver::shared::{ExitAction, Finals, StatsBook, progress_bar};
@@ -206,6 +206,8 @@ impl Process {
 struct Agents {
     /// `srun`, which started them (and ends when they all have).
     srun: Child,
+    /// The thread that accepts the agents' connections.
+    _acceptor: Acceptor,
     /// Per node: the connection to its agent, while it lasts.
     links: Vec<Option<Stream>>,
     /// Per node: its host name, once the agent said hello.
@@ -375,6 +377,9 @@ struct Launcher<'a> {
     agents: Option<Agents>,
     /// Events set aside while a failure waited for finalize reports.
     stash: VecDeque<Event>,
+    /// The thread that accepts the ranks' connections (ended with the
+    /// launcher).
+    _acceptor: Acceptor,
 }
 
 /// How long a failure of ranks that had entered finalize waits for the
@@ -548,7 +553,7 @@ impl<'a> Launcher<'a> {
             Hosts::Local => None,
             Hosts::Slurm => Some(start_agents(spec, job, &dir, &secret, tx.clone())?),
         };
-        spawn_acceptor(listener, secret, job, spec.max_frame, tx, None)?;
+        let acceptor = spawn_acceptor(listener, secret, job, spec.max_frame, tx, None)?;
         Ok(Launcher {
             spec,
             job,
@@ -582,6 +587,7 @@ impl<'a> Launcher<'a> {
             early_deaths: vec![0; spec.ranks],
             agents,
             stash: Default::default(),
+            _acceptor: acceptor,
         })
     }
 
@@ -1461,7 +1467,7 @@ fn start_agents(
         .addr()
         .map_err(|e| driver_err("no listening address", e))?;
     let (ack_tx, acks) = unbounded();
-    spawn_acceptor(
+    let acceptor = spawn_acceptor(
         listener,
         secret.clone(),
         job,
@@ -1483,6 +1489,7 @@ fn start_agents(
     })?;
     Ok(Agents {
         srun,
+        _acceptor: acceptor,
         links: (0..spec.nodes).map(|_| None).collect(),
         hosts: vec![None; spec.nodes],
         acks,
@@ -1500,7 +1507,11 @@ fn spawn_acceptor(
     max: usize,
     tx: Sender<Event>,
     acks: Option<Sender<AgentAck>>,
-) -> Result<()> {
+) -> Result<Acceptor> {
+    let stop = listener
+        .stopper()
+        .map_err(|e| driver_err("cannot duplicate the listening socket", e))?;
+    let stopping = stop.flag();
     let me = Identity {
         job,
         rank: None,
@@ -1514,7 +1525,7 @@ fn spawn_acceptor(
             } else {
                 "launcher"
             };
-            listener.serve(what, |mut s, place| {
+            listener.serve(what, &stopping, |mut s, place| {
                 let secret = secret.clone();
                 let tx = tx.clone();
                 let acks = acks.clone();
@@ -1576,14 +1587,76 @@ fn spawn_acceptor(
                     });
             });
         })
-        .map(|_| ())
+        .map(|thread| Acceptor {
+            stop,
+            thread: Some(thread),
+        })
         .map_err(|e| driver_err("cannot start a thread", e))
+}
+
+/// A listener's accept thread, ended when this is dropped.
+struct Acceptor {
+    stop: AcceptStop,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long dropping an [`Acceptor`] waits for its thread to end.
+const ACCEPTOR_END_WAIT: Duration = Duration::from_secs(1);
+
+impl Acceptor {
+    /// Stop the accept loop and join its thread; whether it ended. Its
+    /// connections' threads end with their connections (the rank processes
+    /// are gone by then). Should the thread not end in time, it is left: a
+    /// leaked thread is better than a launcher that hangs on its way out.
+    fn end(&mut self) -> bool {
+        self.stop.stop();
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        let deadline = Instant::now() + ACCEPTOR_END_WAIT;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        thread.is_finished() && thread.join().is_ok()
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::wire::read_msg;
     use super::*;
+
+    /// The launcher's accept thread ends with the launcher: a process that
+    /// runs job after job (`lazarus bench`, a test suite) kept one thread
+    /// and listening socket per job before.
+    #[test]
+    fn the_accept_thread_ends_with_its_launcher() {
+        let dir = std::env::temp_dir().join(format!("lazarus-acceptor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for kind in [
+            Listen::Unix { rings: false },
+            Listen::Tcp(std::net::IpAddr::from([127, 0, 0, 1])),
+        ] {
+            let listener = Listener::bind(kind, &dir, "launcher.sock").expect("bind");
+            let addr = listener.addr().expect("addr");
+            let (tx, _rx) = unbounded();
+            let mut acceptor =
+                spawn_acceptor(listener, Secret::generate(), 7, 1 << 20, tx, None).expect("spawn");
+            // A stranger connects (and is refused by the handshake) while
+            // the loop runs: connections are accepted until the end.
+            let stranger = Stream::connect(&addr);
+            assert!(stranger.is_ok(), "{kind:?}: the listener accepts");
+            assert!(acceptor.end(), "{kind:?}: the accept thread did not end");
+            assert!(Stream::connect(&addr).is_err(), "{kind:?}: still listening");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The directories of a job whose launcher died by SIGKILL are removed
     /// by the next launcher; those of live launchers, of jobs that wrote no

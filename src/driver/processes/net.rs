@@ -4,11 +4,12 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -174,9 +175,53 @@ impl Listener {
     }
 
     /// Accept connections for as long as the listener works (see
-    /// [`accept_loop`]); `what` names the listener in messages.
-    pub fn serve(&self, what: &str, serve: impl FnMut(Stream, Handshaking)) {
-        accept_loop(|| self.accept(), MAX_HANDSHAKING, what, serve);
+    /// [`accept_loop`]) and `stopping` is not set; `what` names the
+    /// listener in messages.
+    pub fn serve(&self, what: &str, stopping: &AtomicBool, serve: impl FnMut(Stream, Handshaking)) {
+        accept_loop(|| self.accept(), MAX_HANDSHAKING, what, stopping, serve);
+    }
+
+    /// A handle that ends this listener's [`serve`](Self::serve) loop from
+    /// another thread (a listener serving in a thread of its own blocks in
+    /// `accept` for ever otherwise: a process that runs many jobs, as
+    /// `lazarus bench` does, kept one thread and socket per job).
+    pub fn stopper(&self) -> io::Result<AcceptStop> {
+        let socket = match self {
+            Listener::Unix(l, _) => l.as_fd().try_clone_to_owned()?,
+            Listener::Tcp(l) => l.as_fd().try_clone_to_owned()?,
+        };
+        Ok(AcceptStop {
+            socket,
+            stopping: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+/// Ends a listener's accept loop (see [`Listener::stopper`]).
+#[derive(Debug)]
+pub struct AcceptStop {
+    /// The listening socket (a duplicate descriptor of it).
+    socket: OwnedFd,
+    /// Set before the socket is shut down: the accept error that follows
+    /// is the stop, not a failure worth a message.
+    stopping: Arc<AtomicBool>,
+}
+
+impl AcceptStop {
+    /// The flag to hand to [`Listener::serve`].
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.stopping.clone()
+    }
+
+    /// End the loop: shutting the listening socket down wakes a blocked
+    /// `accept` with an error (Linux: `EINVAL`, for Unix and TCP sockets
+    /// alike), and the loop, seeing the flag, returns quietly. Connections
+    /// already accepted are not affected.
+    pub fn stop(&self) {
+        use nix::sys::socket::{Shutdown, shutdown};
+        use std::os::fd::AsRawFd;
+        self.stopping.store(true, Ordering::Release);
+        let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Both);
     }
 }
 
@@ -206,6 +251,7 @@ pub fn accept_loop(
     mut next: impl FnMut() -> io::Result<Stream>,
     limit: usize,
     what: &str,
+    stopping: &AtomicBool,
     mut serve: impl FnMut(Stream, Handshaking),
 ) {
     let handshaking = Arc::new(AtomicUsize::new(0));
@@ -229,6 +275,7 @@ pub fn accept_loop(
                 handshaking.fetch_add(1, Ordering::AcqRel);
                 serve(s, Handshaking(handshaking.clone()));
             }
+            Err(_) if stopping.load(Ordering::Acquire) => return,
             Err(e) => match e.raw_os_error() {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS) => {
                     if !told_exhausted {
@@ -389,6 +436,7 @@ mod tests {
             || script.pop_front().unwrap_or_else(|| errno(libc::EBADF)),
             4,
             "test",
+            &AtomicBool::new(false),
             |_, _| served += 1,
         );
         assert_eq!(served, 1);
@@ -421,6 +469,7 @@ mod tests {
             },
             2,
             "test",
+            &AtomicBool::new(false),
             |s, place| {
                 places.borrow_mut().push(place);
                 // Kept open, as a handshake thread would.
@@ -447,6 +496,7 @@ mod tests {
                 || l.accept(),
                 4,
                 "test",
+                &AtomicBool::new(false),
                 |mut s, place| {
                     std::thread::spawn(move || {
                         // The "handshake": one byte, echoed.
@@ -482,6 +532,44 @@ mod tests {
                 "no peer served after the flood"
             );
             std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A listener serving in its own thread, blocked in `accept`, ends when
+    /// stopped, quietly, on both kinds of socket; a connection it accepted
+    /// before stays open.
+    #[test]
+    fn a_stopped_listener_ends_its_accept_loop() {
+        let dir = std::env::temp_dir().join(format!("lazarus-net-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for kind in [
+            Listen::Unix { rings: false },
+            Listen::Tcp(IpAddr::from([127, 0, 0, 1])),
+        ] {
+            let l = Listener::bind(kind, &dir, "stop.sock").expect("bind");
+            let addr = l.addr().expect("addr");
+            let stop = l.stopper().expect("stopper");
+            let flag = stop.flag();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (done_tx, done) = std::sync::mpsc::channel();
+            let t = std::thread::spawn(move || {
+                l.serve("test", &flag, |s, _| tx.send(s).expect("send"));
+                done_tx.send(()).expect("done");
+            });
+            let mut client = Stream::connect(&addr).expect("connect");
+            let mut served = rx.recv_timeout(Duration::from_secs(5)).expect("served");
+            // Still blocked in accept, waiting for the next connection.
+            assert!(done.recv_timeout(Duration::from_millis(50)).is_err());
+            stop.stop();
+            done.recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("{kind:?}: the accept loop did not end"));
+            t.join().expect("join");
+            client.write_all(b"y").expect("write");
+            let mut b = [0u8; 1];
+            served.read_exact(&mut b).expect("read");
+            assert_eq!(&b, b"y", "{kind:?}: the accepted connection stays open");
+            assert!(Stream::connect(&addr).is_err(), "{kind:?}: nobody listens");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -1259,7 +1259,9 @@ pub(crate) fn run_worker<T: Serialize>(
             .name("accept".into())
             .spawn(move || {
                 let what = format!("rank {rank}");
-                listener.serve(&what, |s, place| {
+                // The rank's process ends with its job: nothing stops this.
+                let never = std::sync::atomic::AtomicBool::new(false);
+                listener.serve(&what, &never, |s, place| {
                     let sh = sh.clone();
                     let tx = inbox_tx.clone();
                     // No thread (none left): the connection and its place
