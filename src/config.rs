@@ -79,6 +79,27 @@ pub enum FailureHandling {
 /// have ranks heartbeat in a busy loop).
 pub const MIN_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Smallest `max_frame` accepted: below it even runtime messages may not fit.
+pub const MIN_MAX_FRAME: usize = 64 << 10;
+
+/// Largest `max_frame` accepted: a frame's length is a 32-bit number.
+pub const MAX_MAX_FRAME: usize = u32::MAX as usize;
+
+/// Check a frame limit (`--max-frame`): between [`MIN_MAX_FRAME`] and
+/// [`MAX_MAX_FRAME`] bytes.
+pub fn check_max_frame(bytes: usize) -> Result<()> {
+    if (MIN_MAX_FRAME..=MAX_MAX_FRAME).contains(&bytes) {
+        return Ok(());
+    }
+    Err(Error::config(
+        "--max-frame",
+        format!(
+            "{bytes} bytes: a frame limit must lie between {MIN_MAX_FRAME} and {MAX_MAX_FRAME} \
+             bytes (frames carry a 32-bit length)"
+        ),
+    ))
+}
+
 /// Configuration of one job.
 ///
 /// | field | CLI | default |
@@ -102,7 +123,7 @@ pub const MIN_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// | `listen` | `--listen unix\|unix-sockets\|tcp[:IP]` (processes only) | unix (frames in shared-memory rings) |
 /// | `hosts` | `--hosts local\|slurm` (processes only) | local |
 /// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only, at least 10) | 200 ms |
-/// | `max_frame` | (processes only) | 1 GiB |
+/// | `max_frame` | `--max-frame BYTES` (processes only, 64 KiB to 4 GiB − 1) | 1 GiB |
 /// | `worker_args` | (processes only) | this program's own arguments |
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -267,6 +288,7 @@ impl Config {
         let pl = self.placement()?;
         if self.backend == Backend::Processes {
             self.hosts.check_listen(self.listen)?;
+            check_max_frame(self.max_frame)?;
             if self.heartbeat_timeout < MIN_HEARTBEAT_TIMEOUT {
                 return Err(Error::config(
                     "--heartbeat-timeout",

@@ -135,6 +135,10 @@ struct LaunchArgs {
     /// Declare a rank dead after this many milliseconds without a heartbeat.
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
+    /// Largest frame (one message, or one checkpoint piece) a connection
+    /// carries, in bytes (64 KiB to 4 GiB - 1).
+    #[arg(long, default_value_t = Config::default().max_frame)]
+    max_frame: usize,
     /// Write the job statistics as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -189,7 +193,10 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         sets: Default::default(),
         agent_program: std::env::current_exe()?,
         heartbeat_timeout: heartbeat(args.heartbeat_timeout)?,
-        max_frame: Config::default().max_frame,
+        max_frame: {
+            lazarus::config::check_max_frame(args.max_frame).map_err(usage)?;
+            args.max_frame
+        },
         restart_generation: None,
         self_launch: false,
         call: 0,
@@ -495,6 +502,11 @@ struct JobArgs {
     /// without a heartbeat.
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
+    /// Processes backend: largest frame (one message, or one checkpoint
+    /// piece with its message log) a connection carries, in bytes (64 KiB
+    /// to 4 GiB - 1).
+    #[arg(long, default_value_t = Config::default().max_frame)]
+    max_frame: usize,
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N],
     /// R@checkpoint[:N], R@finalize.
     #[arg(long = "kill", value_name = "SPEC")]
@@ -674,7 +686,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         listen: job.listen.parse().map_err(usage)?,
         hosts: job.hosts.parse().map_err(usage)?,
         heartbeat_timeout: heartbeat(job.heartbeat_timeout)?,
-        max_frame: Config::default().max_frame,
+        max_frame: job.max_frame,
         worker_args: None,
     };
     cfg.validate().map_err(usage)?;
@@ -1074,6 +1086,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         listen: args.listen.clone(),
         hosts: "local".into(),
         heartbeat_timeout: 200,
+        max_frame: Config::default().max_frame,
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),

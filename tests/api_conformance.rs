@@ -1717,37 +1717,47 @@ fn rma_window_on_subcommunicator() {
 // ----- job level -------------------------------------------------------------
 
 /// An application error on one rank ends the job with that error while the
-/// others are blocked (in a receive from it, or in a collective), instead of
-/// hanging.
+/// others are blocked (in a receive from it, in a collective, or in a send
+/// to it larger than a shared-memory ring holds), instead of hanging.
 #[test]
 fn job_app_error_on_one_rank_ends_job() {
     for backend in Backend::ALL {
-        for blocked_in_collective in [false, true] {
-            let outcome = within(30, "application error", move || {
+        for blocked_in in ["a receive", "a collective", "a large send"] {
+            // Within the processes backend's 30 s report of a stalled ring
+            // (a send that waited for a peer that had failed ended only
+            // there, with a driver error).
+            let outcome = within(20, blocked_in, move || {
                 let cfg = common::config(backend, 4);
                 let report = lazarus::run(&cfg, move |ctx| {
                     let world = ctx.world();
                     if world.rank() == 2 {
+                        // Late enough that the others are blocked by then.
+                        std::thread::sleep(std::time::Duration::from_millis(300));
                         return Err(Error::app("boom"));
                     }
-                    if blocked_in_collective {
-                        world.all_reduce(1u64, ReduceOp::Sum)?;
-                    } else {
-                        world.receive::<u64>(2, 0)?;
+                    match blocked_in {
+                        "a collective" => drop(world.all_reduce(1u64, ReduceOp::Sum)?),
+                        "a receive" => drop(world.receive::<u64>(2, 0)?),
+                        // Eight times a ring's capacity.
+                        _ => world.send_owned(2, 0, vec![7u8; 16 << 20])?,
                     }
                     Ok(world.rank())
                 });
                 report.outcome
             });
             match outcome {
-                Ok(v) => panic!("[{backend}] job succeeded with {v:?} despite the error"),
+                Ok(v) => panic!("[{backend}] {blocked_in}: job succeeded with {v:?}"),
                 Err(e) => {
                     let msg = e.to_string();
                     assert!(
                         msg.contains("boom") || msg.contains("rank 2"),
-                        "[{backend}] error does not name the cause: {msg}"
+                        "[{backend}] {blocked_in}: error does not name the cause: {msg}"
                     );
-                    assert_eq!(e, Error::app("boom"), "[{backend}] root cause preferred");
+                    assert_eq!(
+                        e,
+                        Error::app("boom"),
+                        "[{backend}] {blocked_in}: root cause preferred"
+                    );
                 }
             }
         }

@@ -208,6 +208,22 @@ fn malformed_input_exits_2_with_a_clear_message() {
             &["bench", "cg", "--protocols", "none,nope"],
             "unknown protocol `nope`",
         ),
+        (
+            &["run", "cg", "--backend", "processes", "--max-frame", "100"],
+            "--max-frame",
+        ),
+        (
+            &[
+                "launch",
+                "-n",
+                "2",
+                "--max-frame",
+                "5000000000",
+                "--",
+                "/bin/true",
+            ],
+            "--max-frame",
+        ),
     ];
     for (args, needle) in cases {
         let o = lazarus(args);
@@ -223,6 +239,37 @@ fn malformed_input_exits_2_with_a_clear_message() {
             "{args:?}: `{}` lacks `{needle}`",
             stderr(&o)
         );
+    }
+}
+
+/// A checkpoint piece over the frame limit (a message log that grew large)
+/// ends the job with an error that says what it was and what bounds it; the
+/// peer blocked sending to the failed rank stops at the abort.
+#[test]
+fn a_checkpoint_piece_over_the_frame_limit_is_a_clear_error() {
+    let o = lazarus(&[
+        "run",
+        "pingpong",
+        "--size",
+        "32768",
+        "--iterations",
+        "100",
+        "--backend",
+        "processes",
+        "--protocol",
+        "pessimistic",
+        "--ranks",
+        "2",
+        "--nodes",
+        "2",
+        "--max-frame",
+        "65536",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "stderr {}", stderr(&o));
+    let line = last_line(&o);
+    assert!(line.starts_with("NOT VERIFIED"), "{line}");
+    for needle in ["a checkpoint piece", "--log-budget", "--max-frame", "65536"] {
+        assert!(line.contains(needle), "`{line}` lacks `{needle}`");
     }
 }
 

@@ -127,9 +127,14 @@ impl PeerState {
 /// is the sure one).
 const RMA_RECHECK: Duration = Duration::from_millis(50);
 
-/// How long a live peer may stay unreachable before a send fails (a dead
-/// one is declared by the launcher well within its heartbeat timeout).
+/// How long a live peer may stay unreachable (no connection, no handshake)
+/// before a send fails (a dead one is declared by the launcher well within
+/// its heartbeat timeout).
 const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// After this long without room in a live receiver's ring, a waiting send
+/// says so (once); it keeps waiting.
+const RING_STALL_REPORT: Duration = Duration::from_secs(30);
 
 /// Attempts at reaching a peer, with exponential backoff, until
 /// [`UNREACHABLE_LIMIT`] has passed.
@@ -225,6 +230,19 @@ struct ProcessEndpoint {
 }
 
 impl ProcessEndpoint {
+    /// The job's abort, once the launcher announced it: a send waiting for
+    /// a peer gives up then (the peer may be the rank whose error ended
+    /// the job, and never read again).
+    fn aborted(&self) -> Option<Error> {
+        self.ready.iter().find_map(|i| match i {
+            Incoming::Abort { rank, reason } => Some(Error::Aborted {
+                rank: *rank,
+                reason: reason.clone(),
+            }),
+            _ => None,
+        })
+    }
+
     /// Apply a message of the launcher.
     fn apply(&mut self, c: WireMsg) {
         match c {
@@ -592,7 +610,10 @@ impl ProcessEndpoint {
         /// Parts larger than this are published every this many bytes.
         const STREAM_CHUNK: usize = 64 << 10;
         let max = self.sh.max_frame;
-        let cannot = |e| Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}"));
+        let cannot = |e| match e {
+            WireError::Oversized { len, max } => oversized(msg, dest, len, max),
+            e => Error::Driver(format!("a frame to rank {dest} cannot be sent: {e}")),
+        };
         // The common case first: a small application frame into a ring that
         // is open and has room, written and published whole in place.
         if let WireMsg::Frame(Frame {
@@ -634,7 +655,10 @@ impl ProcessEndpoint {
             rest = encode_into(msg, max, &mut scratch).map_err(cannot)?;
             [&scratch, &rest]
         };
-        let mut deadline = None;
+        // When the receiver last made room (set at the first wait after
+        // it did), and whether the user was told it stopped.
+        let mut stalled_since = None;
+        let mut told = false;
         for part in parts {
             let mut off = 0;
             let mut waits = 0u32;
@@ -643,6 +667,7 @@ impl ProcessEndpoint {
                 if n > 0 {
                     off += n;
                     waits = 0;
+                    stalled_since = None;
                     // A large part is published as it goes, so the receiver
                     // copies out while the rest is written.
                     if part.len() > STREAM_CHUNK && w.publish() && w.wake_needed() {
@@ -668,21 +693,37 @@ impl ProcessEndpoint {
                 if self.up_incarnation(dest) != Some(inc) {
                     return Ok(false);
                 }
+                if let Some(e) = self.aborted() {
+                    return Err(e);
+                }
+                // A live receiver reads its rings only when it enters the
+                // runtime: one that computes for minutes between calls is
+                // busy, not lost, and the send waits for it as long as it
+                // lives (as an MPI send waits for its receive). Only a
+                // failure notice ends the wait; a long one is reported once,
+                // so that a program waiting on a receiver that never comes
+                // back to the runtime says why.
                 let now = Instant::now();
-                if now > *deadline.get_or_insert(now + UNREACHABLE_LIMIT) {
-                    return Err(Error::Driver(format!(
-                        "rank {dest} has not read its ring for {} s and the launcher has not \
-                         declared it dead",
-                        UNREACHABLE_LIMIT.as_secs()
-                    )));
+                let since = *stalled_since.get_or_insert(now);
+                if !told && now - since > RING_STALL_REPORT {
+                    eprintln!(
+                        "lazarus: rank {}: rank {dest} has not read its ring for {} s; it is \
+                         alive (no failure notice), so the send waits for it",
+                        self.rank(),
+                        RING_STALL_REPORT.as_secs()
+                    );
+                    told = true;
                 }
                 waits += 1;
                 if self.spin && waits < 64 {
                     std::hint::spin_loop();
                 } else if waits < 128 {
                     std::thread::yield_now();
-                } else {
+                } else if waits < 4096 {
                     std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    // Minutes of waiting need not cost a core.
+                    std::thread::sleep(Duration::from_millis(1));
                 }
             }
         }
@@ -803,14 +844,14 @@ impl Endpoint for ProcessEndpoint {
             match self.out(dest).map(|o| write_msg(&mut o.stream, &msg, max)) {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(WireError::Oversized { len, max })) => {
-                    return Err(Error::Driver(format!(
-                        "a frame of {len} bytes to rank {dest} exceeds the transport's limit of \
-                         {max} bytes"
-                    )));
+                    return Err(oversized(&msg, dest, len, max));
                 }
                 Ok(Err(_)) => self.drop_out(dest),
                 Err(true) => return Ok(()), // lost with the peer, as on a real network
                 Err(false) => {}
+            }
+            if let Some(e) = self.aborted() {
+                return Err(e);
             }
             if !retry.wait() {
                 return Err(Error::Driver(format!(
@@ -1342,6 +1383,28 @@ pub(crate) fn run_worker<T: Serialize>(
     reported.store(true, Ordering::SeqCst);
     sent.map_err(|e| io("cannot report the outcome", &e))?;
     outcome
+}
+
+/// The error for a frame over the transport's limit, saying what it
+/// carried and what bounds it.
+fn oversized(msg: &WireMsg, dest: Rank, len: usize, max: usize) -> Error {
+    let what = match msg {
+        WireMsg::Frame(Frame {
+            body: Body::App(_), ..
+        }) => "an application message",
+        WireMsg::Frame(Frame {
+            body: Body::Store(_),
+            ..
+        }) => {
+            "a checkpoint piece (its rank's state, plus its message log under a logging \
+             protocol: `--log-budget` bounds that)"
+        }
+        _ => "a runtime message",
+    };
+    Error::Driver(format!(
+        "{what} of {len} bytes to rank {dest} exceeds the processes backend's frame limit of \
+         {max} bytes (`--max-frame`, `Config::max_frame`; at most 4 GiB - 1)"
+    ))
 }
 
 /// Make sure this process dies with its launcher (`PR_SET_PDEATHSIG`), and
