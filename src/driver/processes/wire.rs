@@ -335,6 +335,9 @@ impl From<&crate::Error> for RemoteError {
             },
             E::App(m) => RemoteError::App(m.clone()),
             E::Unrecoverable(m) => RemoteError::Unrecoverable(m.to_string()),
+            // Without its "driver error: " prefix: it comes back as a
+            // driver error naming the rank.
+            E::Driver(m) => RemoteError::Other(m.clone()),
             other => RemoteError::Other(other.to_string()),
         }
     }
@@ -675,6 +678,19 @@ mod tests {
         let mut out = Vec::new();
         write_msg(&mut out, msg, MAX).expect("encodes");
         out
+    }
+
+    /// A rank's driver error comes back naming the rank, with one
+    /// "driver error: " prefix (it had two); other errors keep their kind.
+    #[test]
+    fn remote_errors_come_back_naming_the_rank_once() {
+        let back = |e: &crate::Error| RemoteError::from(e).into_error(3);
+        assert_eq!(
+            back(&crate::Error::Driver("lost the ring".into())).to_string(),
+            "driver error: rank 3: lost the ring"
+        );
+        let app = crate::Error::app("boom");
+        assert_eq!(back(&app), app);
     }
 
     #[test]
