@@ -700,7 +700,8 @@ impl ProcessEndpoint {
                 // runtime: one that computes for minutes between calls is
                 // busy, not lost, and the send waits for it as long as it
                 // lives (as an MPI send waits for its receive). Only a
-                // failure notice ends the wait; a long one is reported once,
+                // failure notice or the job's abort ends the wait (both
+                // checked above); a long one is reported once,
                 // so that a program waiting on a receiver that never comes
                 // back to the runtime says why.
                 let now = Instant::now();
