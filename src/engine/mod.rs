@@ -1329,7 +1329,7 @@ impl Engine {
         // once deadlocked `random_kills_never_change_the_answer`, with an
         // earlier engine; with this one the whole of tests/recovery.rs
         // passed four times with the drain on for every protocol, once
-        // with both cores loaded.)
+        // with a busy loop running alongside.)
         if self.logging {
             self.drain()?;
             self.check()?;
