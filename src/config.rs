@@ -82,8 +82,15 @@ pub const MIN_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// Smallest `max_frame` accepted: below it even runtime messages may not fit.
 pub const MIN_MAX_FRAME: usize = 64 << 10;
 
-/// Largest `max_frame` accepted: a frame's length is a 32-bit number.
-pub const MAX_MAX_FRAME: usize = u32::MAX as usize;
+/// Largest `max_frame` accepted (1 TiB): a sanity bound, far above any
+/// rank's memory (frames of 4 GiB or more carry a 64-bit length).
+pub const MAX_MAX_FRAME: usize = 1 << 40;
+
+/// Default `max_frame` (16 GiB): a checkpoint piece (a rank's state, plus
+/// its message log under logging) of a few GB goes through as it is. The
+/// limit bounds what a faulty peer can make a rank allocate; a receiver
+/// grows a frame's buffer only as its bytes arrive.
+pub const DEFAULT_MAX_FRAME: usize = 16 << 30;
 
 /// Check a frame limit (`--max-frame`): between [`MIN_MAX_FRAME`] and
 /// [`MAX_MAX_FRAME`] bytes.
@@ -95,7 +102,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
         "--max-frame",
         format!(
             "{bytes} bytes: a frame limit must lie between {MIN_MAX_FRAME} and {MAX_MAX_FRAME} \
-             bytes (frames carry a 32-bit length)"
+             bytes"
         ),
     ))
 }
@@ -123,7 +130,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `listen` | `--listen unix\|unix-sockets\|tcp[:IP]` (processes only) | unix (frames in shared-memory rings) |
 /// | `hosts` | `--hosts local\|slurm` (processes only) | local |
 /// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only, at least 10) | 200 ms |
-/// | `max_frame` | `--max-frame BYTES` (processes only, 64 KiB to 4 GiB − 1) | 1 GiB |
+/// | `max_frame` | `--max-frame BYTES` (processes only, 64 KiB to 1 TiB) | 16 GiB |
 /// | `worker_args` | (processes only) | this program's own arguments |
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -210,7 +217,7 @@ impl Default for Config {
             listen: Listen::Unix { rings: true },
             hosts: Default::default(),
             heartbeat_timeout: std::time::Duration::from_millis(200),
-            max_frame: 1 << 30,
+            max_frame: DEFAULT_MAX_FRAME,
             worker_args: None,
         }
     }

@@ -136,7 +136,7 @@ struct LaunchArgs {
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
     /// Largest frame (one message, or one checkpoint piece) a connection
-    /// carries, in bytes (64 KiB to 4 GiB - 1).
+    /// carries, in bytes (64 KiB to 1 TiB).
     #[arg(long, default_value_t = Config::default().max_frame)]
     max_frame: usize,
     /// Write the job statistics as JSON here.
@@ -504,7 +504,7 @@ struct JobArgs {
     heartbeat_timeout: u64,
     /// Processes backend: largest frame (one message, or one checkpoint
     /// piece with its message log) a connection carries, in bytes (64 KiB
-    /// to 4 GiB - 1).
+    /// to 1 TiB).
     #[arg(long, default_value_t = Config::default().max_frame)]
     max_frame: usize,
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N],

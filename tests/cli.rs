@@ -218,7 +218,7 @@ fn malformed_input_exits_2_with_a_clear_message() {
                 "-n",
                 "2",
                 "--max-frame",
-                "5000000000",
+                "2000000000000",
                 "--",
                 "/bin/true",
             ],

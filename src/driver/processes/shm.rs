@@ -35,7 +35,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use bytes::Bytes;
 
-use super::wire::{APP_FIXED, APP_FRAME, WireError, WireMsg, decode, decode_app_parts, growth};
+use super::wire::{
+    APP_FIXED, APP_FRAME, LONG_LEN, LONG_PREFIX, WireError, WireMsg, decode, decode_app_parts,
+    growth, long_len,
+};
 
 /// Records up to this size get their whole receive buffer when their first
 /// bytes are read; larger ones grow with what has arrived.
@@ -486,14 +489,26 @@ impl RingReader {
                 if avail < 4 {
                     return Ok(None);
                 }
-                // The length prefix and the byte after it in one copy.
-                let mut head = [0u8; 5];
+                // The length prefix and the byte after it in one copy
+                // (consumed once the whole prefix has arrived).
+                let mut head = [0u8; LONG_PREFIX + 1];
                 let n = avail.min(head.len());
                 self.map.copy_out(self.tail, &mut head[..n]);
-                self.tail += 4;
-                avail -= 4;
-                marker = head.get(4).filter(|_| n == head.len()).copied();
-                let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+                let mut len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+                let mut prefix = 4;
+                if len == LONG_LEN as usize {
+                    let Some(long) = head[4..LONG_PREFIX]
+                        .first_chunk::<8>()
+                        .filter(|_| n >= LONG_PREFIX)
+                    else {
+                        return Ok(None);
+                    };
+                    len = long_len(*long, max)?;
+                    prefix = LONG_PREFIX;
+                }
+                self.tail += prefix as u64;
+                avail -= prefix;
+                marker = head.get(prefix).filter(|_| n > prefix).copied();
                 if len > max {
                     return Err(WireError::Oversized { len, max });
                 }
@@ -869,6 +884,35 @@ mod tests {
         }
         let (f, _) = whole(got.expect("the record"));
         assert!(f == body);
+    }
+
+    /// A record with a 64-bit length (`LONG_LEN`, then the u64), arriving
+    /// a byte at a time: nothing is taken before its whole prefix is
+    /// there, and the record comes out as with a 32-bit length.
+    #[test]
+    fn a_long_length_prefix_is_read_once_whole() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "l", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "l").expect("attach");
+        for i in [0u64, 1] {
+            let body: Vec<u8> = (0..300).map(|k| body_byte(i, k)).collect();
+            let mut rec = LONG_LEN.to_le_bytes().to_vec();
+            rec.extend_from_slice(&(body.len() as u64).to_le_bytes());
+            rec.extend_from_slice(&body);
+            let mut got = None;
+            for (k, b) in rec.iter().enumerate() {
+                assert!(got.is_none(), "a record before its byte {k}");
+                assert_eq!(w.push(&[*b]), 1);
+                got = r.pull(1000).expect("pull");
+            }
+            let (bytes, app) = whole(got.expect("the record"));
+            assert_eq!((bytes, app), (body, i == 1));
+        }
+        // Over the limit, or more than a usize holds: an error.
+        let mut rec = LONG_LEN.to_le_bytes().to_vec();
+        rec.extend_from_slice(&u64::MAX.to_le_bytes());
+        w.push(&rec);
+        assert!(matches!(r.pull(1000), Err(WireError::Oversized { .. })));
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //!               <------------------------- len bytes --------------------------------->
 //! ```
 //!
+//! A frame of 4 GiB − 1 bytes or more (a large rank's checkpoint piece, or
+//! an application message that large) has [`LONG_LEN`] in place of `len`,
+//! followed by its length as a u64 LE; the rest is the same.
+//!
 //! An application frame, the message on every hot path, has its own fixed
 //! layout instead (no postcard, no header length):
 //!
@@ -35,7 +39,7 @@ use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
 use crate::store::StoreMsg;
 
 /// Version of the wire format; a peer speaking another one is refused.
-pub const WIRE_VERSION: u8 = 4;
+pub const WIRE_VERSION: u8 = 5;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;
@@ -46,6 +50,13 @@ pub const APP_FRAME: u8 = 0xA1;
 /// Bytes of an application frame's fixed fields after `len` (the marker,
 /// six u64 and the tag).
 pub const APP_FIXED: usize = 1 + 6 * 8 + 4;
+
+/// In place of a frame's 32-bit length: its length follows as a u64 (a
+/// frame of this many bytes or more).
+pub const LONG_LEN: u32 = u32::MAX;
+
+/// Bytes of a long frame's length prefix: [`LONG_LEN`] and the u64.
+pub const LONG_PREFIX: usize = 4 + 8;
 
 /// Largest read buffer grown at once while a frame arrives.
 const CHUNK: usize = 1 << 20;
@@ -396,24 +407,50 @@ pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes
         epoch,
         body: Body::App(app),
     }) = msg
+        && fixed_layout(app)
     {
         return encode_app(*src, *epoch, app, max, buf);
     }
-    // A checkpoint piece follows the header as it is: not copied into the
-    // frame on the way out, nor out of it on the way in (`decode`).
+    // A checkpoint piece (or an application message too long for the
+    // fixed layout) follows the header as it is: not copied into the frame
+    // on the way out, nor out of it on the way in (`decode`).
     if let WireMsg::Frame(frame) = msg
-        && let Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) = &frame.body
+        && let Some(data) = detached_payload(&frame.body)
     {
-        let data = p.data.clone();
+        let data = data.clone();
         let mut head = frame.clone();
-        if let Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) = &mut head.body {
-            p.data = Bytes::new();
+        if let Some(d) = detached_payload_mut(&mut head.body) {
+            *d = Bytes::new();
         }
         encode_header(&WireMsg::Frame(head), data.len(), max, buf)?;
         return Ok(data);
     }
     encode_header(msg, 0, max, buf)?;
     Ok(Bytes::new())
+}
+
+/// Whether an application message fits the fixed layout, whose length is
+/// 32 bits (a longer one travels as a long frame with a header).
+pub fn fixed_layout(app: &AppMessage) -> bool {
+    APP_FIXED + app.payload.len() < LONG_LEN as usize
+}
+
+/// The bytes of a frame body that travel after its header, not inside it.
+fn detached_payload(body: &Body) -> Option<&Bytes> {
+    match body {
+        Body::App(app) => Some(&app.payload),
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => Some(&p.data),
+        _ => None,
+    }
+}
+
+/// [`detached_payload`], to take it out of the header or put it back.
+fn detached_payload_mut(body: &mut Body) -> Option<&mut Bytes> {
+    match body {
+        Body::App(app) => Some(&mut app.payload),
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => Some(&mut p.data),
+        _ => None,
+    }
 }
 
 /// Encode the header of `msg` in place after the prefix, whose lengths are
@@ -432,11 +469,22 @@ fn encode_header(
     if len > max {
         return Err(WireError::Oversized { len, max });
     }
-    let len32 = u32::try_from(len).map_err(|_| WireError::Oversized { len, max })?;
-    let hlen = u32::try_from(header_len).map_err(|_| WireError::Oversized { len, max })?;
-    buf[0..4].copy_from_slice(&len32.to_le_bytes());
+    let hlen = u32::try_from(header_len).map_err(|_| {
+        WireError::Malformed(format!(
+            "a header of {header_len} bytes does not fit its 32-bit length"
+        ))
+    })?;
     buf[4] = WIRE_VERSION;
     buf[5..9].copy_from_slice(&hlen.to_le_bytes());
+    match u32::try_from(len) {
+        Ok(len32) if len32 != LONG_LEN => buf[0..4].copy_from_slice(&len32.to_le_bytes()),
+        // Rare and huge: moving the (small) header over costs nothing
+        // next to the payload.
+        _ => {
+            buf[0..4].copy_from_slice(&LONG_LEN.to_le_bytes());
+            buf.splice(4..4, (len as u64).to_le_bytes());
+        }
+    }
     Ok(())
 }
 
@@ -460,7 +508,12 @@ pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Bytes, WireError> {
             Err(e) => return Err(e.into()),
         }
     }
-    let len = u32::from_le_bytes(len_bytes) as usize;
+    let mut len = u32::from_le_bytes(len_bytes) as usize;
+    if len == LONG_LEN as usize {
+        let mut long = [0u8; 8];
+        read_exactly(r, &mut long, 4)?;
+        len = long_len(long, max)?;
+    }
     if len > max {
         return Err(WireError::Oversized { len, max });
     }
@@ -484,6 +537,39 @@ pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Bytes, WireError> {
         }
     }
     Ok(Bytes::from(buf))
+}
+
+/// Fill `buf` from `r`; `before` bytes of the frame came before it (for
+/// the error when the connection ends inside it).
+fn read_exactly(r: &mut impl Read, buf: &mut [u8], before: usize) -> Result<(), WireError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(WireError::Truncated {
+                    got: before + got,
+                    expected: before + buf.len(),
+                });
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The length of a long frame from its u64 (after [`LONG_LEN`]), at most
+/// `max`.
+pub fn long_len(bytes: [u8; 8], max: usize) -> Result<usize, WireError> {
+    let len = u64::from_le_bytes(bytes);
+    usize::try_from(len)
+        .ok()
+        .filter(|&l| l <= max)
+        .ok_or(WireError::Oversized {
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            max,
+        })
 }
 
 /// How many bytes to grow a buffer holding `have` bytes of a `len`-byte
@@ -739,11 +825,13 @@ mod tests {
 
     #[test]
     fn refuses_oversized_frames_without_allocating_them() {
-        let mut bytes = (u32::MAX).to_le_bytes().to_vec();
+        // The largest 32-bit length (`LONG_LEN`, one more, announces a
+        // 64-bit one: `long_frames_round_trip`).
+        let mut bytes = (LONG_LEN - 1).to_le_bytes().to_vec();
         bytes.extend_from_slice(&[WIRE_VERSION, 0, 0, 0, 0]);
         match read_msg(&mut bytes.as_slice(), MAX) {
             Err(WireError::Oversized { len, max }) => {
-                assert_eq!((len, max), (u32::MAX as usize, MAX))
+                assert_eq!((len, max), (LONG_LEN as usize - 1, MAX))
             }
             other => panic!("expected Oversized, got {other:?}"),
         }
@@ -754,6 +842,117 @@ mod tests {
             Err(WireError::Oversized { .. })
         ));
         assert!(out.is_empty(), "nothing written for a refused frame");
+    }
+
+    /// `bytes` (one frame) with its length as a long prefix: a reader must
+    /// take the two forms alike, whatever the length.
+    fn long_form(bytes: &[u8]) -> Vec<u8> {
+        let len = u32::from_le_bytes(bytes[..4].try_into().expect("4"));
+        let mut v = LONG_LEN.to_le_bytes().to_vec();
+        v.extend_from_slice(&u64::from(len).to_le_bytes());
+        v.extend_from_slice(&bytes[4..]);
+        v
+    }
+
+    /// A frame with a 64-bit length reads back as the same message: an
+    /// application message (fixed layout or header) and a checkpoint piece.
+    #[test]
+    fn long_frames_round_trip() {
+        let piece = crate::store::Piece::new(4, 2, Bytes::from(vec![9u8; 70_000]));
+        let msgs = [
+            app(vec![5; 100]),
+            app(vec![6; 300_000]),
+            WireMsg::Frame(Frame {
+                src: 2,
+                epoch: 1,
+                body: Body::Store(StoreMsg::Put(piece)),
+            }),
+            WireMsg::Heartbeat,
+        ];
+        for msg in msgs {
+            let long = long_form(&encode(&msg));
+            assert_eq!(read_msg(&mut long.as_slice(), MAX).expect("decodes"), msg);
+            // Its length counts against the limit as a short one's does.
+            assert!(matches!(
+                read_msg(&mut long.as_slice(), long.len() - LONG_PREFIX - 1),
+                Err(WireError::Oversized { .. })
+            ));
+            // The connection ending inside the 64-bit length is a truncation.
+            assert!(matches!(
+                read_msg(&mut &long[..7], MAX),
+                Err(WireError::Truncated {
+                    got: 7,
+                    expected: 12
+                })
+            ));
+        }
+        // The largest length a u64 holds is refused before anything is
+        // allocated.
+        let mut huge = LONG_LEN.to_le_bytes().to_vec();
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        huge.push(WIRE_VERSION);
+        assert!(matches!(
+            read_msg(&mut huge.as_slice(), usize::MAX - 1),
+            Err(WireError::Oversized { .. })
+        ));
+    }
+
+    /// A frame of 4 GiB or more is sent with the long prefix: a checkpoint
+    /// piece, and an application message (which leaves the fixed layout
+    /// for a header). The payloads are never touched (their pages are
+    /// not even mapped in): they travel after the head, from their buffer.
+    #[test]
+    fn a_frame_over_4_gib_gets_a_long_prefix() {
+        let n = (u32::MAX as usize) + 10;
+        let zeros = Bytes::from(vec![0u8; n]);
+        let piece = crate::store::Piece {
+            generation: 1,
+            owner: 0,
+            crc: 0,
+            data: zeros.clone(),
+        };
+        let mut big_app = app(Vec::new());
+        if let WireMsg::Frame(Frame {
+            body: Body::App(a), ..
+        }) = &mut big_app
+        {
+            assert!(fixed_layout(a));
+            a.payload = zeros.clone();
+            assert!(!fixed_layout(a));
+        }
+        let msgs = [
+            WireMsg::Frame(Frame {
+                src: 0,
+                epoch: 0,
+                body: Body::Store(StoreMsg::Put(piece)),
+            }),
+            big_app,
+        ];
+        for msg in msgs {
+            let mut head = Vec::new();
+            let rest = encode_into(&msg, usize::MAX, &mut head).expect("encodes");
+            assert_eq!(rest.len(), n, "the payload follows the head as it is");
+            assert_eq!(head[..4], LONG_LEN.to_le_bytes());
+            let len = u64::from_le_bytes(head[4..12].try_into().expect("8"));
+            assert_eq!(len as usize, head.len() - LONG_PREFIX + n);
+            assert_eq!(head[LONG_PREFIX], WIRE_VERSION);
+            // With the payload cut off, the head decodes to the message
+            // with an empty payload: the header is whole.
+            let mut frame = head[LONG_PREFIX..].to_vec();
+            let hlen = u32::from_le_bytes(frame[1..5].try_into().expect("4")) as usize;
+            frame.truncate(5 + hlen);
+            match decode(Bytes::from(frame)).expect("the header decodes") {
+                WireMsg::Frame(Frame { body, .. }) => {
+                    assert_eq!(detached_payload(&body).map(Bytes::len), Some(0))
+                }
+                other => panic!("not a frame: {other:?}"),
+            }
+            // Over the limit: refused, naming the whole length.
+            match encode_into(&msg, 1 << 32, &mut head) {
+                Err(WireError::Oversized { len: l, .. }) => assert_eq!(l as u64, len),
+                other => panic!("expected Oversized, got {other:?}"),
+            }
+        }
     }
 
     #[test]

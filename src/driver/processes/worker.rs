@@ -32,7 +32,8 @@ use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Handshaking, Listener, Stream};
 use super::shm::{self, RingReader, RingWriter};
 use super::wire::{
-    RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, read_msg, write_msg,
+    RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, fixed_layout, read_msg,
+    write_msg,
 };
 use crate::config::Config;
 use crate::driver::shared::{Slot, WAIT_SPIN, WindowRegistry, core_per_rank, lock, rank_body};
@@ -646,6 +647,7 @@ impl ProcessEndpoint {
             epoch,
             body: Body::App(app),
         }) = msg
+            && fixed_layout(app)
         {
             // The fixed fields from the stack and the payload from its own
             // buffer: nothing is assembled (or copied) before the ring.
@@ -1404,7 +1406,7 @@ fn oversized(msg: &WireMsg, dest: Rank, len: usize, max: usize) -> Error {
     };
     Error::Driver(format!(
         "{what} of {len} bytes to rank {dest} exceeds the processes backend's frame limit of \
-         {max} bytes (`--max-frame`, `Config::max_frame`; at most 4 GiB - 1)"
+         {max} bytes (`--max-frame`, `Config::max_frame`; at most 1 TiB)"
     ))
 }
 
