@@ -61,20 +61,113 @@ impl Slot {
     }
 }
 
-#[derive(Default)]
-struct LockState {
-    readers: usize,
-    writer: bool,
+/// The passive-target lock state of a window at its target (MPI's
+/// LOCK/UNLOCK; origins retry a lock that is not granted).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct LockState {
+    /// Origins holding a shared lock.
+    pub readers: usize,
+    /// Whether an origin holds the exclusive lock.
+    pub writer: bool,
+}
+
+impl LockState {
+    /// Apply a TRY_LOCK or UNLOCK; `None` for any other operation.
+    fn apply(&mut self, op: &RmaOp) -> Option<RmaReply> {
+        match op {
+            RmaOp::TryLock(kind) => {
+                let granted = match kind {
+                    LockType::Shared if !self.writer => {
+                        self.readers += 1;
+                        true
+                    }
+                    LockType::Exclusive if !self.writer && self.readers == 0 => {
+                        self.writer = true;
+                        true
+                    }
+                    _ => false,
+                };
+                Some(RmaReply::Granted(granted))
+            }
+            RmaOp::Unlock(kind) => {
+                match kind {
+                    LockType::Shared => self.readers = self.readers.saturating_sub(1),
+                    LockType::Exclusive => self.writer = false,
+                }
+                Some(RmaReply::Done)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Apply `op` to a window whose lock state and memory the caller holds
+/// exclusively: a lock operation to the lock state, any other to the memory.
+pub(crate) fn apply_rma(
+    lock: &mut LockState,
+    mem: &mut [u8],
+    id: WinId,
+    op: RmaOp,
+) -> Result<RmaReply> {
+    match lock.apply(&op) {
+        Some(reply) => Ok(reply),
+        None => apply_to_memory(mem, id, op),
+    }
+}
+
+/// Where a window's memory lives. Every operation is atomic with respect
+/// to every other on the same memory, whoever applies it.
+pub(crate) trait WindowMemory: Send + Sync {
+    /// Apply `op` (see [`apply_rma`]).
+    fn apply(&self, id: WinId, op: RmaOp) -> Result<RmaReply>;
+    /// Run `f` over the memory (its owner's local access).
+    fn with_memory(&self, f: &mut dyn FnMut(&mut [u8]));
+}
+
+/// Window memory in this process's heap: the threads and sim backends, and
+/// the processes backend when no shared-memory window could be made.
+struct HeapMemory {
+    len: usize,
+    /// `u64` words keep the memory 8-byte aligned for every element type.
+    inner: Mutex<(Vec<u64>, LockState)>,
+}
+
+impl HeapMemory {
+    fn new(bytes: usize, init: Option<&[u8]>) -> Self {
+        let mut mem = vec![0u64; bytes.div_ceil(8)];
+        if let Some(init) = init {
+            let n = init.len().min(bytes);
+            bytemuck::cast_slice_mut::<u64, u8>(&mut mem)[..n].copy_from_slice(&init[..n]);
+        }
+        HeapMemory {
+            len: bytes,
+            inner: Mutex::new((mem, LockState::default())),
+        }
+    }
+}
+
+impl WindowMemory for HeapMemory {
+    fn apply(&self, id: WinId, op: RmaOp) -> Result<RmaReply> {
+        let (mem, state) = &mut *lock(&self.inner);
+        apply_rma(
+            state,
+            &mut bytemuck::cast_slice_mut::<u64, u8>(mem)[..self.len],
+            id,
+            op,
+        )
+    }
+
+    fn with_memory(&self, f: &mut dyn FnMut(&mut [u8])) {
+        let (mem, _) = &mut *lock(&self.inner);
+        f(&mut bytemuck::cast_slice_mut::<u64, u8>(mem)[..self.len]);
+    }
 }
 
 /// Window memory exposed by one rank incarnation in one epoch.
 struct WinMem {
     epoch: u64,
     owner: Arc<Slot>,
-    len: usize,
-    /// `u64` words keep the memory 8-byte aligned for every element type.
-    mem: Mutex<Vec<u64>>,
-    lock: Mutex<LockState>,
+    mem: Box<dyn WindowMemory>,
 }
 
 fn rma_error(id: WinId, detail: String) -> Error {
@@ -89,41 +182,36 @@ pub(crate) struct WindowRegistry {
 }
 
 impl WindowRegistry {
-    pub fn expose(
+    /// Expose `mem` (already initialised) as `rank`'s window `id`.
+    fn expose_memory(
         &self,
         id: WinId,
         rank: Rank,
         owner: &Arc<Slot>,
         epoch: u64,
-        bytes: usize,
-        init: Option<&[u8]>,
+        mem: Box<dyn WindowMemory>,
     ) {
-        let mut mem = vec![0u64; bytes.div_ceil(8)];
-        if let Some(init) = init {
-            let n = init.len().min(bytes);
-            bytemuck::cast_slice_mut::<u64, u8>(&mut mem)[..n].copy_from_slice(&init[..n]);
-        }
         let w = Arc::new(WinMem {
             epoch,
             owner: owner.clone(),
-            len: bytes,
-            mem: Mutex::new(mem),
-            lock: Mutex::new(LockState::default()),
+            mem,
         });
         lock(&self.map).insert((id, rank), w);
     }
 
-    /// `Endpoint::window_expose` for the live incarnation `owner` of `rank`.
+    /// `Endpoint::window_expose` for the live incarnation `owner` of `rank`:
+    /// `mem`, or heap memory of `bytes` bytes (from `init`) when `None`.
     pub fn expose_live(
         &self,
         (rank, owner): (Rank, &Arc<Slot>),
         id: WinId,
         epoch: u64,
-        bytes: usize,
-        init: Option<&[u8]>,
+        (bytes, init): (usize, Option<&[u8]>),
+        mem: Option<Box<dyn WindowMemory>>,
     ) -> Result<()> {
         owner.alive()?;
-        self.expose(id, rank, owner, epoch, bytes, init);
+        let mem = mem.unwrap_or_else(|| Box::new(HeapMemory::new(bytes, init)));
+        self.expose_memory(id, rank, owner, epoch, mem);
         Ok(())
     }
 
@@ -166,52 +254,15 @@ impl WindowRegistry {
                     "rank {target} exposes no window {id} in epoch {epoch}"
                 ))
             })?;
-        apply_rma(&w, id, op)
+        w.mem.apply(id, op)
     }
 
     pub fn with_local(&self, id: WinId, rank: Rank, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         let w = self
             .get(id, rank)
             .ok_or_else(|| rma_error(id, "not exposed on this rank".into()))?;
-        let mut guard = lock(&w.mem);
-        f(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut guard)[..w.len]);
+        w.mem.with_memory(f);
         Ok(())
-    }
-}
-
-fn apply_rma(w: &WinMem, id: WinId, op: RmaOp) -> Result<RmaReply> {
-    match op {
-        RmaOp::TryLock(kind) => {
-            let mut l = lock(&w.lock);
-            let granted = match kind {
-                LockType::Shared if !l.writer => {
-                    l.readers += 1;
-                    true
-                }
-                LockType::Exclusive if !l.writer && l.readers == 0 => {
-                    l.writer = true;
-                    true
-                }
-                _ => false,
-            };
-            Ok(RmaReply::Granted(granted))
-        }
-        RmaOp::Unlock(kind) => {
-            let mut l = lock(&w.lock);
-            match kind {
-                LockType::Shared => l.readers = l.readers.saturating_sub(1),
-                LockType::Exclusive => l.writer = false,
-            }
-            Ok(RmaReply::Done)
-        }
-        op => {
-            let mut guard = lock(&w.mem);
-            apply_to_memory(
-                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut guard)[..w.len],
-                id,
-                op,
-            )
-        }
     }
 }
 

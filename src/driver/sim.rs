@@ -588,7 +588,7 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
     ) -> Result<()> {
         self.world
             .windows
-            .expose_live((self.rank, &self.slot), id, epoch, bytes, init)
+            .expose_live((self.rank, &self.slot), id, epoch, (bytes, init), None)
     }
 
     fn window_withdraw(&mut self, id: WinId) {

@@ -261,7 +261,7 @@ impl Endpoint for ThreadEndpoint {
     ) -> Result<()> {
         self.world
             .windows
-            .expose_live((self.rank, &self.slot), id, epoch, bytes, init)
+            .expose_live((self.rank, &self.slot), id, epoch, (bytes, init), None)
     }
 
     fn window_withdraw(&mut self, id: WinId) {

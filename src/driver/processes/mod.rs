@@ -32,6 +32,7 @@ pub mod auth;
 pub mod launcher;
 pub mod net;
 pub(crate) mod shm;
+pub(crate) mod shm_window;
 pub mod wire;
 pub(crate) mod worker;
 

@@ -102,8 +102,9 @@ pub enum ShmError {
     Invalid(String),
 }
 
-/// A shared mapping of one ring file.
-struct Mapping {
+/// A shared mapping of one file (a ring's, or a window's:
+/// [`super::shm_window`]).
+pub(super) struct Mapping {
     base: *mut u8,
     len: usize,
     capacity: usize,
@@ -117,7 +118,7 @@ unsafe impl Send for Mapping {}
 
 #[allow(unsafe_code)]
 impl Mapping {
-    fn map(file: &File, len: usize, path: &Path) -> Result<Mapping, ShmError> {
+    pub(super) fn map(file: &File, len: usize, path: &Path) -> Result<Mapping, ShmError> {
         // SAFETY: a fresh shared mapping of a file we hold open; the
         // pointer is checked against MAP_FAILED before use.
         let base = unsafe {
@@ -140,8 +141,19 @@ impl Mapping {
         Ok(Mapping {
             base: base.cast(),
             len,
-            capacity: len - HEADER,
+            capacity: len.saturating_sub(HEADER),
         })
+    }
+
+    /// The first byte of the mapping (page-aligned), valid as long as
+    /// `self` lives.
+    pub(super) fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Bytes mapped.
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 
     fn word64(&self, off: usize) -> &AtomicU64 {

@@ -19,7 +19,7 @@
 //! notices and aborts down. If the launcher goes away the rank exits: no
 //! orphans (also enforced by `PR_SET_PDEATHSIG`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -31,12 +31,15 @@ use super::LaunchEnv;
 use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{Addr, Handshaking, Listener, Stream};
 use super::shm::{self, RingReader, RingWriter};
+use super::shm_window::ShmWindow;
 use super::wire::{
     RemoteError, RmaRequest, WireError, WireMsg, app_head, encode_into, fixed_layout, read_msg,
     write_msg,
 };
 use crate::config::Config;
-use crate::driver::shared::{Slot, WAIT_SPIN, WindowRegistry, core_per_rank, lock, rank_body};
+use crate::driver::shared::{
+    Slot, WAIT_SPIN, WindowMemory, WindowRegistry, core_per_rank, lock, rank_body,
+};
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{Body, Frame, Incoming};
 use crate::fault::{FaultPlan, FaultPoint};
@@ -228,6 +231,17 @@ struct ProcessEndpoint {
     /// ([`core_per_rank`] of the ranks on this host: CG W with 8 ranks on
     /// 2 cores ran 36% faster without spinning).
     spin: bool,
+    /// Peers' shared-memory windows this rank has mapped, by `(target,
+    /// window)`.
+    mapped_windows: HashMap<(Rank, WinId), MappedWindow>,
+}
+
+/// A peer's window mapped by this rank, for one incarnation and window
+/// epoch of the peer.
+struct MappedWindow {
+    incarnation: u64,
+    epoch: u64,
+    window: Arc<ShmWindow>,
 }
 
 impl ProcessEndpoint {
@@ -295,6 +309,9 @@ impl ProcessEndpoint {
                     // (as a socket's buffered frames would be), then its
                     // ring goes.
                     self.close_rings(|from, i| from == r && i <= inc);
+                    // Its windows' memory is lost with it.
+                    self.mapped_windows
+                        .retain(|&(t, _), m| t != r || m.incarnation > inc);
                     let Some(p) = self.peers.get_mut(r) else {
                         continue;
                     };
@@ -458,6 +475,55 @@ impl ProcessEndpoint {
         match self.peers.get(dest) {
             Some(PeerState::Up { incarnation, .. }) => Some(*incarnation),
             _ => None,
+        }
+    }
+
+    /// `target`'s window `id` of `epoch` in its incarnation, mapped from
+    /// its file when the target is on this host and exposed it in shared
+    /// memory (`None` otherwise: the request goes over the socket).
+    fn mapped_window(
+        &mut self,
+        target: Rank,
+        incarnation: u64,
+        id: WinId,
+        epoch: u64,
+    ) -> Option<Arc<ShmWindow>> {
+        let dir = self.sh.shm_dir.as_ref()?;
+        if !matches!(
+            self.peers.get(target),
+            Some(PeerState::Up {
+                addr: Addr::Unix(_),
+                ..
+            })
+        ) {
+            return None;
+        }
+        if let Some(m) = self.mapped_windows.get(&(target, id))
+            && (m.incarnation, m.epoch) == (incarnation, epoch)
+        {
+            return Some(m.window.clone());
+        }
+        match ShmWindow::open(dir, &ShmWindow::file_name(id, target, incarnation, epoch)) {
+            Ok(Some(w)) => {
+                let window = Arc::new(w);
+                let m = MappedWindow {
+                    incarnation,
+                    epoch,
+                    window: window.clone(),
+                };
+                self.mapped_windows.insert((target, id), m);
+                Some(window)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                if std::env::var_os("LAZARUS_DEBUG").is_some() {
+                    eprintln!(
+                        "lazarus: rank {}: window {id} of rank {target} over the socket: {e}",
+                        self.rank()
+                    );
+                }
+                None
+            }
         }
     }
 
@@ -985,9 +1051,24 @@ impl Endpoint for ProcessEndpoint {
         init: Option<&[u8]>,
     ) -> Result<()> {
         let rank = self.rank();
+        // In a file peers on this host map, when rings are used (else, or
+        // if it cannot be made, in this process: operations then come over
+        // the socket).
+        let shared = self.sh.shm_dir.as_ref().and_then(|dir| {
+            let key = (id, rank, self.sh.me.incarnation, epoch);
+            match ShmWindow::create(dir, key, bytes, init) {
+                Ok(w) => Some(Box::new(w) as Box<dyn WindowMemory>),
+                Err(e) => {
+                    if std::env::var_os("LAZARUS_DEBUG").is_some() {
+                        eprintln!("lazarus: rank {rank}: window {id} in process memory: {e}");
+                    }
+                    None
+                }
+            }
+        });
         self.sh
             .windows
-            .expose_live((rank, &self.sh.slot), id, epoch, bytes, init)
+            .expose_live((rank, &self.sh.slot), id, epoch, (bytes, init), shared)
     }
 
     fn window_withdraw(&mut self, id: WinId) {
@@ -1017,6 +1098,16 @@ impl Endpoint for ProcessEndpoint {
             Some(PeerState::Up { incarnation, .. }) => *incarnation,
             _ => return Err(gone()),
         };
+        // A target on this host: applied here, in its window's memory.
+        if let Some(w) = self.mapped_window(target, incarnation, id, epoch) {
+            return match w.apply_live(id, op)? {
+                Some(reply) => Ok(reply),
+                None => {
+                    self.mapped_windows.remove(&(target, id));
+                    Err(gone())
+                }
+            };
+        }
         self.next_id += 1;
         let req_id = self.next_id;
         let max = self.sh.max_frame;
@@ -1355,6 +1446,7 @@ pub(crate) fn run_worker<T: Serialize>(
         next_conn: 0,
         last_progress: -1.0,
         spin: core_per_rank(env.host_ranks),
+        mapped_windows: HashMap::new(),
     };
     ep.set_peers(peers);
     // The value goes to the launcher before finalize too: a process killed
