@@ -348,7 +348,13 @@ impl Config {
         if self.protocol.logs_messages() {
             // Uncoordinated checkpoints: each rank has its own generations,
             // which parity groups and commit records cannot combine.
-            if self.storage.iter().any(|l| *l != LevelSpec::Partner) || self.restart.is_some() {
+            let partner_only = self.storage.iter().all(|l| {
+                matches!(
+                    l,
+                    LevelSpec::Partner | LevelSpec::CorruptPartnerCopiesAt { .. }
+                )
+            });
+            if !partner_only || self.restart.is_some() {
                 return Err(Error::config(
                     "--storage",
                     format!(

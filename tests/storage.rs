@@ -235,3 +235,49 @@ fn bad_storage_schedules_are_config_errors() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// A partner's in-memory copy damaged as silent memory corruption would (one
+/// byte flipped after its CRC32C was taken, at the rank holding rank 0's
+/// copy): the checksum refuses it, and recovery uses another level, or
+/// another holder, or restarts from the beginning, but never the damaged
+/// bytes.
+#[test]
+fn a_damaged_partner_copy_is_refused_and_recovery_goes_elsewhere() {
+    use lazarus::topology::Placement;
+    let pl = Placement::block(4, 2).expect("placement");
+    let holder = pl.partner(0).expect("rank 0 has a partner");
+    let damaged = LevelSpec::CorruptPartnerCopiesAt { rank: holder };
+    for backend in Backend::ALL {
+        let reference = reference(backend, 4);
+        // Partner copies alone: rank 0's piece is nowhere sound, so no
+        // committed generation is whole and every rank restarts from the
+        // beginning.
+        let storage = vec![LevelSpec::Partner, damaged.clone()];
+        let cfg = config(backend, 4, 2, storage, &["0@50%"]);
+        check("damaged partner copy alone", &cfg, &reference, 4);
+
+        // With a disk level as well, rank 0's piece comes from the disk.
+        let dir = temp_dir(&format!("partner-{backend}"));
+        let disk = LevelSpec::Disk {
+            dir: dir.clone(),
+            every: 1,
+        };
+        let storage = vec![LevelSpec::Partner, disk, damaged.clone()];
+        let cfg = config(backend, 4, 2, storage, &["0@50%"]);
+        check("damaged partner copy + disk", &cfg, &reference, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Under message logging a piece has a second holder: rank 0 alone
+        // rolls back, from the sound copy.
+        let storage = vec![LevelSpec::Partner, damaged.clone()];
+        let cfg = config(backend, 4, 2, storage, &["0@50%"]).protocol(ProtocolKind::Pessimistic);
+        let st = check("damaged first copy, pessimistic", &cfg, &reference, 0);
+        assert_eq!(st.ranks_rolled_back, 1, "pessimistic on {backend}: {st:?}");
+
+        // The holder's damage does not matter when the holder itself dies.
+        let storage = vec![LevelSpec::Partner, damaged.clone()];
+        let kill = format!("{holder}@50%");
+        let cfg = config(backend, 4, 2, storage, &[&kill]);
+        check("damaged copies at the dead holder", &cfg, &reference, 0);
+    }
+}

@@ -78,6 +78,14 @@ pub enum LevelSpec {
         /// The rank whose parity shards are damaged.
         rank: Rank,
     },
+    /// Fault injection for tests, not a level: every partner copy of
+    /// another rank's piece that rank `rank` stores is damaged (one byte
+    /// flipped after its CRC32C was computed), as silent memory corruption
+    /// would. Only available through the library API.
+    CorruptPartnerCopiesAt {
+        /// The rank whose partner copies are damaged.
+        rank: Rank,
+    },
 }
 
 /// `rest` split at `@N` (N positive; 1 when absent).
@@ -150,6 +158,9 @@ impl fmt::Display for LevelSpec {
             LevelSpec::Rs { parity, every } => write!(f, "rs:{parity}@{every}"),
             LevelSpec::Disk { dir, every } => write!(f, "disk:{}@{every}", dir.display()),
             LevelSpec::CorruptParityAt { rank } => write!(f, "corrupt-parity-at:{rank}"),
+            LevelSpec::CorruptPartnerCopiesAt { rank } => {
+                write!(f, "corrupt-partner-copies-at:{rank}")
+            }
         }
     }
 }
@@ -196,7 +207,7 @@ pub fn validate(specs: &[LevelSpec], placement: &Placement) -> Result<()> {
         ));
     }
     for s in specs {
-        if let LevelSpec::CorruptParityAt { rank } = *s
+        if let LevelSpec::CorruptParityAt { rank } | LevelSpec::CorruptPartnerCopiesAt { rank } = *s
             && rank >= placement.ranks()
         {
             return Err(Error::RankOutOfRange {
@@ -330,6 +341,7 @@ impl MultiLevel {
             ranks: placement.ranks(),
             partner: if partner_on {
                 PartnerStore::new(rank, placement)
+                    .damaging_copies(specs.contains(&LevelSpec::CorruptPartnerCopiesAt { rank }))
             } else {
                 PartnerStore::local(rank)
             },

@@ -28,6 +28,9 @@ pub struct PartnerStore {
     awaiting_ack: BTreeMap<u64, usize>,
     /// Generation of our own piece being fetched back.
     fetching: Option<u64>,
+    /// Fault injection: damage every copy of another rank's piece stored
+    /// here.
+    damage: bool,
 }
 
 impl PartnerStore {
@@ -70,7 +73,17 @@ impl PartnerStore {
             committed: None,
             awaiting_ack: BTreeMap::new(),
             fetching: None,
+            damage: false,
         }
+    }
+
+    /// Fault injection (`LevelSpec::CorruptPartnerCopiesAt`): when `on`,
+    /// every copy of another rank's piece stored here gets one byte
+    /// flipped after its checksum was taken, as silent memory corruption
+    /// would do.
+    pub fn damaging_copies(mut self, on: bool) -> Self {
+        self.damage = on;
+        self
     }
 
     fn send_copy(&mut self, generation: u64, out: &mut StoreOut) -> Result<()> {
@@ -108,9 +121,14 @@ impl CheckpointStore for PartnerStore {
 
     fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()> {
         match msg {
-            StoreMsg::Put(piece) => {
+            StoreMsg::Put(mut piece) => {
                 piece.verify()?;
                 let (generation, owner) = (piece.generation, piece.owner);
+                if self.damage && !piece.data.is_empty() {
+                    let mut bytes = piece.data.to_vec();
+                    bytes[0] ^= 0x5a;
+                    piece.data = bytes.into();
+                }
                 self.pieces.insert((generation, owner), piece);
                 out.sends
                     .push((src, StoreMsg::PutAck { generation, owner }));
