@@ -54,8 +54,9 @@ const _: () = assert!(std::mem::size_of::<libc::pthread_mutex_t>() <= OFF_READER
 pub struct ShmWindow {
     map: Mapping,
     bytes: usize,
-    /// The file, for the owner (which unlinks it when the window is freed).
-    owned: Option<PathBuf>,
+    /// The file and its inode, for the owner (which unlinks it when the
+    /// window is freed, unless the name was taken over since).
+    owned: Option<(PathBuf, u64)>,
 }
 
 // SAFETY: all shared state is reached through atomics or under the
@@ -116,6 +117,8 @@ impl ShmWindow {
             .mode(0o600)
             .open(&tmp)
             .map_err(io("cannot create", &tmp))?;
+        let inode =
+            std::os::unix::fs::MetadataExt::ino(&file.metadata().map_err(io("cannot stat", &tmp))?);
         let made = (|| {
             let len = HEADER + bytes.max(1);
             // Allocated now (as a ring is): a page a full /dev/shm cannot
@@ -142,7 +145,7 @@ impl ShmWindow {
         })();
         match made {
             Ok(mut w) => {
-                w.owned = Some(path);
+                w.owned = Some((path, inode));
                 Ok(w)
             }
             Err(e) => {
@@ -307,12 +310,18 @@ impl WindowMemory for ShmWindow {
 
 impl Drop for ShmWindow {
     fn drop(&mut self) {
-        if let Some(path) = &self.owned {
+        if let Some((path, inode)) = &self.owned {
             // Origins still mapping it see the mark under the mutex.
             if let Ok(_held) = self.hold() {
                 self.word32(OFF_WITHDRAWN).store(1, Ordering::Release);
             }
-            let _ = std::fs::remove_file(path);
+            // Only this window's file: a window exposed again under the
+            // same name replaced it, and is not to be unlinked.
+            let ours = std::fs::metadata(path)
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == *inode);
+            if ours {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
@@ -430,6 +439,29 @@ mod tests {
                 .expect("get"),
             RmaReply::Data(Bytes::from_static(&[9]))
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A window exposed again under the same name replaces the file, and
+    /// freeing the old one leaves the new one in place.
+    #[test]
+    fn freeing_a_replaced_window_leaves_its_successors_file() {
+        let d = dir("again");
+        let first = ShmWindow::create(&d, (5, 0, 0, 0), 8, Some(&[1])).expect("create");
+        let second = ShmWindow::create(&d, (5, 0, 0, 0), 8, Some(&[2])).expect("create");
+        drop(first);
+        let name = ShmWindow::file_name(5, 0, 0, 0);
+        let origin = ShmWindow::open(&d, &name)
+            .expect("open")
+            .expect("still there");
+        assert_eq!(
+            origin
+                .apply(5, RmaOp::Get { offset: 0, len: 1 })
+                .expect("get"),
+            RmaReply::Data(Bytes::from_static(&[2]))
+        );
+        drop(second);
+        assert!(!d.join(&name).exists());
         let _ = std::fs::remove_dir_all(&d);
     }
 
