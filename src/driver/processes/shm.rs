@@ -156,16 +156,31 @@ impl Mapping {
         self.len
     }
 
-    fn word64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is one of the header offsets, 8-aligned and inside
-        // the mapping (which is page-aligned), and the mapping lives as long
-        // as `self`.
+    /// The shared u64 at header offset `off` (8-aligned, inside the
+    /// mapping: one of its owner's header offsets).
+    pub(super) fn word64(&self, off: usize) -> &AtomicU64 {
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= self.len,
+            "word64 at {off}"
+        );
+        // SAFETY: `off` is 8-aligned and inside the mapping (which is
+        // page-aligned), and the mapping lives as long as `self`.
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
     }
 
+    /// The shared u32 at header offset `off` (4-aligned, inside the
+    /// mapping).
+    pub(super) fn word32(&self, off: usize) -> &AtomicU32 {
+        assert!(
+            off.is_multiple_of(4) && off + 4 <= self.len,
+            "word32 at {off}"
+        );
+        // SAFETY: as for `word64`, 4-aligned.
+        unsafe { &*self.base.add(off).cast::<AtomicU32>() }
+    }
+
     fn sleeping(&self) -> &AtomicU32 {
-        // SAFETY: as for `word64`.
-        unsafe { &*self.base.add(OFF_SLEEPING).cast::<AtomicU32>() }
+        self.word32(OFF_SLEEPING)
     }
 
     /// Copy `src` into the data area at ring position `pos` (wrapping).
@@ -343,9 +358,7 @@ impl RingWriter {
         // store: with `wake_needed`'s SeqCst load it orders the head before
         // the look at the receiver's flag without a separate fence (an
         // `mfence` cost about 10 % of a small message's round trip here).
-        self.map
-            .word64(OFF_HEAD)
-            .store(self.head, Ordering::SeqCst);
+        self.map.word64(OFF_HEAD).store(self.head, Ordering::SeqCst);
         true
     }
 

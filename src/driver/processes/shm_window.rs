@@ -192,14 +192,11 @@ impl ShmWindow {
     }
 
     fn word64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is a header offset, 8-aligned inside the mapping
-        // (page-aligned), which lives as long as `self`.
-        unsafe { &*self.map.base().add(off).cast::<AtomicU64>() }
+        self.map.word64(off)
     }
 
     fn word32(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: as for `word64`.
-        unsafe { &*self.map.base().add(off).cast::<AtomicU32>() }
+        self.map.word32(off)
     }
 
     fn mutex(&self) -> *mut libc::pthread_mutex_t {
