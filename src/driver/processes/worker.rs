@@ -237,11 +237,13 @@ struct ProcessEndpoint {
 }
 
 /// A peer's window mapped by this rank, for one incarnation and window
-/// epoch of the peer.
+/// epoch of the peer; `None` when the peer has it in process memory
+/// (operations go over the socket; a window is exposed before its
+/// allocation's barrier, so that is known at the first operation).
 struct MappedWindow {
     incarnation: u64,
     epoch: u64,
-    window: Arc<ShmWindow>,
+    window: Option<Arc<ShmWindow>>,
 }
 
 impl ProcessEndpoint {
@@ -501,30 +503,28 @@ impl ProcessEndpoint {
         if let Some(m) = self.mapped_windows.get(&(target, id))
             && (m.incarnation, m.epoch) == (incarnation, epoch)
         {
-            return Some(m.window.clone());
+            return m.window.clone();
         }
-        match ShmWindow::open(dir, &ShmWindow::file_name(id, target, incarnation, epoch)) {
-            Ok(Some(w)) => {
-                let window = Arc::new(w);
-                let m = MappedWindow {
-                    incarnation,
-                    epoch,
-                    window: window.clone(),
-                };
-                self.mapped_windows.insert((target, id), m);
-                Some(window)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                if std::env::var_os("LAZARUS_DEBUG").is_some() {
-                    eprintln!(
-                        "lazarus: rank {}: window {id} of rank {target} over the socket: {e}",
-                        self.rank()
-                    );
+        let window =
+            match ShmWindow::open(dir, &ShmWindow::file_name(id, target, incarnation, epoch)) {
+                Ok(w) => w.map(Arc::new),
+                Err(e) => {
+                    if std::env::var_os("LAZARUS_DEBUG").is_some() {
+                        eprintln!(
+                            "lazarus: rank {}: window {id} of rank {target} over the socket: {e}",
+                            self.rank()
+                        );
+                    }
+                    None
                 }
-                None
-            }
-        }
+            };
+        let m = MappedWindow {
+            incarnation,
+            epoch,
+            window: window.clone(),
+        };
+        self.mapped_windows.insert((target, id), m);
+        window
     }
 
     /// Take every whole frame out of the rings into `ready`. A ring whose
