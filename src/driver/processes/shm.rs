@@ -74,7 +74,11 @@ fn valid_capacity(c: usize) -> bool {
 }
 
 /// Bytes before the data area.
-const HEADER: usize = 256;
+const HEADER: usize = MAPPED_HEADER;
+
+/// Bytes every mapping has at least (a ring's or a window's header), where
+/// the shared words live.
+pub(super) const MAPPED_HEADER: usize = 256;
 const MAGIC: u64 = 0x4c41_5a52_494e_4701; // "LAZRING", version 1
 const OFF_MAGIC: usize = 0;
 const OFF_CAPACITY: usize = 8;
@@ -119,6 +123,13 @@ unsafe impl Send for Mapping {}
 #[allow(unsafe_code)]
 impl Mapping {
     pub(super) fn map(file: &File, len: usize, path: &Path) -> Result<Mapping, ShmError> {
+        if len < MAPPED_HEADER {
+            return Err(ShmError::Invalid(format!(
+                "{} bytes to map from {}: less than a header",
+                len,
+                path.display()
+            )));
+        }
         // SAFETY: a fresh shared mapping of a file we hold open; the
         // pointer is checked against MAP_FAILED before use.
         let base = unsafe {
@@ -156,23 +167,25 @@ impl Mapping {
         self.len
     }
 
-    /// The shared u64 at header offset `off` (8-aligned, inside the
-    /// mapping: one of its owner's header offsets).
+    /// The shared u64 at header offset `off` (8-aligned, inside the first
+    /// [`MAPPED_HEADER`] bytes, which every mapping has: callers pass
+    /// constants, so the check costs nothing).
     pub(super) fn word64(&self, off: usize) -> &AtomicU64 {
         assert!(
-            off.is_multiple_of(8) && off + 8 <= self.len,
+            off.is_multiple_of(8) && off + 8 <= MAPPED_HEADER,
             "word64 at {off}"
         );
         // SAFETY: `off` is 8-aligned and inside the mapping (which is
-        // page-aligned), and the mapping lives as long as `self`.
+        // page-aligned and at least `MAPPED_HEADER` long), and the mapping
+        // lives as long as `self`.
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
     }
 
-    /// The shared u32 at header offset `off` (4-aligned, inside the
-    /// mapping).
+    /// The shared u32 at header offset `off` (as [`Mapping::word64`],
+    /// 4-aligned).
     pub(super) fn word32(&self, off: usize) -> &AtomicU32 {
         assert!(
-            off.is_multiple_of(4) && off + 4 <= self.len,
+            off.is_multiple_of(4) && off + 4 <= MAPPED_HEADER,
             "word32 at {off}"
         );
         // SAFETY: as for `word64`, 4-aligned.

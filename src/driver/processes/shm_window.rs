@@ -31,7 +31,7 @@ use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::shm::{Mapping, ShmError};
+use super::shm::{MAPPED_HEADER, Mapping, ShmError};
 use crate::driver::shared::{LockState, WindowMemory, apply_rma};
 use crate::driver::{RmaOp, RmaReply, WinId};
 use crate::{Error, Rank, Result};
@@ -46,7 +46,7 @@ const OFF_MUTEX: usize = 64;
 const OFF_READERS: usize = 128;
 const OFF_WRITER: usize = 132;
 /// Bytes before the window's memory (which is 64-byte aligned).
-const HEADER: usize = 192;
+const HEADER: usize = MAPPED_HEADER;
 
 const _: () = assert!(std::mem::size_of::<libc::pthread_mutex_t>() <= OFF_READERS - OFF_MUTEX);
 

@@ -498,15 +498,10 @@ pub fn read_msg(r: &mut impl Read, max: usize) -> Result<WireMsg, WireError> {
 /// receiving a large frame from decoding it uses the two apart.
 pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Bytes, WireError> {
     let mut len_bytes = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match r.read(&mut len_bytes[got..]) {
-            Ok(0) if got == 0 => return Err(WireError::Closed),
-            Ok(0) => return Err(WireError::Truncated { got, expected: 4 }),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
+    match read_exactly(r, &mut len_bytes, 0) {
+        // Nothing of a next frame: the peer closed between frames.
+        Err(WireError::Truncated { got: 0, .. }) => return Err(WireError::Closed),
+        r => r?,
     }
     let mut len = u32::from_le_bytes(len_bytes) as usize;
     if len == LONG_LEN as usize {
@@ -715,15 +710,12 @@ pub fn decode(frame: Bytes) -> Result<WireMsg, WireError> {
         )));
     }
     let payload = frame.slice(header_end..);
-    match &mut msg {
-        WireMsg::Frame(Frame {
-            body: Body::App(app),
-            ..
-        }) => app.payload = payload,
-        WireMsg::Frame(Frame {
-            body: Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)),
-            ..
-        }) if p.data.is_empty() => p.data = payload,
+    let slot = match &mut msg {
+        WireMsg::Frame(f) => detached_payload_mut(&mut f.body),
+        _ => None,
+    };
+    match slot {
+        Some(d) if d.is_empty() => *d = payload,
         _ if !payload.is_empty() => {
             return Err(WireError::Malformed(format!(
                 "{} payload bytes after a message that takes none",
