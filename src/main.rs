@@ -954,24 +954,25 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         }
     );
     println!(
-        "{:<14} {:>12} {:>10}  verified  value",
-        "protocol", "median s", "ratio"
+        "{:<14} {:>12} {:>10} {:>8}  verified  value",
+        "protocol", "median s", "ratio", "paired"
     );
     let mut ok = true;
     let first_value = report.protocols.first().map(|p| p.value.clone());
     for p in &report.protocols {
         println!(
-            "{:<14} {:>12.4} {:>10.3}  {:<8}  {}",
-            p.protocol, p.median_wall_s, p.ratio, p.verified_all, p.value
+            "{:<14} {:>12.4} {:>10.3} {:>8.3}  {:<8}  {}",
+            p.protocol, p.median_wall_s, p.ratio, p.paired_ratio, p.verified_all, p.value
         );
         ok &= p.verified_all && Some(&p.value) == first_value.as_ref();
         if let Some(f) = &p.failure {
             println!(
-                "    with {}: median {:.4} s, {:.3}x its failure-free time, recovery {:.4} s, \
-                 ranks rolled back {:?}{}",
+                "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x), \
+                 recovery {:.4} s, ranks rolled back {:?}{}",
                 f.kills.join(" "),
                 f.median_wall_s,
                 f.ratio_to_failure_free,
+                f.paired_ratio_to_failure_free,
                 f.median_recovery_s,
                 f.ranks_rolled_back,
                 if f.verified_all { "" } else { "  NOT VERIFIED" }

@@ -357,6 +357,19 @@ fn bench_reports_ratios_to_none() {
         want > 0.0 && (ratio - want).abs() <= 1e-9 * want,
         "ratio {ratio}, medians give {want}"
     );
+    // The paired ratio is the median of the per-repetition quotients.
+    let walls = |p: &serde_json::Value| -> Vec<f64> {
+        (p["wall_s"].as_array().expect("wall times").iter())
+            .map(|x| x.as_f64().expect("seconds"))
+            .collect()
+    };
+    let want = lazarus::tools::bench::paired_ratio(&walls(&ps[1]), &walls(&ps[0]));
+    let paired = ps[1]["paired_ratio"].as_f64().expect("paired ratio");
+    assert!(
+        want > 0.0 && (paired - want).abs() <= 1e-9 * want,
+        "paired ratio {paired}, runs give {want}"
+    );
+    assert_eq!(ps[0]["paired_ratio"], 1.0);
     assert_eq!(ps[0]["value"], ps[1]["value"]);
     assert_eq!(ps[1]["wall_s"].as_array().map(Vec::len), Some(3));
     assert!(
