@@ -92,7 +92,7 @@ pub type Rank = usize;
 
 pub use api::Ctx;
 pub use api::comm::{Communicator, Message, ReceiveRequest, Request, Source, Status, TagMatch};
-pub use api::datatype::{DType, Equivalence, ReduceOp};
+pub use api::datatype::{DType, Equivalence, ReduceOp, bulk};
 pub use api::window::Window;
 pub use config::{Backend, Config, FailureHandling};
 pub use driver::LockType;

@@ -609,7 +609,7 @@ fn bench_codec_reports_every_figure() {
     let o = lazarus(&[
         "bench-codec",
         "--bytes",
-        "65536",
+        "65536,131072",
         "--group",
         "4",
         "--json",
@@ -618,14 +618,21 @@ fn bench_codec_reports_every_figure() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
-    for k in [
-        "memcpy_gb_s",
-        "xor_gb_s",
-        "rs_gb_s",
-        "rs_coding_gb_s",
-        "crc32c_gb_s",
-    ] {
-        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    let sizes = v.as_array().expect("one entry per size");
+    assert_eq!(sizes.len(), 2);
+    for (f, bytes) in sizes.iter().zip([65536, 131072]) {
+        assert_eq!(f["bytes"], bytes);
+        assert_eq!(f["group"], 4);
+        assert_eq!(f["parity"], 2);
+        for k in [
+            "memcpy_gb_s",
+            "xor_gb_s",
+            "rs_gb_s",
+            "rs_coding_gb_s",
+            "crc32c_gb_s",
+        ] {
+            assert!(f[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {f}");
+        }
     }
     assert_eq!(
         lazarus(&["bench-codec", "--group", "0"]).status.code(),

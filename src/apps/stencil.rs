@@ -106,6 +106,7 @@ pub fn serial_checksum(p: &Params) -> f64 {
 struct State {
     it: u64,
     /// Owned rows, row-major.
+    #[serde(with = "crate::bulk")]
     rows: Vec<f64>,
 }
 

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
 use crate::protocol::{Action, Collective, Control, Determinant, Event, Protocol, ProtocolCx};
+use crate::store::pool::BufferPool;
 use crate::store::{CheckpointStore, Piece, StoreEvent, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -49,18 +50,19 @@ impl MatchSpec {
 }
 
 /// The runtime state saved with the application's state in every checkpoint
-/// piece (DESIGN principle 3: the runtime saves what it holds). The
-/// protocol's own state follows it in the piece
-/// ([`Protocol::save_state`]).
+/// piece (DESIGN principle 3: the runtime saves what it holds).
+///
+/// A piece is laid out as `[app length: u64 LE][application state
+/// (postcard)][Snapshot (postcard)][protocol state]`
+/// ([`Protocol::save_state`]): the application's state comes first so that
+/// it is serialized straight into the piece's buffer (its length is written
+/// once it is known) and restored from a slice of the piece, never copied.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Safe points passed.
     pub safe_points: u64,
     /// Application-reported progress.
     pub progress: f64,
-    /// The application's protected state (postcard).
-    #[serde(with = "serde_bytes")]
-    pub app: Vec<u8>,
     /// Unexpected (arrived, unmatched) messages, in arrival order.
     pub unexpected: Vec<AppMessage>,
     /// Send sequence numbers per destination (only channels used).
@@ -81,6 +83,34 @@ pub struct Snapshot {
     pub window_locks: Vec<(WinId, u32, bool)>,
     /// Communicators created (split, duplicate), in creation order.
     pub communicators: Vec<CreatedCommunicator>,
+}
+
+/// Bytes of the application state's length at the start of a piece.
+const APP_LEN: usize = 8;
+
+/// What [`Engine::safe_point`] calls to have the application's state
+/// appended to a piece's buffer.
+pub type AppSerializer<'a> = dyn FnMut(Vec<u8>) -> Result<Vec<u8>> + 'a;
+
+/// A piece's application state (a slice of it: no copy) and the rest of it
+/// (see [`Snapshot`] for the layout), or why it cannot be.
+fn split_piece(data: &Bytes) -> std::result::Result<(Bytes, &[u8]), String> {
+    let len = data
+        .get(..APP_LEN)
+        .and_then(|b| <[u8; APP_LEN]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| format!("{} bytes: too short for a piece", data.len()))?;
+    let end = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_add(APP_LEN))
+        .filter(|&e| e <= data.len())
+        .ok_or_else(|| {
+            format!(
+                "the application state's length ({len} bytes) exceeds the piece ({} bytes)",
+                data.len()
+            )
+        })?;
+    Ok((data.slice(APP_LEN..end), &data[end..]))
 }
 
 /// A communicator this rank created: its first context id, and its group
@@ -296,7 +326,7 @@ pub struct Engine {
 
     safe_points: u64,
     progress: f64,
-    restore_app: Option<Vec<u8>>,
+    restore_app: Option<Bytes>,
     restore_windows: BTreeMap<WinId, Vec<u8>>,
     /// Communicators this execution created, in order (checkpointed).
     communicators: Vec<CreatedCommunicator>,
@@ -310,6 +340,11 @@ pub struct Engine {
     windows: BTreeMap<WinId, WinLocal>,
     next_context: ContextId,
     stats: RankStats,
+    /// Buffers of this rank's dropped pieces, for the next ones.
+    piece_pool: BufferPool,
+    /// Bytes of the application state in the last piece (the likely size
+    /// of the next).
+    last_app_len: usize,
 
     /// The protocol logs collectives with the same result everywhere as
     /// results (ULML).
@@ -443,6 +478,8 @@ impl Engine {
             windows: BTreeMap::new(),
             next_context: FIRST_FREE_CONTEXT,
             stats: RankStats::default(),
+            piece_pool: BufferPool::new(),
+            last_app_len: 0,
             coll_results,
             coll_seq: BTreeMap::new(),
             coll_current: None,
@@ -1290,13 +1327,14 @@ impl Engine {
     // ----- safe points and checkpoints ----------------------------------
 
     /// Whether a restored application state is waiting for `restore_or_else`.
-    pub fn take_restored_app(&mut self) -> Option<Vec<u8>> {
+    pub fn take_restored_app(&mut self) -> Option<Bytes> {
         self.restore_app.take()
     }
 
-    /// A safe point: the protocol may save here. `serialize` encodes the
-    /// application's protected state when a checkpoint is taken.
-    pub fn safe_point(&mut self, serialize: &mut dyn FnMut() -> Result<Vec<u8>>) -> Result<()> {
+    /// A safe point: the protocol may save here. `serialize` appends the
+    /// application's protected state to the buffer it is given (and returns
+    /// it) when a checkpoint is taken.
+    pub fn safe_point(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {
         self.enter()?;
         if self.restore_app.is_some() {
             return Err(Error::NotSafePoint(
@@ -1365,19 +1403,18 @@ impl Engine {
         Ok(())
     }
 
-    fn checkpoint_loop(&mut self, serialize: &mut dyn FnMut() -> Result<Vec<u8>>) -> Result<()> {
+    fn checkpoint_loop(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {
         loop {
             self.check()?;
             if self.in_checkpoint.is_some() {
                 self.fault()?;
             }
             if let Some(generation) = self.capture_due.take() {
-                let app = serialize()?;
-                let data = self.snapshot(app)?;
+                let data = self.snapshot(serialize)?;
                 self.stats.checkpoint_bytes = data.len();
                 let mut out = StoreOut::default();
                 self.store.put(
-                    Piece::new(generation, self.rank, Bytes::from(data)),
+                    Piece::new(generation, self.rank, self.piece_pool.freeze(data)),
                     &mut out,
                 )?;
                 self.apply_store_out(out)?;
@@ -1390,7 +1427,7 @@ impl Engine {
         }
     }
 
-    fn snapshot(&mut self, app: Vec<u8>) -> Result<Vec<u8>> {
+    fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Vec<u8>> {
         let mut windows = Vec::with_capacity(self.windows.len());
         let ids: Vec<WinId> = self.windows.keys().copied().collect();
         for id in ids {
@@ -1407,7 +1444,6 @@ impl Engine {
         let snap = Snapshot {
             safe_points: self.safe_points,
             progress: self.progress,
-            app,
             // Requests not yet applied count as arrived (their SSNs are in
             // the HSR), so they are saved like unexpected messages.
             unexpected: self
@@ -1429,9 +1465,16 @@ impl Engine {
             .map(|m| m.payload.len() + frame::ENCODED_MESSAGE_OVERHEAD)
             .sum();
         let windows: usize = snap.windows.iter().map(|(_, m)| m.len() + 16).sum();
-        let size = snap.app.len() + unexpected + windows + 256 + self.proto.state_size_hint();
-        let mut piece = postcard::to_extend(&snap, Vec::with_capacity(size))?;
+        // The application's state is as large as last time, most likely.
+        let rest = unexpected + windows + 256 + self.proto.state_size_hint();
+        let mut piece = self.piece_pool.take(APP_LEN + self.last_app_len + rest);
+        piece.extend_from_slice(&[0; APP_LEN]);
+        let mut piece = serialize(piece)?;
+        let app_len = piece.len() - APP_LEN;
+        piece[..APP_LEN].copy_from_slice(&(app_len as u64).to_le_bytes());
+        let mut piece = postcard::to_extend(&snap, piece)?;
         self.proto.save_state(&mut piece)?;
+        self.last_app_len = app_len;
         Ok(piece)
     }
 
@@ -1533,12 +1576,14 @@ impl Engine {
                 detail: "piece missing after recovery".into(),
             })?;
         piece.verify()?;
-        let (snap, protocol_state): (Snapshot, &[u8]) = postcard::take_from_bytes(&piece.data)
-            .map_err(|e| Error::CorruptCheckpoint {
-                owner: self.rank,
-                generation: g,
-                detail: format!("undecodable: {e}"),
-            })?;
+        let corrupt = |detail: String| Error::CorruptCheckpoint {
+            owner: self.rank,
+            generation: g,
+            detail,
+        };
+        let (app, rest) = split_piece(&piece.data).map_err(corrupt)?;
+        let (snap, protocol_state): (Snapshot, &[u8]) =
+            postcard::take_from_bytes(rest).map_err(|e| corrupt(format!("undecodable: {e}")))?;
         self.safe_points = snap.safe_points;
         self.progress = snap.progress;
         // Messages checkpointed as unexpected were sent before the cut; any
@@ -1570,7 +1615,7 @@ impl Engine {
             self.restore_communicators = snap.communicators.iter().cloned().collect();
         }
         self.communicators = snap.communicators;
-        self.restore_app = Some(snap.app);
+        self.restore_app = Some(app);
         Ok(())
     }
 

@@ -15,12 +15,12 @@
 //! order. Only the canonical spelling is recognised: `gen-00000000012` is not
 //! an alias of generation 12 but an unrelated, ignored entry.
 //!
-//! # Piece file (format version 1, integers little-endian)
+//! # Piece file (format version 2, integers little-endian)
 //!
 //! | offset | bytes | field                                         |
 //! |-------:|------:|-----------------------------------------------|
 //! |      0 |     8 | magic `LZRPIECE`                              |
-//! |      8 |     4 | format version (`u32`, 1)                     |
+//! |      8 |     4 | format version (`u32`, 2)                     |
 //! |     12 |     8 | generation (`u64`)                            |
 //! |     20 |     8 | owner rank (`u64`)                            |
 //! |     28 |     8 | data length `n` (`u64`)                       |
@@ -31,12 +31,12 @@
 //! The header carries its own checksum so that a damaged length or owner
 //! field is reported as such instead of as a confusing data mismatch.
 //!
-//! # Commit record `COMMIT` (format version 1, little-endian)
+//! # Commit record `COMMIT` (format version 2, little-endian)
 //!
 //! | offset    | bytes | field                                          |
 //! |----------:|------:|------------------------------------------------|
 //! |         0 |     8 | magic `LZRCOMIT`                               |
-//! |         8 |     4 | format version (`u32`, 1)                      |
+//! |         8 |     4 | format version (`u32`, 2)                      |
 //! |        12 |     8 | generation (`u64`)                             |
 //! |        20 |     8 | job size: ranks (`u64`)                        |
 //! |        28 |     8 | number of entries `k` (`u64`, equal to ranks)  |
@@ -68,7 +68,10 @@ use super::Piece;
 use crate::{Error, Rank, Result};
 
 /// Version of the piece and commit formats this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: the data of a piece starts with the application's state
+/// (see `engine::Snapshot`); a version 1 directory is refused as such
+/// rather than failing to decode.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Bytes of a piece file's header (everything before the data).
 pub const PIECE_HEADER_LEN: usize = 44;

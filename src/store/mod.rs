@@ -28,6 +28,7 @@ pub mod disk;
 pub mod erasure;
 pub mod levels;
 pub mod partner;
+pub mod pool;
 
 use std::collections::{HashMap, HashSet};
 

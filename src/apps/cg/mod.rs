@@ -55,6 +55,7 @@ struct State {
     /// Outer iterations done.
     it: u64,
     /// This rank's block of x.
+    #[serde(with = "crate::bulk")]
     x: Vec<f64>,
     zeta: f64,
 }

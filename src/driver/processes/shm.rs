@@ -35,6 +35,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use bytes::Bytes;
 
+use crate::store::pool::BufferPool;
+
 use super::wire::{
     APP_FIXED, APP_FRAME, LONG_LEN, LONG_PREFIX, WireError, WireMsg, decode, decode_app_parts,
     growth, long_len,
@@ -435,6 +437,9 @@ pub struct RingReader {
     /// The record being reassembled: its length once the prefix is read,
     /// and its parts once its first byte is.
     pending: Option<(usize, Option<Part>)>,
+    /// Buffers of dropped large records (a partner's previous piece, a
+    /// large message the rank is done with) for the next ones.
+    pool: BufferPool,
 }
 
 impl RingReader {
@@ -478,6 +483,7 @@ impl RingReader {
             map,
             tail: 0,
             pending: None,
+            pool: BufferPool::new(),
         })
     }
 
@@ -579,10 +585,10 @@ impl RingReader {
                     Part::App {
                         fixed: [0; APP_FIXED],
                         got: 0,
-                        payload: Vec::new(),
+                        payload: self.pool.take_idle(len - APP_FIXED).unwrap_or_default(),
                     }
                 } else {
-                    Part::Whole(Vec::new())
+                    Part::Whole(self.pool.take_idle(len).unwrap_or_default())
                 }
             }
         };
@@ -611,11 +617,11 @@ impl RingReader {
             self.pending = Some((len, Some(part)));
             return Ok(None);
         }
-        // Each buffer ends at its exact size: `Bytes` takes it over without
-        // allocating.
+        // A fresh buffer ends at its exact size: `Bytes` takes it over
+        // without allocating.
         Ok(Some(match part {
-            Part::App { fixed, payload, .. } => Record::App(fixed, Bytes::from(payload)),
-            Part::Whole(buf) => Record::Frame(Bytes::from(buf)),
+            Part::App { fixed, payload, .. } => Record::App(fixed, self.pool.freeze(payload)),
+            Part::Whole(buf) => Record::Frame(self.pool.freeze(buf)),
         }))
     }
 
