@@ -9,8 +9,10 @@
 //!
 //! Backends: [`threads`] (all ranks in one process), [`processes`] (one OS
 //! process per rank, a launcher as failure detector) and [`sim`] (a
-//! deterministic discrete-event simulator). `mpi` plugs in here.
+//! deterministic discrete-event simulator). `mpi` plugs in here. [`heap`]
+//! says how rank processes get their heap on transparent huge pages.
 
+pub mod heap;
 pub mod processes;
 pub(crate) mod shared;
 pub mod sim;

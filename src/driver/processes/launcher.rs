@@ -35,6 +35,7 @@ use super::auth::{Identity, Role, Secret, handshake};
 use super::net::{AcceptStop, Listen, Listener, Stream};
 use super::var;
 use super::wire::{WireMsg, decode, read_frame, write_msg};
+use crate::driver::heap;
 use crate::driver::shared::{ExitAction, Finals, StatsBook, progress_bar};
 use crate::fault::KillSpec;
 use crate::job::{FailureDetection, JobStats};
@@ -719,13 +720,13 @@ impl<'a> Launcher<'a> {
             None => s.ranks,
         };
         env.push((var::HOST_RANKS, host_ranks.to_string()));
-        // Transparent huge pages for glibc's large allocations (received
-        // frames): memory a logging protocol keeps is new memory for every
-        // message, and faulting it in 4 KiB pages cost more than the copy
-        // (pingpong at 1 MiB under `pessimistic`: 3.0 -> 10.2 GB/s). A
-        // user's own GLIBC_TUNABLES is left alone.
-        if std::env::var_os("GLIBC_TUNABLES").is_none() {
-            env.push(("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1".into()));
+        // The heap on transparent huge pages (`driver::heap`): memory a
+        // logging protocol keeps is new memory for every message, and
+        // faulting it in 4 KiB pages cost more than the copy (pingpong at
+        // 1 MiB under `pessimistic`: 3.0 -> 10.2 GB/s with glibc's large
+        // allocations on huge pages).
+        if let Some(t) = heap::huge_page_tunables() {
+            env.push((heap::GLIBC_TUNABLES, t.into()));
         }
         env
     }
