@@ -50,8 +50,11 @@ impl BufferPool {
             .unwrap_or_else(|| Vec::with_capacity(capacity))
     }
 
-    /// The smallest idle buffer with room for `capacity` bytes, if there is
-    /// one (emptied); never allocates. For a reader that must not reserve
+    /// The smallest idle buffer with room for `capacity` bytes and at most
+    /// twice that, if there is one (emptied); never allocates. (A buffer
+    /// much larger than asked for would be held for as long as its small
+    /// contents: a 4 MiB message kept in a log must not pin the previous
+    /// piece's 300 MiB.) For a reader that must not reserve
     /// what a peer merely announces: it grows a fresh buffer only as bytes
     /// arrive, but memory already held costs nothing to reuse.
     pub fn take_idle(&self, capacity: usize) -> Option<Vec<u8>> {
@@ -60,7 +63,7 @@ impl BufferPool {
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let fit = (idle.iter().enumerate())
-            .filter(|(_, b)| b.capacity() >= capacity)
+            .filter(|(_, b)| (capacity..=capacity.saturating_mul(2)).contains(&b.capacity()))
             .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i)?;
         Some(idle.swap_remove(fit))
@@ -155,12 +158,22 @@ mod tests {
         let big = pool.take(4 * POOLED_MIN);
         assert!(big.capacity() >= 4 * POOLED_MIN);
         assert_eq!(pool.idle(), 1, "the idle buffer is too small for it");
+        drop(pool.freeze(big));
+        assert_eq!(pool.idle(), 2);
+        assert!(
+            pool.take_idle(POOLED_MIN + 1).is_none(),
+            "4 MiB is too large to lend for 1 MiB + 1"
+        );
         for i in 0..=POOLED_MAX {
             drop(pool.freeze(Vec::with_capacity((2 + i) * POOLED_MIN)));
         }
         assert_eq!(pool.idle(), POOLED_MAX);
-        // The smallest (1 MiB) was the one given up.
-        assert!(pool.take(POOLED_MIN).capacity() >= 2 * POOLED_MIN);
+        // The smallest ones (1, 2 and 3 MiB) were given up.
+        assert!(pool.take_idle(POOLED_MIN).is_none());
+        assert_eq!(
+            pool.take_idle(2 * POOLED_MIN).map(|b| b.capacity()),
+            Some(4 * POOLED_MIN)
+        );
     }
 
     #[test]
