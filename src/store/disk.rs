@@ -417,6 +417,7 @@ fn parse_piece(buf: Bytes, generation: u64, rank: Rank, path: &Path) -> Result<P
         owner: rank,
         data,
         crc: h.crc,
+        summed: Default::default(),
     })
 }
 

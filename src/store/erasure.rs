@@ -763,6 +763,7 @@ impl ErasureLevel {
             owner: self.rank,
             data: Bytes::from(data),
             crc: piece_crc.unwrap_or_default(),
+            summed: Default::default(),
         };
         piece.verify()?;
         self.own.insert(generation, piece);

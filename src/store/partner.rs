@@ -122,7 +122,7 @@ impl CheckpointStore for PartnerStore {
     fn on_msg(&mut self, src: Rank, msg: StoreMsg, out: &mut StoreOut) -> Result<()> {
         match msg {
             StoreMsg::Put(mut piece) => {
-                piece.verify()?;
+                piece.verify_received()?;
                 let (generation, owner) = (piece.generation, piece.owner);
                 if self.damage && !piece.data.is_empty() {
                     let mut bytes = piece.data.to_vec();
@@ -364,6 +364,22 @@ mod tests {
             err,
             Err(Error::CorruptCheckpoint { owner: 0, .. })
         ));
+        assert!(b.held().is_empty());
+        // Data replaced after the checksum was taken (another buffer).
+        let mut p = Piece::new(1, 0, Bytes::from_static(b"state"));
+        p.data = Bytes::from_static(b"stale");
+        let err = b.on_msg(0, StoreMsg::Put(p), &mut StoreOut::default());
+        assert!(matches!(
+            err,
+            Err(Error::CorruptCheckpoint { owner: 0, .. })
+        ));
+        // A piece that crossed a process boundary is checked again.
+        let p = Piece::new(1, 0, Bytes::from_static(b"state"));
+        let mut wire: Piece =
+            postcard::from_bytes(&postcard::to_allocvec(&p).expect("encodes")).expect("decodes");
+        assert!(wire.verify_received().is_ok());
+        wire.crc ^= 1;
+        assert!(wire.verify_received().is_err());
         assert!(b.held().is_empty());
     }
 }

@@ -902,6 +902,7 @@ mod tests {
             owner: 0,
             crc: 0,
             data: zeros.clone(),
+            summed: Default::default(),
         };
         let mut big_app = app(Vec::new());
         if let WireMsg::Frame(Frame {
