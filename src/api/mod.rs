@@ -82,7 +82,10 @@ impl Ctx {
     /// runtime's own state: unexpected messages, window memory, counters).
     /// All ranks must call it the same number of times.
     pub fn checkpoint<S: Serialize>(&mut self, state: &S) -> Result<()> {
-        let mut ser = |buf: Vec<u8>| postcard::to_extend(state, buf).map_err(Error::from);
+        let mut ser = |mut buf: Vec<u8>| {
+            crate::engine::frame::postcard_append(state, &mut buf)?;
+            Ok(buf)
+        };
         self.engine.borrow_mut().safe_point(&mut ser)
     }
 

@@ -164,3 +164,49 @@ pub enum Incoming {
     /// when all had): finalize returns at once.
     JobComplete,
 }
+
+/// Append the postcard encoding of `value` to `buf`.
+///
+/// postcard's own appending serializer (`to_extend`) copies byte strings
+/// through an iterator, one byte at a time as far as the compiler is
+/// concerned; this one copies them with `extend_from_slice` (a `memcpy`),
+/// which is what a checkpoint piece full of logged payloads is made of
+/// (that copy was 227 `perf` samples against 115 for the piece's CRC32C,
+/// 8 CG W runs under `pessimistic`).
+pub fn postcard_append<T: Serialize + ?Sized>(value: &T, buf: &mut Vec<u8>) -> crate::Result<()> {
+    postcard::serialize_with_flavor(value, Append(buf)).map_err(Into::into)
+}
+
+/// The postcard output of [`postcard_append`].
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+
+    fn try_push(&mut self, b: u8) -> postcard::Result<()> {
+        self.0.push(b);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, b: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(b);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod append_tests {
+    #[test]
+    fn appends_what_postcard_encodes() {
+        let value = (7u64, bytes::Bytes::from_static(b"payload"), vec![1u32, 2]);
+        let mut buf = b"head".to_vec();
+        super::postcard_append(&value, &mut buf).expect("encodes");
+        let mut want = b"head".to_vec();
+        want.extend(postcard::to_allocvec(&value).expect("encodes"));
+        assert_eq!(buf, want);
+    }
+}

@@ -1472,7 +1472,7 @@ impl Engine {
         let mut piece = serialize(piece)?;
         let app_len = piece.len() - APP_LEN;
         piece[..APP_LEN].copy_from_slice(&(app_len as u64).to_le_bytes());
-        let mut piece = postcard::to_extend(&snap, piece)?;
+        frame::postcard_append(&snap, &mut piece)?;
         self.proto.save_state(&mut piece)?;
         self.last_app_len = app_len;
         Ok(piece)

@@ -67,6 +67,7 @@ use serde::{Deserialize, Serialize};
 use super::pessimistic::Pessimistic;
 use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::driver::Stat;
+use crate::engine::frame::postcard_append;
 use crate::topology::Placement;
 use crate::{Rank, Result};
 
@@ -679,7 +680,7 @@ impl Protocol for Correlated {
         let st = SavedState {
             last_index: self.last_index,
         };
-        *piece = postcard::to_extend(&st, std::mem::take(piece))?;
+        postcard_append(&st, piece)?;
         Ok(())
     }
 

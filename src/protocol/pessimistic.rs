@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::driver::Stat;
-use crate::engine::frame::{AppMessage, ENCODED_MESSAGE_OVERHEAD, Envelope};
+use crate::engine::frame::{AppMessage, ENCODED_MESSAGE_OVERHEAD, Envelope, postcard_append};
 use crate::{Error, Rank, Result};
 
 /// Control messages of the logging protocols.
@@ -1049,7 +1049,7 @@ impl Protocol for Pessimistic {
             trimmed: self.trimmed.iter().map(|(&d, &n)| (d, n)).collect(),
             next_generation: self.next_generation,
         };
-        *piece = postcard::to_extend(&st, std::mem::take(piece))?;
+        postcard_append(&st, piece)?;
         Ok(())
     }
 

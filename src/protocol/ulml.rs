@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 
 use super::pessimistic::{LogMsg, Pessimistic};
 use super::{Action, Collective, Control, Event, Protocol, ProtocolCx};
-use crate::engine::frame::{AppMessage, ContextId};
+use crate::engine::frame::{AppMessage, ContextId, postcard_append};
 use crate::{Error, Rank, Result};
 
 /// Control messages of user-level collective logging.
@@ -643,7 +643,7 @@ impl Protocol for Ulml {
             trimmed: self.trimmed.iter().map(|(&c, &n)| (c, n)).collect(),
             members: self.members_of(self.members.keys().copied()),
         };
-        *piece = postcard::to_extend(&st, std::mem::take(piece))?;
+        postcard_append(&st, piece)?;
         Ok(())
     }
 
