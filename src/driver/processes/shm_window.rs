@@ -428,7 +428,17 @@ mod tests {
             offset: 0,
             data: Bytes::from_static(&[9]),
         };
-        assert_eq!(owner.apply(0, put).expect("put"), RmaReply::Done);
+        // On a thread of its own, so that a mutex that is not robust fails
+        // the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = owner.apply(0, put);
+            let _ = tx.send((r, owner));
+        });
+        let (r, owner) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the window stayed locked after its holder died: the mutex is not robust");
+        assert_eq!(r.expect("put"), RmaReply::Done);
         // And it is an ordinary mutex again afterwards.
         assert_eq!(
             owner
