@@ -150,13 +150,13 @@ pub fn paired_ratio(a: &[f64], b: &[f64]) -> f64 {
 
 /// Pingpong: per size, the median over the runs of each figure (latency,
 /// bandwidth, forwarded bandwidth).
-fn pingpong_medians(runs: &[RunSummary]) -> serde_json::Value {
+fn pingpong_medians(runs: &[&serde_json::Value]) -> serde_json::Value {
     use std::collections::BTreeMap;
     // bytes -> figure -> samples; sizes in the order the app measured them.
     let mut sizes: Vec<u64> = Vec::new();
     let mut samples: BTreeMap<u64, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
-    for r in runs {
-        for p in r.metrics.as_array().into_iter().flatten() {
+    for m in runs {
+        for p in m.as_array().into_iter().flatten() {
             let (Some(b), Some(fields)) = (p["bytes"].as_u64(), p.as_object()) else {
                 continue;
             };
@@ -184,6 +184,49 @@ fn pingpong_medians(runs: &[RunSummary]) -> serde_json::Value {
             })
             .collect(),
     )
+}
+
+/// The app metrics of each run.
+fn metrics_of(runs: &[RunSummary]) -> Vec<&serde_json::Value> {
+    runs.iter().map(|r| &r.metrics).collect()
+}
+
+/// Pingpong: `key` of the point of `bytes` in each run's metrics, in run
+/// order (NaN where a run has none).
+fn per_run(runs: &[&serde_json::Value], bytes: u64, key: &str) -> Vec<f64> {
+    runs.iter()
+        .map(|m| {
+            (m.as_array().into_iter().flatten())
+                .find(|p| p["bytes"].as_u64() == Some(bytes))
+                .and_then(|p| p[key].as_f64())
+                .unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
+/// Pingpong: add to each size of `metrics` the paired ratios of its
+/// bandwidths to the baseline's (`bandwidth_paired_ratio`,
+/// `forwarded_bandwidth_paired_ratio`; see the module docs), from the
+/// metrics of each run and of the baseline's runs.
+fn add_paired_bandwidths(
+    metrics: &mut serde_json::Value,
+    runs: &[&serde_json::Value],
+    base: &[&serde_json::Value],
+) {
+    for point in metrics.as_array_mut().into_iter().flatten() {
+        let Some(bytes) = point["bytes"].as_u64() else {
+            continue;
+        };
+        for key in ["bandwidth_mb_s", "forwarded_bandwidth_mb_s"] {
+            let ratio = paired_ratio(&per_run(runs, bytes, key), &per_run(base, bytes, key));
+            let name = format!("{}_paired_ratio", key.trim_end_matches("_mb_s"));
+            if let (Some(obj), Some(r)) =
+                (point.as_object_mut(), serde_json::Number::from_f64(ratio))
+            {
+                obj.insert(name, serde_json::Value::Number(r));
+            }
+        }
+    }
 }
 
 /// Run `app` under each protocol `reps` times, alternating.
@@ -228,12 +271,18 @@ pub fn bench(
         .unwrap_or(0);
     let base_walls: Vec<f64> = runs[baseline_idx].iter().map(|r| r.stats.wall_s).collect();
     let base_median = median(&base_walls);
+    // Kept aside: each protocol's runs move into its figures below.
+    let base_runs = runs[baseline_idx].clone();
     let mut figures = Vec::new();
     for (i, &p) in protocols.iter().enumerate() {
         let walls: Vec<f64> = runs[i].iter().map(|r| r.stats.wall_s).collect();
         let m = median(&walls);
         let metrics = match app {
-            AppKind::Pingpong => pingpong_medians(&runs[i]),
+            AppKind::Pingpong => {
+                let mut m = pingpong_medians(&metrics_of(&runs[i]));
+                add_paired_bandwidths(&mut m, &metrics_of(&runs[i]), &metrics_of(&base_runs));
+                m
+            }
             _ => serde_json::Value::Null,
         };
         figures.push(ProtocolFigures {
@@ -281,5 +330,34 @@ mod tests {
         // The ratio of medians (0.105 / 0.2) cannot tell.
         assert!((median(&prot) / median(&base) - 0.525).abs() < 1e-12);
         assert!(paired_ratio(&[], &[]).is_nan());
+    }
+
+    #[test]
+    fn pingpong_points_get_paired_bandwidth_ratios() {
+        let run = |bw: f64, fwd: f64| {
+            serde_json::json!([
+                {"bytes": 8, "bandwidth_mb_s": 10.0, "forwarded_bandwidth_mb_s": 10.0},
+                {"bytes": 1048576, "bandwidth_mb_s": bw, "forwarded_bandwidth_mb_s": fwd},
+            ])
+        };
+        let base = [run(1000.0, 1000.0), run(2000.0, 500.0), run(1000.0, 1000.0)];
+        let prot = [run(900.0, 500.0), run(1800.0, 250.0), run(950.0, 500.0)];
+        fn refs(v: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+            v.iter().collect()
+        }
+        let mut medians = pingpong_medians(&refs(&prot));
+        add_paired_bandwidths(&mut medians, &refs(&prot), &refs(&base));
+        let p = &medians[1];
+        assert_eq!(p["bytes"], 1048576);
+        assert!((p["bandwidth_paired_ratio"].as_f64().expect("ratio") - 0.9).abs() < 1e-12);
+        assert!(
+            (p["forwarded_bandwidth_paired_ratio"]
+                .as_f64()
+                .expect("ratio")
+                - 0.5)
+                .abs()
+                < 1e-12
+        );
+        assert_eq!(medians[0]["bandwidth_paired_ratio"], 1.0);
     }
 }
