@@ -1302,6 +1302,11 @@ fn reexec_with_huge_pages() {
         .arg0(argv0)
         .args(args)
         .env(lazarus::driver::heap::GLIBC_TUNABLES, tunables)
+        // Once only, whatever the loader does with GLIBC_TUNABLES.
+        .env(
+            lazarus::driver::heap::LAZARUS_HEAP,
+            lazarus::driver::heap::HEAP_HUGE_PAGES,
+        )
         .exec();
     // Carry on with glibc's defaults: slower under message logging, not wrong.
     eprintln!("warning: cannot run again with the heap on huge pages ({err}); carrying on without");

@@ -22,15 +22,23 @@
 //! the `lazarus` command runs itself again with it.
 //!
 //! Nothing is set when `GLIBC_TUNABLES` is already set (the user's choice
-//! stands), when `LAZARUS_HEAP=default` asks for glibc's defaults, when the
-//! kernel has transparent huge pages off (`never`), or on a system other
-//! than Linux with glibc.
+//! stands), when `LAZARUS_HEAP` is set (`LAZARUS_HEAP=default` asks for
+//! glibc's defaults; the `lazarus` command sets `huge-pages` when it runs
+//! itself again, so that it does so once even where the loader drops
+//! `GLIBC_TUNABLES`, as it does for set-user-ID programs), when the kernel
+//! has transparent huge pages off (`never`), or on a system other than
+//! Linux with glibc.
 
 /// The variable glibc reads its tunables from.
 pub const GLIBC_TUNABLES: &str = "GLIBC_TUNABLES";
 
-/// Set to `default` to leave the heap as glibc sets it up.
+/// Set to `default` to leave the heap as glibc sets it up (any value
+/// stops [`huge_page_tunables`] from asking for anything).
 pub const LAZARUS_HEAP: &str = "LAZARUS_HEAP";
+
+/// What the `lazarus` command sets [`LAZARUS_HEAP`] to when it runs itself
+/// again with [`HUGE_PAGE_TUNABLES`].
+pub const HEAP_HUGE_PAGES: &str = "huge-pages";
 
 /// Heap on transparent huge pages, grown 32 MiB at a time.
 pub const HUGE_PAGE_TUNABLES: &str = "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=33554432";
@@ -42,9 +50,7 @@ pub fn huge_page_tunables() -> Option<&'static str> {
     if !cfg!(all(target_os = "linux", target_env = "gnu")) {
         return None;
     }
-    if std::env::var_os(GLIBC_TUNABLES).is_some()
-        || std::env::var_os(LAZARUS_HEAP).is_some_and(|v| v == "default")
-    {
+    if std::env::var_os(GLIBC_TUNABLES).is_some() || std::env::var_os(LAZARUS_HEAP).is_some() {
         return None;
     }
     let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
