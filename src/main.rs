@@ -1043,10 +1043,9 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                         .and_then(|ps| ps.iter().find(|q| q["bytes"] == pt["bytes"]))
                         .and_then(|q| q[k].as_f64())
                         .map(|b| {
-                            let paired = pt
-                                [format!("{}_paired_ratio", k.trim_end_matches("_mb_s"))]
-                            .as_f64()
-                            .unwrap_or(f64::NAN);
+                            let paired = pt[lazarus::tools::bench::paired_ratio_key(k)]
+                                .as_f64()
+                                .unwrap_or(f64::NAN);
                             format!(" ({:.2}x none, paired {paired:.2}x)", f(k) / b)
                         })
                         .unwrap_or_default(),

@@ -82,10 +82,7 @@ impl Ctx {
     /// runtime's own state: unexpected messages, window memory, counters).
     /// All ranks must call it the same number of times.
     pub fn checkpoint<S: Serialize>(&mut self, state: &S) -> Result<()> {
-        let mut ser = |mut buf: Vec<u8>| {
-            crate::engine::frame::postcard_append(state, &mut buf)?;
-            Ok(buf)
-        };
+        let mut ser = |buf: &mut Vec<u8>| crate::engine::frame::postcard_append(state, buf);
         self.engine.borrow_mut().safe_point(&mut ser)
     }
 

@@ -90,7 +90,7 @@ const APP_LEN: usize = 8;
 
 /// What [`Engine::safe_point`] calls to have the application's state
 /// appended to a piece's buffer.
-pub type AppSerializer<'a> = dyn FnMut(Vec<u8>) -> Result<Vec<u8>> + 'a;
+pub type AppSerializer<'a> = dyn FnMut(&mut Vec<u8>) -> Result<()> + 'a;
 
 /// A piece's application state (a slice of it: no copy) and the rest of it
 /// (see [`Snapshot`] for the layout), or why it cannot be.
@@ -1332,8 +1332,8 @@ impl Engine {
     }
 
     /// A safe point: the protocol may save here. `serialize` appends the
-    /// application's protected state to the buffer it is given (and returns
-    /// it) when a checkpoint is taken.
+    /// application's protected state to the buffer it is given when a
+    /// checkpoint is taken.
     pub fn safe_point(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {
         self.enter()?;
         if self.restore_app.is_some() {
@@ -1469,7 +1469,7 @@ impl Engine {
         let rest = unexpected + windows + 256 + self.proto.state_size_hint();
         let mut piece = self.piece_pool.take(APP_LEN + self.last_app_len + rest);
         piece.extend_from_slice(&[0; APP_LEN]);
-        let mut piece = serialize(piece)?;
+        serialize(&mut piece)?;
         let app_len = piece.len() - APP_LEN;
         piece[..APP_LEN].copy_from_slice(&(app_len as u64).to_le_bytes());
         frame::postcard_append(&snap, &mut piece)?;

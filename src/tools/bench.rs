@@ -204,6 +204,12 @@ fn per_run(runs: &[&serde_json::Value], bytes: u64, key: &str) -> Vec<f64> {
         .collect()
 }
 
+/// The name of the paired ratio of the pingpong figure `metric`
+/// (`bandwidth_mb_s` → `bandwidth_paired_ratio`).
+pub fn paired_ratio_key(metric: &str) -> String {
+    format!("{}_paired_ratio", metric.trim_end_matches("_mb_s"))
+}
+
 /// Pingpong: add to each size of `metrics` the paired ratios of its
 /// bandwidths to the baseline's (`bandwidth_paired_ratio`,
 /// `forwarded_bandwidth_paired_ratio`; see the module docs), from the
@@ -219,7 +225,7 @@ fn add_paired_bandwidths(
         };
         for key in ["bandwidth_mb_s", "forwarded_bandwidth_mb_s"] {
             let ratio = paired_ratio(&per_run(runs, bytes, key), &per_run(base, bytes, key));
-            let name = format!("{}_paired_ratio", key.trim_end_matches("_mb_s"));
+            let name = paired_ratio_key(key);
             if let (Some(obj), Some(r)) =
                 (point.as_object_mut(), serde_json::Number::from_f64(ratio))
             {
@@ -271,20 +277,21 @@ pub fn bench(
         .unwrap_or(0);
     let base_walls: Vec<f64> = runs[baseline_idx].iter().map(|r| r.stats.wall_s).collect();
     let base_median = median(&base_walls);
-    // Kept aside: each protocol's runs move into its figures below.
-    let base_runs = runs[baseline_idx].clone();
-    let mut figures = Vec::new();
-    for (i, &p) in protocols.iter().enumerate() {
-        let walls: Vec<f64> = runs[i].iter().map(|r| r.stats.wall_s).collect();
-        let m = median(&walls);
-        let metrics = match app {
+    // Before each protocol's runs move into its figures below.
+    let all_metrics: Vec<serde_json::Value> = (runs.iter())
+        .map(|r| match app {
             AppKind::Pingpong => {
-                let mut m = pingpong_medians(&metrics_of(&runs[i]));
-                add_paired_bandwidths(&mut m, &metrics_of(&runs[i]), &metrics_of(&base_runs));
+                let mut m = pingpong_medians(&metrics_of(r));
+                add_paired_bandwidths(&mut m, &metrics_of(r), &metrics_of(&runs[baseline_idx]));
                 m
             }
             _ => serde_json::Value::Null,
-        };
+        })
+        .collect();
+    let mut figures = Vec::new();
+    for ((i, &p), metrics) in protocols.iter().enumerate().zip(all_metrics) {
+        let walls: Vec<f64> = runs[i].iter().map(|r| r.stats.wall_s).collect();
+        let m = median(&walls);
         figures.push(ProtocolFigures {
             protocol: p.name().into(),
             median_wall_s: m,
