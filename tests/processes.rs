@@ -2,8 +2,9 @@
 //! `kill -9` by the test, a stopped (hung) rank found by its missing
 //! heartbeats, a launcher killed with its job (no orphans), a whole-job
 //! restart from disk after everything was killed, a stranger refused at
-//! a rank's socket, and a rank not taken for dead while its large value
-//! crosses to the launcher.
+//! a rank's socket, a rank not taken for dead while its large value
+//! crosses to the launcher, and the heap setting of `driver::heap` in the
+//! command and every rank process.
 //!
 //! Every run must print the same `VERIFIED` value as the failure-free run,
 //! and no process of the job may be left once it ends.
@@ -363,6 +364,73 @@ fn killing_the_launcher_leaves_no_rank_behind() {
     assert!(sigkill(launcher));
     let _ = finish(child);
     assert_no_orphans(launcher, "launcher killed");
+}
+
+/// The main heap (`[heap]` in `/proc/PID/smaps`) of process `pid`: its size
+/// in bytes and whether it is advised for transparent huge pages (the `hg`
+/// flag glibc's `glibc.malloc.hugetlb=1` sets with `madvise`).
+fn main_heap(pid: u32) -> Option<(u64, bool)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut lines = smaps.lines().skip_while(|l| !l.ends_with("[heap]")).skip(1);
+    let mut size = None;
+    for l in lines.by_ref() {
+        if let Some(kb) = l.strip_prefix("Size:") {
+            size = kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
+        }
+        if let Some(flags) = l.strip_prefix("VmFlags:") {
+            return Some((size? * 1024, flags.split_whitespace().any(|f| f == "hg")));
+        }
+    }
+    None
+}
+
+/// The heap of the `lazarus` command and of each rank process of a CG W
+/// job started with `env`, read while the ranks run: pid -> main heap.
+fn job_heaps(env: &[(&str, &str)]) -> BTreeMap<u32, Option<(u64, bool)>> {
+    let child = start_job_env(&["cg", "--class", "W"], "coordinated", &[], env);
+    let launcher = child.id();
+    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+    assert_eq!(ranks.len(), 4, "ranks up");
+    // Let every rank get past its first allocations.
+    std::thread::sleep(Duration::from_millis(100));
+    let heaps = std::iter::once(launcher)
+        .chain(ranks.values().copied())
+        .map(|pid| (pid, main_heap(pid)))
+        .collect();
+    assert!(sigkill(launcher));
+    let _ = finish(child);
+    assert_no_orphans(launcher, "launcher killed");
+    heaps
+}
+
+/// The `lazarus` command runs itself again with the heap setting of
+/// `driver::heap`, and every rank process it starts has it too: the main
+/// heap is advised for huge pages and grew by `top_pad` (32 MiB) at once.
+/// (Read from the heap, not the environment: glibc's loader cuts
+/// `GLIBC_TUNABLES` short in `/proc/PID/environ` as it parses it.) With
+/// `LAZARUS_HEAP=default` neither holds.
+#[test]
+fn the_command_and_its_rank_processes_run_with_the_heap_setting() {
+    if lazarus::driver::heap::huge_page_tunables().is_none() {
+        eprintln!(
+            "skipped: this environment asks for no heap setting (GLIBC_TUNABLES or LAZARUS_HEAP set, or no THP)"
+        );
+        return;
+    }
+    for (pid, heap) in job_heaps(&[]) {
+        let (size, advised) = heap.unwrap_or_else(|| panic!("process {pid}: no [heap] in smaps"));
+        assert!(advised, "process {pid}: heap not advised for huge pages");
+        assert!(
+            size >= 32 << 20,
+            "process {pid}: heap of {size} bytes, not grown by top_pad"
+        );
+    }
+    for (pid, heap) in job_heaps(&[(lazarus::driver::heap::LAZARUS_HEAP, "default")]) {
+        assert!(
+            heap.is_none_or(|(_, advised)| !advised),
+            "process {pid}: LAZARUS_HEAP=default, yet the heap is advised for huge pages"
+        );
+    }
 }
 
 /// Everything killed with SIGKILL (launcher and ranks), then `--restart DIR`
