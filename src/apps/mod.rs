@@ -172,8 +172,23 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
         },
         AppKind::Cg => match cg::Params::from_app(p) {
             Ok(params) => {
-                let matrix = std::sync::Arc::new(cg::npb::makea(&params.class));
-                crate::run(&cfg, move |ctx| cg::rank_main(ctx, &params, &matrix))
+                // Ranks sharing a process share the whole matrix, made
+                // before the clock starts. A rank process makes its own
+                // block of rows (as NPB's MPI CG does), once per process
+                // (a coordinated rollback runs the rank function again),
+                // and the launcher makes none.
+                let whole = (cfg.backend != crate::Backend::Processes)
+                    .then(|| std::sync::Arc::new(cg::npb::makea(&params.class)));
+                let block = std::sync::OnceLock::new();
+                crate::run(&cfg, move |ctx| {
+                    if let Some(a) = &whole {
+                        return cg::rank_main(ctx, &params, a);
+                    }
+                    let world = ctx.world();
+                    let (lo, hi) = cg::block(params.class.na, world.rank(), world.size());
+                    let a = block.get_or_init(|| cg::npb::makea_rows(&params.class, lo..hi));
+                    cg::rank_main(ctx, &params, a)
+                })
             }
             Err(e) => return failed(e),
         },

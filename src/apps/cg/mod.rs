@@ -75,11 +75,10 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// `y = A[lo..hi] * v` for the rows this rank owns.
 fn spmv_rows(a: &Csr, lo: usize, v: &[f64], y: &mut [f64]) {
     for (i, yi) in y.iter_mut().enumerate() {
-        let row = lo + i;
-        let (s, e) = (a.rowstr[row], a.rowstr[row + 1]);
-        *yi = a.colidx[s..e]
+        let (cols, vals) = a.row(lo + i);
+        *yi = cols
             .iter()
-            .zip(&a.a[s..e])
+            .zip(vals)
             .fold(0.0, |acc, (&c, &v_)| acc + v_ * v[c]);
     }
 }
@@ -133,11 +132,19 @@ fn conj_grad(
     Ok(all_sum(&world, &[local])?[0].sqrt())
 }
 
-/// The rank function of CG. `a` is the whole matrix (generated once per
-/// process: it is input, not state).
+/// The rank function of CG. `a` holds at least this rank's block of rows
+/// ([`block`]): the whole matrix shared by the ranks of one process, or
+/// the block alone ([`npb::makea_rows`]). It is input, not state.
 pub fn rank_main(ctx: &mut Ctx, p: &Params, a: &Csr) -> Result<Verification> {
     let world = ctx.world();
     let (lo, hi) = block(a.n, world.rank(), world.size());
+    let held = a.rows();
+    if lo < held.start || hi > held.end {
+        return Err(Error::app(format!(
+            "rank {} needs rows {lo}..{hi} of the matrix but was given {held:?}",
+            world.rank()
+        )));
+    }
     let mut st: State = ctx.restore_or_else(|| State {
         it: 0,
         x: vec![1.0; hi - lo],
@@ -182,7 +189,8 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params, a: &Csr) -> Result<Verification> {
             "zeta": st.zeta,
             "rnorm": rnorm,
             "na": p.class.na,
-            "nnz": a.nnz(),
+            // Entries of this rank's rows (the report is rank 0's).
+            "nnz_rows": (lo..hi).map(|r| a.row(r).0.len()).sum::<usize>(),
         }),
     })
 }

@@ -123,14 +123,19 @@ pub fn randlc(x: &mut f64, a: f64) -> f64 {
     R46 * *x
 }
 
-/// A square sparse matrix in 0-based compressed sparse row form: row `j`
-/// holds the entries `a[rowstr[j]..rowstr[j + 1]]` whose column indices are
-/// `colidx[rowstr[j]..rowstr[j + 1]]`, sorted strictly ascending.
+/// Rows of a square sparse matrix in 0-based compressed sparse row form:
+/// the `k`-th row held (row `first_row + k` of the matrix) holds the
+/// entries `a[rowstr[k]..rowstr[k + 1]]` whose column indices are
+/// `colidx[rowstr[k]..rowstr[k + 1]]`, sorted strictly ascending. The whole
+/// matrix has `first_row == 0` and `n` rows; a rank's block of rows (NPB's
+/// `firstrow..lastrow`) has fewer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Csr {
-    /// Number of rows (and columns).
+    /// Order of the matrix: its number of columns (and of rows).
     pub n: usize,
-    /// Row pointers, `n + 1` of them, starting at 0.
+    /// Row of the matrix the first row held is.
+    pub first_row: usize,
+    /// Row pointers, one per row held and one more, starting at 0.
     pub rowstr: Vec<usize>,
     /// Column index of each stored entry.
     pub colidx: Vec<usize>,
@@ -142,6 +147,19 @@ impl Csr {
     /// Number of stored entries.
     pub fn nnz(&self) -> usize {
         self.a.len()
+    }
+
+    /// The rows of the matrix held: `first_row..first_row + count`.
+    pub fn rows(&self) -> std::ops::Range<usize> {
+        self.first_row..self.first_row + self.rowstr.len().saturating_sub(1)
+    }
+
+    /// Row `row` of the matrix (which must be held): its column indices and
+    /// values.
+    pub fn row(&self, row: usize) -> (&[usize], &[f64]) {
+        let k = row - self.first_row;
+        let (s, e) = (self.rowstr[k], self.rowstr[k + 1]);
+        (&self.colidx[s..e], &self.a[s..e])
     }
 
     /// `out = self * v`, summing each row left to right from `0.0` as the
@@ -255,9 +273,12 @@ fn generate_vectors(p: &ClassParams) -> Vec<SparseVec> {
         .collect()
 }
 
-/// NPB's `sparse`: assemble the CSR matrix
+/// NPB's `sparse`: assemble rows `rows` of the CSR matrix
 /// `A = sum_i size_i * v_i v_i^T + (rcond - shift) I`, with
-/// `size_i = ratio^i` and `ratio = rcond^(1/n)`, summing duplicates.
+/// `size_i = ratio^i` and `ratio = rcond^(1/n)`, summing duplicates. As in
+/// NPB's parallel CG, a rank assembles only its own rows (each row's sum is
+/// the same whichever rows are assembled with it), though every rank
+/// generates all the vectors.
 ///
 /// NPB walks the vectors in order `i = 0..n`; for each position `j` of
 /// vector `i` (a row) it forms `scale = size * v_i[j]` and, for each
@@ -268,7 +289,13 @@ fn generate_vectors(p: &ClassParams) -> Vec<SparseVec> {
 /// sort; here each row's contributions are gathered in the same order, stably
 /// sorted by column and summed left to right, which performs the same
 /// floating-point additions in the same order.
-fn sparse(n: usize, vecs: &[SparseVec], rcond: f64, shift: f64) -> Csr {
+fn sparse(
+    n: usize,
+    rows: std::ops::Range<usize>,
+    vecs: &[SparseVec],
+    rcond: f64,
+    shift: f64,
+) -> Csr {
     // size_i, updated by repeated multiplication after each vector as NPB
     // does (`size = size * ratio`), not recomputed with powi.
     let ratio = rcond.powf(1.0 / n as f64);
@@ -279,35 +306,43 @@ fn sparse(n: usize, vecs: &[SparseVec], rcond: f64, shift: f64) -> Csr {
         size *= ratio;
     }
 
-    // Inverted index: for each row j, the (vector, position-in-vector) pairs
-    // with vecs[i].idx[pos] == j, in increasing i.  This is the order in
-    // which NPB's `sparse` visits row j.
-    let mut occ_start = vec![0usize; n + 1];
+    // Inverted index: for each row j held (k = j - first), the (vector,
+    // position-in-vector) pairs with vecs[i].idx[pos] == j, in increasing
+    // i.  This is the order in which NPB's `sparse` visits row j.
+    assert!(
+        rows.start <= rows.end && rows.end <= n,
+        "rows {rows:?} of {n}"
+    );
+    let (first, held) = (rows.start, rows.len());
+    let mut occ_start = vec![0usize; held + 1];
     for v in vecs {
-        for &j in &v.idx {
-            occ_start[j + 1] += 1;
+        for &j in v.idx.iter().filter(|j| rows.contains(j)) {
+            occ_start[j - first + 1] += 1;
         }
     }
-    for j in 0..n {
-        occ_start[j + 1] += occ_start[j];
+    for k in 0..held {
+        occ_start[k + 1] += occ_start[k];
     }
     let mut fill = occ_start.clone();
-    let mut occ = vec![(0usize, 0usize); occ_start[n]];
+    let mut occ = vec![(0usize, 0usize); occ_start[held]];
     for (i, v) in vecs.iter().enumerate() {
         for (pos, &j) in v.idx.iter().enumerate() {
-            occ[fill[j]] = (i, pos);
-            fill[j] += 1;
+            if rows.contains(&j) {
+                occ[fill[j - first]] = (i, pos);
+                fill[j - first] += 1;
+            }
         }
     }
 
-    let mut rowstr = Vec::with_capacity(n + 1);
+    let mut rowstr = Vec::with_capacity(held + 1);
     let mut colidx = Vec::new();
     let mut a = Vec::new();
     rowstr.push(0);
     let mut contrib: Vec<(usize, f64)> = Vec::new();
-    for j in 0..n {
+    for j in rows {
         contrib.clear();
-        for &(i, pos) in &occ[occ_start[j]..occ_start[j + 1]] {
+        let k = j - first;
+        for &(i, pos) in &occ[occ_start[k]..occ_start[k + 1]] {
             let v = &vecs[i];
             let scale = sizes[i] * v.val[pos];
             for (&jcol, &vjcol) in v.idx.iter().zip(&v.val) {
@@ -343,6 +378,7 @@ fn sparse(n: usize, vecs: &[SparseVec], rcond: f64, shift: f64) -> Csr {
 
     Csr {
         n,
+        first_row: first,
         rowstr,
         colidx,
         a,
@@ -362,8 +398,20 @@ fn sparse(n: usize, vecs: &[SparseVec], rcond: f64, shift: f64) -> Csr {
 /// Panics if `p.nonzer > p.na` (NPB would loop forever looking for that many
 /// distinct positions).
 pub fn makea(p: &ClassParams) -> Csr {
+    makea_rows(p, 0..p.na)
+}
+
+/// Rows `rows` of [`makea`]'s matrix, bit-identical to those rows of it,
+/// as NPB's parallel `makea` gives a process its block (`firstrow..lastrow`
+/// with every column). Generating the vectors is the same work as for the
+/// whole matrix; assembling the rows is a fraction of it.
+///
+/// # Panics
+///
+/// As [`makea`], and if `rows` is not within `0..p.na`.
+pub fn makea_rows(p: &ClassParams, rows: std::ops::Range<usize>) -> Csr {
     let vecs = generate_vectors(p);
-    sparse(p.na, &vecs, RCOND, p.shift)
+    sparse(p.na, rows, &vecs, RCOND, p.shift)
 }
 
 /// `sum(u[j] * v[j])` accumulated left to right from `0.0`, as NPB's serial
@@ -611,6 +659,7 @@ mod tests {
         }
         Csr {
             n,
+            first_row: 0,
             rowstr: out_rowstr,
             colidx: out_col,
             a: out_a,
@@ -622,7 +671,7 @@ mod tests {
         for class in ['S', 'W'] {
             let p = params(class);
             let vecs = generate_vectors(&p);
-            let fast = sparse(p.na, &vecs, RCOND, p.shift);
+            let fast = sparse(p.na, 0..p.na, &vecs, RCOND, p.shift);
             let slow = literal_sparse(p.na, &vecs, RCOND, p.shift);
             assert_eq!(fast.rowstr, slow.rowstr, "class {class}");
             assert_eq!(fast.colidx, slow.colidx, "class {class}");
@@ -630,6 +679,27 @@ mod tests {
             let sb: Vec<u64> = slow.a.iter().map(|x| x.to_bits()).collect();
             assert!(fb == sb, "class {class}: values differ");
         }
+    }
+
+    #[test]
+    fn row_blocks_are_the_rows_of_the_whole_matrix_bitwise() {
+        let p = params('S');
+        let whole = makea(&p);
+        for size in [1, 3, 4] {
+            for rank in 0..size {
+                let (lo, hi) = crate::apps::cg::block(p.na, rank, size);
+                let block = makea_rows(&p, lo..hi);
+                assert_eq!(block.rows(), lo..hi);
+                assert_eq!(block.n, p.na);
+                for r in lo..hi {
+                    let ((bc, ba), (wc, wa)) = (block.row(r), whole.row(r));
+                    assert_eq!(bc, wc, "row {r} of block {rank}/{size}");
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(ba), bits(wa), "row {r} of block {rank}/{size}");
+                }
+            }
+        }
+        assert_eq!(makea_rows(&p, 7..7).nnz(), 0);
     }
 
     #[test]
