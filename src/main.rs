@@ -960,25 +960,34 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         }
     );
     println!(
-        "{:<14} {:>12} {:>10} {:>8}  verified  value",
-        "protocol", "median s", "ratio", "paired"
+        "{:<14} {:>12} {:>10} {:>8} {:>15}  verified  value",
+        "protocol", "median s", "ratio", "paired", "paired 95% CI"
     );
+    // A confidence interval as the table shows it (none under 6 reps).
+    let ci = |c: Option<[f64; 2]>| c.map_or("-".to_string(), |[lo, hi]| format!("{lo:.3}-{hi:.3}"));
     let mut ok = true;
     let first_value = report.protocols.first().map(|p| p.value.clone());
     for p in &report.protocols {
         println!(
-            "{:<14} {:>12.4} {:>10.3} {:>8.3}  {:<8}  {}",
-            p.protocol, p.median_wall_s, p.ratio, p.paired_ratio, p.verified_all, p.value
+            "{:<14} {:>12.4} {:>10.3} {:>8.3} {:>15}  {:<8}  {}",
+            p.protocol,
+            p.median_wall_s,
+            p.ratio,
+            p.paired_ratio,
+            ci(p.paired_ratio_ci95),
+            p.verified_all,
+            p.value
         );
         ok &= p.verified_all && Some(&p.value) == first_value.as_ref();
         if let Some(f) = &p.failure {
             println!(
-                "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x), \
+                "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x, 95% CI {}), \
                  recovery {:.4} s, ranks rolled back {:?}{}",
                 f.kills.join(" "),
                 f.median_wall_s,
                 f.ratio_to_failure_free,
                 f.paired_ratio_to_failure_free,
+                ci(f.paired_ratio_to_failure_free_ci95),
                 f.median_recovery_s,
                 f.ranks_rolled_back,
                 if f.verified_all { "" } else { "  NOT VERIFIED" }
