@@ -206,12 +206,21 @@ fn rs_error(e: reed_solomon_simd::Error) -> Error {
 /// scratch stay well inside this machine's 512 KiB of L2 per core).
 const RS_BLOCK: usize = 32 * 1024;
 
-/// The `[start, end)` ranges of a shard of `shard_len` bytes, block by block
-/// (every range has an even length, as `shard_len` is even).
-fn rs_blocks(shard_len: usize) -> impl Iterator<Item = (usize, usize)> {
+/// XOR parity is made this many bytes at a time: the block of the parity
+/// and of each piece stay in this machine's 512 KiB of L2 per core.
+/// Measured with `lazarus bench-codec` (groups of 4), against a plain copy
+/// in the same run: whole-shard passes 0.92–1.04× memcpy for pieces of 16
+/// and 64 MiB, 64 KiB blocks 1.16–1.43× (pieces of 1 MiB, in cache either
+/// way: 0.69–0.88× both).
+const XOR_BLOCK: usize = 64 * 1024;
+
+/// The `[start, end)` ranges of a shard of `shard_len` bytes, `size` bytes
+/// at a time (with an even `shard_len` and `size`, every range has an even
+/// length).
+fn blocks(shard_len: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..shard_len)
-        .step_by(RS_BLOCK)
-        .map(move |o| (o, (o + RS_BLOCK).min(shard_len)))
+        .step_by(size)
+        .map(move |o| (o, (o + size).min(shard_len)))
 }
 
 /// Bytes `[o, e)` of `data`, cut short where `data` ends (the rest is
@@ -327,18 +336,29 @@ impl Coder {
         let shard_len = code.shard_len(lengths.iter().copied().max().unwrap_or(0));
         let parity = match code {
             Code::Xor => {
-                // Start from a copy of the first piece rather than from
-                // zeros: one pass less over the output.
+                // Block by block, so that each block of the parity stays in
+                // cache while every piece is folded into it and it is
+                // checksummed (whole-shard passes went through memory once
+                // per piece, and once more for the checksum). Each block
+                // starts as a copy of the first piece rather than zeros.
                 let mut acc = self.pool.take(shard_len);
-                let mut rest = pieces.iter();
-                if let Some(first) = rest.next() {
-                    acc.extend_from_slice(first);
+                let mut crc = 0;
+                for (o, e) in blocks(shard_len, XOR_BLOCK) {
+                    let mut rest = pieces.iter();
+                    if let Some(first) = rest.next() {
+                        acc.extend_from_slice(block(first, o, e));
+                    }
+                    acc.resize(e, 0);
+                    for p in rest {
+                        xor_into(&mut acc[o..e], block(p, o, e));
+                    }
+                    crc = crc32c::crc32c_append(crc, &acc[o..e]);
                 }
-                acc.resize(shard_len, 0);
-                for p in rest {
-                    xor_into(&mut acc, p);
-                }
-                vec![Shard::new(0, self.pool.freeze(acc))]
+                vec![Shard {
+                    index: 0,
+                    data: self.pool.freeze(acc),
+                    crc,
+                }]
             }
             Code::ReedSolomon { parity } => {
                 // Each shard at its full size from the start (`vec![v; n]`
@@ -385,7 +405,7 @@ impl Coder {
         mut sink: impl FnMut(usize, &[u8]),
     ) -> Result<()> {
         let k = pieces.len();
-        for (o, e) in rs_blocks(shard_len) {
+        for (o, e) in blocks(shard_len, RS_BLOCK) {
             let encoder = match &mut self.rs_encoder {
                 Some(enc) => {
                     enc.reset(k, parity, e - o).map_err(rs_error)?;
@@ -518,7 +538,7 @@ impl Coder {
             }
             Code::ReedSolomon { parity } => {
                 let mut rebuilt: Vec<Vec<u8>> = vec![Vec::with_capacity(enc.shard_len); lost.len()];
-                for (o, e) in rs_blocks(enc.shard_len) {
+                for (o, e) in blocks(enc.shard_len, RS_BLOCK) {
                     let decoder = match &mut self.rs_decoder {
                         Some(d) => {
                             d.reset(k, parity, e - o).map_err(rs_error)?;

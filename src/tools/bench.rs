@@ -276,12 +276,15 @@ fn add_paired_bandwidths(
             continue;
         };
         for key in ["bandwidth_mb_s", "forwarded_bandwidth_mb_s"] {
-            let ratio = paired_ratio(&per_run(runs, bytes, key), &per_run(base, bytes, key));
-            let name = paired_ratio_key(key);
-            if let (Some(obj), Some(r)) =
-                (point.as_object_mut(), serde_json::Number::from_f64(ratio))
-            {
-                obj.insert(name, serde_json::Value::Number(r));
+            let each = ratios(&per_run(runs, bytes, key), &per_run(base, bytes, key));
+            let Some(obj) = point.as_object_mut() else {
+                continue;
+            };
+            if let Some(r) = serde_json::Number::from_f64(median(&each)) {
+                obj.insert(paired_ratio_key(key), serde_json::Value::Number(r));
+            }
+            if let Some(ci) = median_ci95(&each) {
+                obj.insert(format!("{}_ci95", paired_ratio_key(key)), ci.into());
             }
         }
     }
@@ -452,5 +455,17 @@ mod tests {
                 < 1e-12
         );
         assert_eq!(medians[0]["bandwidth_paired_ratio"], 1.0);
+        // Three runs give no interval; six give [min, max] of the ratios.
+        assert!(p.get("bandwidth_paired_ratio_ci95").is_none());
+        let base: Vec<_> = (0..6).map(|_| run(1000.0, 1000.0)).collect();
+        let prot: Vec<_> = (0..6)
+            .map(|i| run(950.0 - 10.0 * i as f64, 500.0))
+            .collect();
+        let mut medians = pingpong_medians(&refs(&prot));
+        add_paired_bandwidths(&mut medians, &refs(&prot), &refs(&base));
+        assert_eq!(
+            medians[1]["bandwidth_paired_ratio_ci95"],
+            serde_json::json!([0.9, 0.95])
+        );
     }
 }
