@@ -16,6 +16,11 @@
 use lazarus::{Config, ProtocolKind, ReduceOp};
 
 fn main() -> std::process::ExitCode {
+    // The heap on huge pages, as the `lazarus` command has it (logs and
+    // checkpoints are fresh memory); glibc's defaults if that fails.
+    if let Err(e) = lazarus::driver::heap::run_again_with_heap_setting() {
+        eprintln!("warning: cannot run again with the heap setting ({e})");
+    }
     let steps: u64 = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())

@@ -156,6 +156,11 @@ fn rank_function(ctx: &mut Ctx) -> lazarus::Result<Vec<f64>> {
 }
 
 fn main() -> std::process::ExitCode {
+    // The heap on huge pages, as the `lazarus` command has it (logs and
+    // checkpoints are fresh memory); glibc's defaults if that fails.
+    if let Err(e) = lazarus::driver::heap::run_again_with_heap_setting() {
+        eprintln!("warning: cannot run again with the heap setting ({e})");
+    }
     let args: Vec<String> = std::env::args().collect();
     let opts = |name: &str| -> Vec<String> {
         args.windows(2)

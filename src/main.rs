@@ -1303,32 +1303,13 @@ fn cmd_model(args: &ModelArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Run this program again with its heap on transparent huge pages
-/// (`lazarus::driver::heap`: glibc reads its tunables only at start), unless
-/// it already is or should not be. Returns only if it does not run again.
-fn reexec_with_huge_pages() {
-    use std::os::unix::process::CommandExt;
-    let Some(tunables) = lazarus::driver::heap::huge_page_tunables() else {
-        return;
-    };
-    let mut args = std::env::args_os();
-    let argv0 = args.next().unwrap_or_default();
-    let err = std::process::Command::new("/proc/self/exe")
-        .arg0(argv0)
-        .args(args)
-        .env(lazarus::driver::heap::GLIBC_TUNABLES, tunables)
-        // Once only, whatever the loader does with GLIBC_TUNABLES.
-        .env(
-            lazarus::driver::heap::LAZARUS_HEAP,
-            lazarus::driver::heap::HEAP_HUGE_PAGES,
-        )
-        .exec();
-    // Carry on with glibc's defaults: slower under message logging, not wrong.
-    eprintln!("warning: cannot run again with the heap on huge pages ({err}); carrying on without");
-}
-
 fn main() -> ExitCode {
-    reexec_with_huge_pages();
+    if let Err(err) = lazarus::driver::heap::run_again_with_heap_setting() {
+        // Carry on with glibc's defaults: slower under message logging, not wrong.
+        eprintln!(
+            "warning: cannot run again with the heap on huge pages ({err}); carrying on without"
+        );
+    }
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Run(a) => cmd_run(a),

@@ -28,6 +28,12 @@
 //! `GLIBC_TUNABLES`, as it does for set-user-ID programs), when the kernel
 //! has transparent huge pages off (`never`), or on a system other than
 //! Linux with glibc.
+//!
+//! A program of one's own gets the same by calling
+//! [`run_again_with_heap_setting`] first thing in `main` (the `lazarus`
+//! command and the examples do): needed for the threads backend, where the
+//! ranks are threads of that program; rank processes the launcher starts
+//! get the setting from it either way.
 
 /// The variable glibc reads its tunables from.
 pub const GLIBC_TUNABLES: &str = "GLIBC_TUNABLES";
@@ -55,6 +61,45 @@ pub fn huge_page_tunables() -> Option<&'static str> {
     }
     let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
     thp_usable(&mode).then_some(HUGE_PAGE_TUNABLES)
+}
+
+/// Run this program again, in place (`exec` of `/proc/self/exe` with the
+/// same arguments), with [`huge_page_tunables`] in its environment and
+/// [`LAZARUS_HEAP`] set to [`HEAP_HUGE_PAGES`], so that it happens once
+/// even where the loader drops `GLIBC_TUNABLES`. Call it first thing in
+/// `main`, before any thread starts.
+///
+/// Returns `Ok(())` at once when there is nothing to do (see the module
+/// docs) or the program runs under valgrind, never returns when the program runs again, and returns the error
+/// of `exec` when that fails (the program can carry on with glibc's
+/// defaults: slower under message logging, not wrong).
+pub fn run_again_with_heap_setting() -> std::io::Result<()> {
+    let Some(tunables) = huge_page_tunables() else {
+        return Ok(());
+    };
+    // Under valgrind (its preloaded library is there), `/proc/self/exe`
+    // is valgrind's tool, which refuses to start that way: profile the
+    // program as it was started.
+    if std::env::var_os("LD_PRELOAD").is_some_and(|p| p.to_string_lossy().contains("vgpreload")) {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        let mut args = std::env::args_os();
+        let argv0 = args.next().unwrap_or_default();
+        Err(std::process::Command::new("/proc/self/exe")
+            .arg0(argv0)
+            .args(args)
+            .env(GLIBC_TUNABLES, tunables)
+            .env(LAZARUS_HEAP, HEAP_HUGE_PAGES)
+            .exec())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tunables;
+        Ok(())
+    }
 }
 
 /// Whether the kernel's THP mode (the contents of
