@@ -174,20 +174,30 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
             Ok(params) => {
                 // Ranks sharing a process share the whole matrix, made
                 // before the clock starts. A rank process makes its own
-                // block of rows (as NPB's MPI CG does), once per process
-                // (a coordinated rollback runs the rank function again),
-                // and the launcher makes none.
+                // block of rows (as NPB's MPI CG does), kept for the next
+                // call of the rank function (a coordinated rollback), and
+                // the launcher makes none. Blocks are kept by their rows:
+                // a processes-backend job can also run its ranks as
+                // threads of one process (`processes::Role::Earlier`).
                 let whole = (cfg.backend != crate::Backend::Processes)
                     .then(|| std::sync::Arc::new(cg::npb::makea(&params.class)));
-                let block = std::sync::OnceLock::new();
+                let blocks = std::sync::Mutex::new(Vec::<std::sync::Arc<cg::npb::Csr>>::new());
                 crate::run(&cfg, move |ctx| {
                     if let Some(a) = &whole {
                         return cg::rank_main(ctx, &params, a);
                     }
                     let world = ctx.world();
                     let (lo, hi) = cg::block(params.class.na, world.rank(), world.size());
-                    let a = block.get_or_init(|| cg::npb::makea_rows(&params.class, lo..hi));
-                    cg::rank_main(ctx, &params, a)
+                    let held = |a: &&std::sync::Arc<cg::npb::Csr>| a.rows() == (lo..hi);
+                    let found = (blocks.lock().unwrap_or_else(|e| e.into_inner()).iter())
+                        .find(held)
+                        .cloned();
+                    let a = found.unwrap_or_else(|| {
+                        let a = std::sync::Arc::new(cg::npb::makea_rows(&params.class, lo..hi));
+                        (blocks.lock().unwrap_or_else(|e| e.into_inner())).push(a.clone());
+                        a
+                    });
+                    cg::rank_main(ctx, &params, &a)
                 })
             }
             Err(e) => return failed(e),

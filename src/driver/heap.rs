@@ -13,8 +13,9 @@
 //!
 //! glibc puts its heap on transparent huge pages when asked through
 //! `GLIBC_TUNABLES`: `glibc.malloc.hugetlb=1` makes it `madvise` the memory
-//! it gets from the kernel, and `glibc.malloc.top_pad` makes it grow the
-//! heap in steps of 32 MiB, so that whole 2 MiB pages fit in it (with the
+//! it gets from the kernel (where the kernel's THP mode is `madvise`; in
+//! mode `always` every large enough region gets huge pages anyway), and
+//! `glibc.malloc.top_pad` makes it grow the heap in steps of 32 MiB, so that whole 2 MiB pages fit in it (with the
 //! default step of 128 KiB the page-fault count did not move; 8 MiB halved
 //! it; 32 MiB took it from 8,400 to 200). Tunables are read when a process
 //! starts, so this module only says what to put in a new process's
@@ -70,9 +71,10 @@ pub fn huge_page_tunables() -> Option<&'static str> {
 /// `main`, before any thread starts.
 ///
 /// Returns `Ok(())` at once when there is nothing to do (see the module
-/// docs) or the program runs under valgrind, never returns when the program runs again, and returns the error
-/// of `exec` when that fails (the program can carry on with glibc's
-/// defaults: slower under message logging, not wrong).
+/// docs) or the program runs under valgrind, never returns when the
+/// program runs again, and returns the error of `exec` when that fails
+/// (the program can carry on with glibc's defaults: slower under message
+/// logging, not wrong).
 pub fn run_again_with_heap_setting() -> std::io::Result<()> {
     let Some(tunables) = huge_page_tunables() else {
         return Ok(());

@@ -798,6 +798,28 @@ mod tests {
     }
 
     #[test]
+    fn xor_parity_made_in_blocks_is_the_whole_shards_xor() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let lens = [2 * XOR_BLOCK + 5, XOR_BLOCK, 0, XOR_BLOCK + 1, 17];
+        let pieces = random_pieces(&mut rng, &lens);
+        let enc = encode_all(Code::Xor, &pieces);
+        let mut naive = vec![0u8; 2 * XOR_BLOCK + 5];
+        for p in &pieces {
+            for (d, s) in naive.iter_mut().zip(p) {
+                *d ^= *s;
+            }
+        }
+        assert_eq!(enc.parity.len(), 1);
+        assert_eq!(&enc.parity[0].data[..], &naive[..]);
+        assert_eq!(enc.parity[0].crc, crc32c::crc32c(&naive));
+        // And each piece comes back from the others and the parity.
+        for lost in 0..pieces.len() {
+            let back = decode(&enc, &survivors(&pieces, &[lost])).expect("one loss");
+            assert_eq!(back[lost], pieces[lost], "piece {lost}");
+        }
+    }
+
+    #[test]
     fn xor_two_losses_is_an_error() {
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let pieces = random_pieces(&mut rng, &[64; 4]);

@@ -178,18 +178,17 @@ pub fn median_ci95(v: &[f64]) -> Option<[f64; 2]> {
         return None;
     }
     // P(Bin(n, ½) ≤ j) for j = 0, 1, ...: the running sum of C(n, j) / 2^n,
-    // C(n, j) computed in floating point (n is a repetition count).
+    // each term from its logarithm (C(n, j) and 2^n overflow past n ≈ 1000).
     let mut below = 0.0; // P(Bin ≤ k − 1)
-    let mut choose = 1.0; // C(n, k − 1)
-    let half_n = 0.5f64.powi(i32::try_from(n).ok()?);
+    let mut ln_term = -(n as f64) * std::f64::consts::LN_2; // ln(C(n, k) / 2^n)
     let mut k = 0;
     while k < n / 2 {
-        let next = below + choose * half_n;
+        let next = below + ln_term.exp();
         if 1.0 - 2.0 * next < 0.95 {
             break;
         }
         below = next;
-        choose = choose * (n - k) as f64 / (k + 1) as f64;
+        ln_term += ((n - k) as f64).ln() - ((k + 1) as f64).ln();
         k += 1;
     }
     if k == 0 {
@@ -394,6 +393,11 @@ mod tests {
         assert_eq!(median_ci95(&ladder(6)), Some([1.0, 6.0]));
         assert_eq!(median_ci95(&ladder(9)), Some([2.0, 8.0]));
         assert_eq!(median_ci95(&ladder(21)), Some([6.0, 16.0]));
+        // Past the range of C(n, k) in floating point, the normal
+        // approximation's k ≈ (n − 1.96·√n)/2: 4,902 for n = 10,000.
+        let [lo, hi] = median_ci95(&ladder(10_000)).expect("an interval");
+        assert!((4_895.0..=4_905.0).contains(&lo), "{lo}");
+        assert_eq!(hi, 10_001.0 - lo);
         // Order, not position, counts.
         let mut shuffled = ladder(21);
         shuffled.reverse();

@@ -424,10 +424,16 @@ fn dot(u: &[f64], v: &[f64]) -> f64 {
 /// unpreconditioned CG iterations from `z = 0`, and return the explicit
 /// residual norm `||x - A z||` (NPB's `rnorm`).
 ///
-/// `x` and `z` must both have length `a.n`.
+/// `x` and `z` must both have length `a.n`, and `a` must be the whole
+/// matrix (panics otherwise).
 pub fn conj_grad(a: &Csr, x: &[f64], z: &mut [f64]) -> f64 {
     let n = a.n;
     assert!(x.len() == n && z.len() == n, "conj_grad: length mismatch");
+    assert_eq!(
+        a.rows(),
+        0..n,
+        "conj_grad: needs the whole matrix, not a block of rows"
+    );
 
     // Initialize the CG algorithm: q = z = 0, r = p = x.
     let mut q = vec![0.0; n];
