@@ -4,7 +4,9 @@
 //! - An application bench (cg, stencil, dht): one bar per protocol, its
 //!   median failure-free wall time over the baseline's (`none`), and with
 //!   `--failure` a second bar, its median wall time with the failure over
-//!   the same baseline; each bar is labelled with its ratio.
+//!   the same baseline; each bar is labelled with its ratio. On the
+//!   failure-free bar, a dot marks the paired ratio and a whisker its 95%
+//!   confidence interval, when the report has them (`bench` module docs).
 //! - A ping-pong bench: bandwidth against message size, one line per
 //!   protocol (log–log axes), from the medians the report holds.
 //!
@@ -98,6 +100,9 @@ struct Protocol {
     /// Median wall with the bench's failure over the baseline's
     /// failure-free median (`None` without `--failure`).
     failure_ratio: Option<f64>,
+    /// The paired ratio and its 95% confidence interval, where the report
+    /// has them (the interval needs 6 repetitions).
+    paired: Option<(f64, Option<[f64; 2]>)>,
     /// Ping-pong: `(bytes, MB/s)` medians per size.
     bandwidth: Vec<(f64, f64)>,
 }
@@ -142,6 +147,19 @@ impl Report {
                 (Some(w), Some(b)) if b > 0.0 => Some(w / b),
                 _ => None,
             };
+            let paired = p["paired_ratio"]
+                .as_f64()
+                .filter(|r| r.is_finite())
+                .map(|r| {
+                    let ci = match p["paired_ratio_ci95"].as_array().map(Vec::as_slice) {
+                        Some([lo, hi]) => lo.as_f64().zip(hi.as_f64()).map(|(lo, hi)| [lo, hi]),
+                        _ => None,
+                    };
+                    (
+                        r,
+                        ci.filter(|[lo, hi]| lo.is_finite() && hi.is_finite() && lo <= hi),
+                    )
+                });
             let bandwidth = p["metrics"]
                 .as_array()
                 .map(|points| {
@@ -158,6 +176,7 @@ impl Report {
                 name,
                 ratio,
                 failure_ratio,
+                paired,
                 bandwidth,
             });
         }
@@ -226,7 +245,12 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
     let top = r
         .protocols
         .iter()
-        .flat_map(|p| std::iter::once(p.ratio).chain(p.failure_ratio))
+        .flat_map(|p| {
+            let whisker = p.paired.and_then(|(_, ci)| ci).map(|[_, hi]| hi);
+            [Some(p.ratio), p.failure_ratio, whisker]
+                .into_iter()
+                .flatten()
+        })
         .filter(|v| v.is_finite())
         .fold(1.0f64, f64::max)
         * 1.15;
@@ -290,6 +314,29 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
                 )))
                 .map_err(|e| fail(&e))?;
         }
+        // The paired ratio (a dot) and its confidence interval (a
+        // whisker), on the failure-free bar's right half.
+        if let Some((paired, ci)) = p.paired {
+            let xm = x0 + (x1 - x0) * 0.75;
+            if let Some([lo, hi]) = ci {
+                let cap = (x1 - x0) * 0.08;
+                let lines = [
+                    [(xm, lo), (xm, hi)],
+                    [(xm - cap, lo), (xm + cap, lo)],
+                    [(xm - cap, hi), (xm + cap, hi)],
+                ];
+                chart
+                    .draw_series(lines.map(|l| PathElement::new(l, BLACK.stroke_width(2))))
+                    .map_err(|e| fail(&e))?;
+            }
+            chart
+                .draw_series(std::iter::once(Circle::new(
+                    (xm, paired),
+                    4,
+                    BLACK.filled(),
+                )))
+                .map_err(|e| fail(&e))?;
+        }
         // The protocol's name under its bars, in the label area.
         let (px, py) = chart.backend_coord(&(x + 0.2, 0.0));
         root.draw(&Text::new(
@@ -301,7 +348,10 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
     }
     // Legend: which bar is which.
     let legend = [
-        (free_color, "failure-free".to_string()),
+        (
+            free_color,
+            "failure-free (dot and whisker: paired ratio, its 95% CI)".to_string(),
+        ),
         (
             failure_color,
             format!(
@@ -421,6 +471,7 @@ mod tests {
                              {"bytes": 1048576, "latency_us": 80.0, "bandwidth_mb_s": 13000.0}],
                  "failure": null},
                 {"protocol": "ulml", "median_wall_s": 0.6, "ratio": 1.2,
+                 "paired_ratio": 1.15, "paired_ratio_ci95": [1.05, 1.3],
                  "metrics": [{"bytes": 8, "latency_us": 0.5, "bandwidth_mb_s": 16.0},
                              {"bytes": 1048576, "latency_us": 120.0, "bandwidth_mb_s": 8700.0}],
                  "failure": {"median_wall_s": 0.66}}
@@ -434,6 +485,8 @@ mod tests {
         assert!(!r.pingpong);
         assert_eq!(r.protocols.len(), 2);
         assert_eq!(r.protocols[0].failure_ratio, None);
+        assert_eq!(r.protocols[0].paired, None, "a report without them");
+        assert_eq!(r.protocols[1].paired, Some((1.15, Some([1.05, 1.3]))));
         let f = r.protocols[1].failure_ratio.expect("failure ratio");
         assert!((f - 0.66 / 0.5).abs() < 1e-12, "{f}");
         assert_eq!(
@@ -460,6 +513,8 @@ mod tests {
             }
             if app == "cg" {
                 assert!(svg.contains("1.320"), "the failure bar's label");
+                // One dot for the one protocol with a paired ratio.
+                assert_eq!(svg.matches("<circle").count(), 1, "the paired ratio's dot");
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
