@@ -1,9 +1,17 @@
 //! `lazarus bench`: protocols side by side in one invocation.
 //!
-//! Runs alternate between protocols (A B A B ...) so that machine noise hits
-//! all of them alike; each protocol's figure is the median wall time of its
-//! runs, reported with its ratio to `none` (DESIGN principle 7). Every run must
-//! verify, and every protocol must print the same value.
+//! Runs alternate between protocols so that machine noise hits all of them
+//! alike: each repetition runs every protocol once, in the orders of a
+//! Williams design (a Latin square balanced for the run before: over `n`
+//! repetitions, or `2n` for an odd number `n` of protocols, every protocol
+//! runs as often right after each other one, and once in every position of
+//! the order per `n` repetitions). With one fixed order an effect of the run
+//! before lands on one protocol: on this machine the run right after a run
+//! that used little memory pays most for fresh memory, and with `none,
+//! pessimistic, ulml` that was always `pessimistic`. Each
+//! protocol's figure is the median wall time of its runs, reported with its
+//! ratio to `none` (DESIGN principle 7). Every run must verify, and every
+//! protocol must print the same value.
 //!
 //! Two ratios are reported, because this kind of machine (shared, with
 //! other tenants' load arriving in bursts of seconds) moves a 0.1 s run by
@@ -289,6 +297,26 @@ fn add_paired_bandwidths(
     }
 }
 
+/// The protocols (indices into a list of `n`) in the order repetition
+/// `rep` runs them: row `rep` of a Williams design (see the module docs).
+/// The first row is `0, 1, n−1, 2, n−2, ...`; row `r` adds `r` to it
+/// (mod `n`); for an odd `n`, rows `n..2n` are rows `0..n` reversed.
+fn run_order(rep: usize, n: usize) -> Vec<usize> {
+    let shift = rep % n.max(1);
+    let mut order: Vec<usize> = (0..n)
+        .map(|k| match k {
+            0 => 0,
+            k if k % 2 == 1 => k.div_ceil(2),
+            k => n - k / 2,
+        })
+        .map(|b| (b + shift) % n)
+        .collect();
+    if n % 2 == 1 && (rep / n) % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
 /// Run `app` under each protocol `reps` times, alternating.
 pub fn bench(
     app: AppKind,
@@ -308,8 +336,9 @@ pub fn bench(
     let mut runs: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut failed: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     // Failure-free and failure runs alternate too, so noise hits both alike.
-    for _ in 0..reps {
-        for (i, &p) in protocols.iter().enumerate() {
+    for rep in 0..reps {
+        for i in run_order(rep, protocols.len()) {
+            let p = protocols[i];
             let cfg = base.clone().compared_under(p);
             let run = run_app(app, params, &cfg);
             let s = RunSummary::new(app, params, &cfg, &run);
@@ -381,6 +410,47 @@ pub fn bench(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repetitions_follow_a_williams_design() {
+        assert_eq!(run_order(0, 3), [0, 1, 2]);
+        assert_eq!(run_order(1, 3), [1, 2, 0]);
+        assert_eq!(run_order(3, 3), [2, 1, 0]);
+        assert_eq!(run_order(0, 4), [0, 1, 3, 2]);
+        assert_eq!(run_order(7, 1), [0]);
+        assert!(run_order(0, 0).is_empty());
+        for n in 2..=7 {
+            let rows = if n % 2 == 0 { n } else { 2 * n };
+            // Every row runs every protocol once.
+            for r in 0..rows {
+                let mut o = run_order(r, n);
+                o.sort_unstable();
+                assert_eq!(o, (0..n).collect::<Vec<_>>(), "n {n} row {r}");
+            }
+            // Every protocol right after every other one equally often.
+            let mut after = vec![vec![0; n]; n];
+            for r in 0..rows {
+                for w in run_order(r, n).windows(2) {
+                    after[w[1]][w[0]] += 1;
+                }
+            }
+            let times = rows / n;
+            for (b, row) in after.iter().enumerate() {
+                for (a, &count) in row.iter().enumerate() {
+                    let want = if a == b { 0 } else { times };
+                    assert_eq!(count, want, "n {n}: {b} after {a}");
+                }
+            }
+            // Every protocol in every position once per n rows.
+            for p in 0..n {
+                let mut at: Vec<usize> = (0..n)
+                    .map(|r| run_order(r, n).iter().position(|&q| q == p).unwrap_or(n))
+                    .collect();
+                at.sort_unstable();
+                assert_eq!(at, (0..n).collect::<Vec<_>>(), "n {n}: protocol {p}");
+            }
+        }
+    }
 
     #[test]
     fn median_interval_is_the_order_statistics_of_95_percent_coverage() {
