@@ -251,6 +251,28 @@ fn xor_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// The XOR of `parts` (each zero-padded to `len`, none longer), appended to
+/// `acc` (empty; its capacity is used), with its CRC32C. Block by block, so
+/// that each block of the result stays in cache while every part is folded
+/// into it and it is checksummed (whole-length passes went through memory
+/// once per part, and once more for the checksum); each block starts as a
+/// copy of the first part rather than zeros.
+fn xor_fold(mut acc: Vec<u8>, parts: &[&[u8]], len: usize) -> (Vec<u8>, u32) {
+    let mut crc = 0;
+    for (o, e) in blocks(len, XOR_BLOCK) {
+        let mut rest = parts.iter();
+        if let Some(first) = rest.next() {
+            acc.extend_from_slice(block(first, o, e));
+        }
+        acc.resize(e, 0);
+        for p in rest {
+            xor_into(&mut acc[o..e], block(p, o, e));
+        }
+        crc = crc32c::crc32c_append(crc, &acc[o..e]);
+    }
+    (acc, crc)
+}
+
 /// Compute the parity of a group of `pieces` (any lengths, including empty).
 ///
 /// Errors with [`Error::Config`] for an empty group, `rs:0`, or a group and
@@ -336,24 +358,7 @@ impl Coder {
         let shard_len = code.shard_len(lengths.iter().copied().max().unwrap_or(0));
         let parity = match code {
             Code::Xor => {
-                // Block by block, so that each block of the parity stays in
-                // cache while every piece is folded into it and it is
-                // checksummed (whole-shard passes went through memory once
-                // per piece, and once more for the checksum). Each block
-                // starts as a copy of the first piece rather than zeros.
-                let mut acc = self.pool.take(shard_len);
-                let mut crc = 0;
-                for (o, e) in blocks(shard_len, XOR_BLOCK) {
-                    let mut rest = pieces.iter();
-                    if let Some(first) = rest.next() {
-                        acc.extend_from_slice(block(first, o, e));
-                    }
-                    acc.resize(e, 0);
-                    for p in rest {
-                        xor_into(&mut acc[o..e], block(p, o, e));
-                    }
-                    crc = crc32c::crc32c_append(crc, &acc[o..e]);
-                }
+                let (acc, crc) = xor_fold(self.pool.take(shard_len), pieces, shard_len);
                 vec![Shard {
                     index: 0,
                     data: self.pool.freeze(acc),
@@ -528,12 +533,13 @@ impl Coder {
 
         match enc.code {
             Code::Xor => {
-                // Exactly one piece is lost here (at most one parity shard exists).
+                // Exactly one piece is lost here (at most one parity shard
+                // exists): the parity XOR the survivors.
                 let j = lost[0];
-                let mut acc = good[0].data.to_vec();
-                for (d, _) in present.iter().flatten() {
-                    xor_into(&mut acc, d);
-                }
+                let parts: Vec<&[u8]> = std::iter::once(&good[0].data[..])
+                    .chain(present.iter().flatten().map(|&(d, _)| d))
+                    .collect();
+                let (acc, _) = xor_fold(Vec::with_capacity(enc.shard_len), &parts, enc.shard_len);
                 out[j] = finish(acc, enc.lengths[j], j, &label)?;
             }
             Code::ReedSolomon { parity } => {
