@@ -1052,16 +1052,17 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                         .and_then(|ps| ps.iter().find(|q| q["bytes"] == pt["bytes"]))
                         .and_then(|q| q[k].as_f64())
                         .map(|b| {
-                            let key = lazarus::tools::bench::paired_ratio_key(k);
-                            let paired = pt[&key].as_f64().unwrap_or(f64::NAN);
-                            let ci = match pt[format!("{key}_ci95")].as_array().map(Vec::as_slice) {
-                                Some([lo, hi]) => format!(
-                                    ", 95% CI {:.2}-{:.2}",
-                                    lo.as_f64().unwrap_or(f64::NAN),
-                                    hi.as_f64().unwrap_or(f64::NAN)
-                                ),
-                                _ => String::new(),
-                            };
+                            use lazarus::tools::bench::{paired_ratio_ci95_key, paired_ratio_key};
+                            let paired = pt[paired_ratio_key(k)].as_f64().unwrap_or(f64::NAN);
+                            let ci =
+                                match pt[paired_ratio_ci95_key(k)].as_array().map(Vec::as_slice) {
+                                    Some([lo, hi]) => format!(
+                                        ", 95% CI {:.2}-{:.2}",
+                                        lo.as_f64().unwrap_or(f64::NAN),
+                                        hi.as_f64().unwrap_or(f64::NAN)
+                                    ),
+                                    _ => String::new(),
+                                };
                             format!(" ({:.2}x none, paired {paired:.2}x{ci})", f(k) / b)
                         })
                         .unwrap_or_default(),

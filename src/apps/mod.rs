@@ -188,15 +188,18 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
                     }
                     let world = ctx.world();
                     let (lo, hi) = cg::block(params.class.na, world.rank(), world.size());
-                    let held = |a: &&std::sync::Arc<cg::npb::Csr>| a.rows() == (lo..hi);
-                    let found = (blocks.lock().unwrap_or_else(|e| e.into_inner()).iter())
-                        .find(held)
-                        .cloned();
-                    let a = found.unwrap_or_else(|| {
-                        let a = std::sync::Arc::new(cg::npb::makea_rows(&params.class, lo..hi));
-                        (blocks.lock().unwrap_or_else(|e| e.into_inner())).push(a.clone());
-                        a
-                    });
+                    let a = {
+                        let mut blocks = blocks.lock().unwrap_or_else(|e| e.into_inner());
+                        match blocks.iter().find(|a| a.rows() == (lo..hi)) {
+                            Some(a) => a.clone(),
+                            None => {
+                                let a =
+                                    std::sync::Arc::new(cg::npb::makea_rows(&params.class, lo..hi));
+                                blocks.push(a.clone());
+                                a
+                            }
+                        }
+                    };
                     cg::rank_main(ctx, &params, &a)
                 })
             }

@@ -15,9 +15,10 @@
 //! `GLIBC_TUNABLES`: `glibc.malloc.hugetlb=1` makes it `madvise` the memory
 //! it gets from the kernel (where the kernel's THP mode is `madvise`; in
 //! mode `always` every large enough region gets huge pages anyway), and
-//! `glibc.malloc.top_pad` makes it grow the heap in steps of 32 MiB, so that whole 2 MiB pages fit in it (with the
-//! default step of 128 KiB the page-fault count did not move; 8 MiB halved
-//! it; 32 MiB took it from 8,400 to 200). Tunables are read when a process
+//! `glibc.malloc.top_pad` makes it grow the heap in steps of 32 MiB, so
+//! that whole 2 MiB pages fit in it (with the default step of 128 KiB the
+//! page-fault count did not move; 8 MiB halved it; 32 MiB took it from
+//! 8,400 to 200). Tunables are read when a process
 //! starts, so this module only says what to put in a new process's
 //! environment: the launcher gives it to the rank processes it starts, and
 //! the `lazarus` command runs itself again with it.

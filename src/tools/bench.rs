@@ -132,13 +132,14 @@ fn failure_figures(
     let wall_s: Vec<f64> = failed.iter().map(|r| r.stats.wall_s).collect();
     let free_s: Vec<f64> = free.iter().map(|r| r.stats.wall_s).collect();
     let m = median(&wall_s);
+    let each = ratios(&wall_s, &free_s);
     let value = free.first().map(|r| r.result.clone());
     Some(FailureFigures {
         kills: kills.iter().map(ToString::to_string).collect(),
         median_wall_s: m,
         ratio_to_failure_free: m / free_median,
-        paired_ratio_to_failure_free: paired_ratio(&wall_s, &free_s),
-        paired_ratio_to_failure_free_ci95: median_ci95(&ratios(&wall_s, &free_s)),
+        paired_ratio_to_failure_free: median(&each),
+        paired_ratio_to_failure_free_ci95: median_ci95(&each),
         median_recovery_s: median(
             &failed
                 .iter()
@@ -269,6 +270,12 @@ pub fn paired_ratio_key(metric: &str) -> String {
     format!("{}_paired_ratio", metric.trim_end_matches("_mb_s"))
 }
 
+/// The name of the 95% confidence interval of that paired ratio
+/// (`bandwidth_mb_s` → `bandwidth_paired_ratio_ci95`).
+pub fn paired_ratio_ci95_key(metric: &str) -> String {
+    format!("{}_ci95", paired_ratio_key(metric))
+}
+
 /// Pingpong: add to each size of `metrics` the paired ratios of its
 /// bandwidths to the baseline's (`bandwidth_paired_ratio`,
 /// `forwarded_bandwidth_paired_ratio`; see the module docs), from the
@@ -291,7 +298,7 @@ fn add_paired_bandwidths(
                 obj.insert(paired_ratio_key(key), serde_json::Value::Number(r));
             }
             if let Some(ci) = median_ci95(&each) {
-                obj.insert(format!("{}_ci95", paired_ratio_key(key)), ci.into());
+                obj.insert(paired_ratio_ci95_key(key), ci.into());
             }
         }
     }
@@ -375,12 +382,13 @@ pub fn bench(
     for ((i, &p), metrics) in protocols.iter().enumerate().zip(all_metrics) {
         let walls: Vec<f64> = runs[i].iter().map(|r| r.stats.wall_s).collect();
         let m = median(&walls);
+        let each = ratios(&walls, &base_walls);
         figures.push(ProtocolFigures {
             protocol: p.name().into(),
             median_wall_s: m,
             ratio: m / base_median,
-            paired_ratio: paired_ratio(&walls, &base_walls),
-            paired_ratio_ci95: median_ci95(&ratios(&walls, &base_walls)),
+            paired_ratio: median(&each),
+            paired_ratio_ci95: median_ci95(&each),
             wall_s: walls,
             verified_all: runs[i].iter().all(|r| r.verified),
             value: runs[i]
