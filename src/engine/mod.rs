@@ -11,6 +11,8 @@
 
 pub mod frame;
 mod rma_logging;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
