@@ -1009,6 +1009,21 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 per(|s| s.determinants as f64)
             );
         }
+        if p.runs.iter().any(|r| r.stats.checkpoints > 0) {
+            // What the checkpoints cost apart from logging: under message
+            // logging a piece carries the sender's log, which on a short
+            // run at the default interval can be most of the overhead.
+            let count = per(|s| s.checkpoints as f64);
+            let in_checkpoints = per(|s| s.checkpoint_s_total);
+            let ranks = report.ranks as f64;
+            println!(
+                "    checkpoints: {count:.0} per run, {:.0} bytes per piece, {:.4} s per rank in them \
+                 ({:.1}% of the median wall time)",
+                per(|s| s.checkpoint_bytes as f64 / s.checkpoints.max(1) as f64) / ranks,
+                in_checkpoints,
+                100.0 * in_checkpoints / p.median_wall_s
+            );
+        }
         if p.runs.iter().all(|r| r.stats.mean_peak_rss_bytes.is_some()) {
             println!(
                 "    memory: peak resident set {:.1} MiB per rank process (mean), {:.1} MiB (largest); {:.0} minor page faults",

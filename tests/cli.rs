@@ -317,6 +317,19 @@ fn bench_reports_ratios_to_none() {
         dir.join("drawn.svg").to_str().expect("utf-8 path"),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // What the checkpoints cost is shown for the protocol that takes them,
+    // right under its row, and not for `none`.
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    let at: Vec<usize> = (lines.iter().enumerate())
+        .filter(|(_, l)| l.trim_start().starts_with("checkpoints:"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "{out}");
+    assert!(
+        lines[at[0] - 1].starts_with("coordinated ") && lines[at[0]].contains("bytes per piece"),
+        "{out}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
             .expect("valid JSON");
