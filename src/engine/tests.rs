@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::Engine;
-use super::frame::{AppMessage, Body, Frame, Incoming};
+use super::frame::{AppMessage, Body, Envelope, Frame, Incoming};
+use super::{Engine, MatchSpec};
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
-use crate::protocol::{Action, Control, Event, Protocol, ProtocolCx};
+use crate::protocol::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::store::partner::PartnerStore;
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -26,16 +26,20 @@ struct Wire {
     sent_before_arrival: Vec<usize>,
 }
 
-/// Rank 0 of 2: hands out `script` one arrival per poll, and records
-/// every frame sent. A blocking poll with nothing left is an error, so a
-/// wait that would never end fails the test instead of hanging it.
+/// Rank 0 of `size`: hands out `script` one arrival per poll (only to
+/// blocking polls unless `eager`: then a rank's receives are all posted
+/// before anything arrives), and records every frame sent. A blocking poll
+/// with nothing left is an error, so a wait that would never end fails the
+/// test instead of hanging it.
 struct ScriptEndpoint {
+    size: usize,
+    eager: bool,
     script: VecDeque<Incoming>,
     wire: Arc<Mutex<Wire>>,
 }
 
-fn wire(w: &Arc<Mutex<Wire>>) -> std::sync::MutexGuard<'_, Wire> {
-    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Endpoint for ScriptEndpoint {
@@ -43,19 +47,22 @@ impl Endpoint for ScriptEndpoint {
         0
     }
     fn size(&self) -> usize {
-        2
+        self.size
     }
     fn start_epoch(&self) -> u64 {
         0
     }
     fn send(&mut self, dest: Rank, frame: Frame) -> Result<()> {
-        wire(&self.wire).sent.push((dest, frame));
+        locked(&self.wire).sent.push((dest, frame));
         Ok(())
     }
     fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
+        if timeout.is_some() && !self.eager {
+            return Ok(None);
+        }
         match self.script.pop_front() {
             Some(inc) => {
-                let mut w = wire(&self.wire);
+                let mut w = locked(&self.wire);
                 let n = w.sent.len();
                 w.sent_before_arrival.push(n);
                 Ok(Some(inc))
@@ -137,33 +144,50 @@ impl Protocol for HoldingProtocol {
 }
 
 fn marker(generation: u64) -> Incoming {
+    control_from(1, generation)
+}
+
+fn control_from(src: Rank, generation: u64) -> Incoming {
     Incoming::Frame(Frame {
-        src: 1,
+        src,
         epoch: 0,
         body: Body::Control(Control::Marker { generation }),
     })
 }
 
-/// Rank 0 of 2 under [`HoldingProtocol`], its wire, and the protocol's
-/// "determinants stored" flag.
-fn engine(stored: bool, script: Vec<Incoming>) -> (Engine, Arc<Mutex<Wire>>, Arc<AtomicBool>) {
+/// Rank 0 of `size` under `proto`, reading `script` (`eager`: see
+/// [`ScriptEndpoint`]), and its wire.
+fn engine_with(
+    size: usize,
+    eager: bool,
+    proto: Box<dyn Protocol>,
+    script: Vec<Incoming>,
+) -> (Engine, Arc<Mutex<Wire>>) {
     let w = Arc::new(Mutex::new(Wire::default()));
-    let stored = Arc::new(AtomicBool::new(stored));
-    let placement = Placement::block(2, 1).expect("placement");
+    let placement = Placement::block(size, 1).expect("placement");
     let ep = ScriptEndpoint {
+        size,
+        eager,
         script: script.into(),
         wire: w.clone(),
     };
+    let store = PartnerStore::new(0, &placement);
+    (
+        Engine::new(Box::new(ep), proto, Box::new(store), placement),
+        w,
+    )
+}
+
+/// Rank 0 of 2 under [`HoldingProtocol`], its wire, and the protocol's
+/// "determinants stored" flag.
+fn engine(stored: bool, script: Vec<Incoming>) -> (Engine, Arc<Mutex<Wire>>, Arc<AtomicBool>) {
+    let stored = Arc::new(AtomicBool::new(stored));
     let proto = HoldingProtocol {
         log: Vec::new(),
         stored: stored.clone(),
     };
-    let store = PartnerStore::new(0, &placement);
-    (
-        Engine::new(Box::new(ep), Box::new(proto), Box::new(store), placement),
-        w,
-        stored,
-    )
+    let (e, w) = engine_with(2, true, Box::new(proto), script);
+    (e, w, stored)
 }
 
 /// The application messages transmitted, as (destination, SSN, payload).
@@ -184,7 +208,7 @@ fn a_resend_asked_for_while_a_send_waits_leaves_after_the_determinants_and_once(
     // neither as the resend nor as itself, and must leave once.
     let (mut e, w, _) = engine(false, vec![marker(RESEND), marker(STORED)]);
     e.send(1, 7, 3, Bytes::from_static(b"m1")).expect("send");
-    let w = wire(&w);
+    let w = locked(&w);
     assert_eq!(
         w.sent_before_arrival,
         vec![0, 0],
@@ -202,7 +226,7 @@ fn resends_held_during_a_send_go_out_in_log_order_before_it() {
     e.send(1, 7, 3, Bytes::from_static(b"m1")).expect("send m1");
     stored.store(false, Ordering::Relaxed);
     e.send(1, 7, 3, Bytes::from_static(b"m2")).expect("send m2");
-    let w = wire(&w);
+    let w = locked(&w);
     assert_eq!(
         w.sent_before_arrival,
         vec![1, 1],
@@ -214,6 +238,142 @@ fn resends_held_during_a_send_go_out_in_log_order_before_it() {
             (1, 1, Bytes::from_static(b"m1")),
             (1, 1, Bytes::from_static(b"m1")),
             (1, 2, Bytes::from_static(b"m2")),
+        ]
+    );
+}
+
+/// Deliveries as a protocol saw them: `(src, ssn, rsn, replayed)`.
+type Deliveries = Arc<Mutex<Vec<(Rank, u64, Option<u64>, bool)>>>;
+
+/// A logging protocol reduced to replay: a marker of generation
+/// [`REPLAY`] hands the engine its determinants (as a recovering rank gets
+/// them from their holders), and every delivery is recorded as
+/// `(src, ssn, rsn, replayed)`.
+struct ReplayingProtocol {
+    determinants: Vec<Determinant>,
+    delivered: Deliveries,
+}
+
+const REPLAY: u64 = 9;
+
+impl Protocol for ReplayingProtocol {
+    fn name(&self) -> &'static str {
+        "replaying"
+    }
+    fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        match event {
+            Event::Control {
+                msg: Control::Marker { generation: REPLAY },
+                ..
+            } => cx.emit(Action::Replay {
+                determinants: std::mem::take(&mut self.determinants),
+            }),
+            Event::AppDeliver {
+                msg,
+                wildcard,
+                replayed,
+                ..
+            } => locked(&self.delivered).push((msg.envelope.src, msg.ssn, wildcard, replayed)),
+            _ => {}
+        }
+    }
+    fn rolls_back_survivors(&self) -> bool {
+        false
+    }
+}
+
+fn app_from(src: Rank, ssn: u64, payload: &'static [u8]) -> Incoming {
+    Incoming::Frame(Frame {
+        src,
+        epoch: 0,
+        body: Body::App(AppMessage {
+            envelope: Envelope {
+                src,
+                dest: 0,
+                context: CONTEXT,
+                tag: TAG,
+            },
+            ssn,
+            payload: Bytes::from_static(payload),
+        }),
+    })
+}
+
+const CONTEXT: u64 = 7;
+const TAG: i32 = 3;
+
+fn det(rsn: u64, src: Rank, ssn: u64) -> Determinant {
+    Determinant {
+        rsn,
+        src,
+        ssn,
+        at: None,
+    }
+}
+
+/// Rank 0 of 3 replaying wildcard receptions (2,1) (1,1) (2,2), as (src,
+/// SSN), while the messages arrive in the order (1,1) (2,1) (2,2)
+/// (`eager`: see [`ScriptEndpoint`]); and what its protocol saw delivered.
+fn replaying(eager: bool) -> (Engine, Deliveries) {
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let proto = ReplayingProtocol {
+        determinants: vec![det(2, 1, 1), det(1, 2, 1), det(3, 2, 2)],
+        delivered: delivered.clone(),
+    };
+    let script = vec![
+        control_from(1, REPLAY),
+        app_from(1, 1, b"a"),
+        app_from(2, 1, b"b"),
+        app_from(2, 2, b"c"),
+    ];
+    let (e, _) = engine_with(3, eager, Box::new(proto), script);
+    (e, delivered)
+}
+
+const ANY: MatchSpec = MatchSpec {
+    context: CONTEXT,
+    source: None,
+    tag: Some(TAG),
+};
+
+#[test]
+fn replayed_wildcard_receives_take_the_logged_senders_not_the_arrival_order() {
+    // Everything has arrived when the first receive is posted: each
+    // receive takes from the arrived messages the one its determinant
+    // names, not the first to arrive.
+    let (mut e, delivered) = replaying(true);
+    let got: Vec<Bytes> = (0..3)
+        .map(|_| e.receive(ANY).expect("receive").payload)
+        .collect();
+    assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
+    assert_eq!(
+        *locked(&delivered),
+        vec![
+            (2, 1, Some(1), true),
+            (1, 1, Some(2), true),
+            (2, 2, Some(3), true)
+        ]
+    );
+}
+
+#[test]
+fn wildcard_receives_posted_together_are_matched_in_the_logged_order() {
+    // All three posted before anything arrives: each arrival is matched as
+    // the replay allows, and the one that waited is matched once the
+    // determinant ahead of it is consumed (`rematch_replay`).
+    let (mut e, delivered) = replaying(false);
+    let ids: Vec<_> = (0..3).map(|_| e.post_receive(ANY).expect("post")).collect();
+    let got: Vec<Bytes> = ids
+        .into_iter()
+        .map(|id| e.wait(id).expect("wait").payload)
+        .collect();
+    assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
+    assert_eq!(
+        *locked(&delivered),
+        vec![
+            (2, 1, Some(1), true),
+            (1, 1, Some(2), true),
+            (2, 2, Some(3), true)
         ]
     );
 }
