@@ -8,10 +8,13 @@
 # times; each Lazarus run is `lazarus bench pingpong --reps <trials>`. A
 # figure is the median of all the samples of a size (rounds x trials), and the
 # ratios are Lazarus/MPICH: latency at 8 B (target <= 2), bandwidth at 64 KiB,
-# 1 MiB (target >= 0.7) and 4 MiB.
+# 1 MiB (target >= 0.7) and 4 MiB. Each round also gives its own ratio (of
+# the two programs' medians in that round, which ran seconds apart): their
+# median is the paired ratio, shown with a distribution-free 95% confidence
+# interval from 6 rounds on (as `lazarus bench` does).
 #
 # Usage: bench/vs-mpi.sh [--rounds N] [--trials N] [--json FILE] [--check]
-#   --rounds N   alternations of the two programs (default 5)
+#   --rounds N   alternations of the two programs (default 6)
 #   --trials N   samples per size in each run (default 3)
 #   --json FILE  write the figures here (default target/vs-mpi.json)
 #   --check      exit 1 when a target is missed
@@ -22,7 +25,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ROUNDS=5
+ROUNDS=6
 TRIALS=3
 JSON_OUT="$ROOT/target/vs-mpi.json"
 CHECK=0
@@ -87,12 +90,13 @@ done
 
 # 4. Medians, table, JSON.
 python3 - "$WORK" "$ROUNDS" "$BACKEND" "$JSON_OUT" "$CHECK" <<'EOF'
-import json, statistics, sys
+import json, math, statistics, sys
 
 work, rounds, backend, out, check = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
 
 mpich = {}     # bytes -> one-way latency samples, us
 lazarus = {}   # bytes -> one-way latency samples, us
+by_round = {}  # (program, bytes) -> one median latency per round, us
 library = ""
 for r in range(1, rounds + 1):
     with open(f"{work}/mpich-{r}.json") as f:
@@ -102,14 +106,38 @@ for r in range(1, rounds + 1):
     library = " ".join(m["library"].split())
     for p in m["points"]:
         mpich.setdefault(p["bytes"], []).extend(p["latency_us_trials"])
+        by_round.setdefault(("mpich", p["bytes"]), []).append(statistics.median(p["latency_us_trials"]))
     with open(f"{work}/lazarus-{r}.json") as f:
         l = json.load(f)
     (prot,) = [p for p in l["protocols"] if p["protocol"] == "none"]
     if not prot["verified_all"]:
         sys.exit(f"vs-mpi.sh: Lazarus round {r}: a run did not verify")
+    this_round = {}
     for run in prot["runs"]:
         for p in run["metrics"]:
             lazarus.setdefault(p["bytes"], []).append(p["latency_us"])
+            this_round.setdefault(p["bytes"], []).append(p["latency_us"])
+    for b, v in this_round.items():
+        by_round.setdefault(("lazarus", b), []).append(statistics.median(v))
+
+def median_ci95(v):
+    """[x_(k), x_(n+1-k)] for the largest k with 1 - 2 P(Bin(n, 1/2) <= k-1) >= 0.95
+    (a distribution-free interval for the median); None under 6 values."""
+    v, n = sorted(v), len(v)
+    k, tail = 0, 0.0
+    while k < n // 2:
+        tail += math.comb(n, k) / 2 ** n  # P(Bin <= k)
+        if 1 - 2 * tail < 0.95:
+            break
+        k += 1
+    return [v[k - 1], v[n - k]] if k > 0 else None
+
+def paired(b, what):
+    """Lazarus/MPICH per round (of latency, or of bandwidth: its inverse):
+    their median and its 95% interval."""
+    lz, mp = by_round.get(("lazarus", b), []), by_round.get(("mpich", b), [])
+    rs = [l / m if what == "latency" else m / l for l, m in zip(lz, mp)]
+    return (statistics.median(rs) if rs else float("nan")), median_ci95(rs)
 
 def figures(samples, b):
     lat = statistics.median(samples[b])
@@ -137,8 +165,10 @@ for b, what, target in KEY:
     if target:
         met = ratio <= target[1] if target[0] == "<=" else ratio >= target[1]
         all_met &= met
+    paired_ratio, paired_ci95 = paired(b, what)
     rows.append({"bytes": b, "size": size_name(b), "mpich": mp, "lazarus": lz,
                  "ratio_of": what, "ratio": ratio,
+                 "paired_ratio": paired_ratio, "paired_ratio_ci95": paired_ci95,
                  "target": f"{target[0]} {target[1]:g}" if target else None, "met": met})
 
 common = sorted(set(mpich) & set(lazarus))
@@ -157,14 +187,16 @@ with open(out, "w") as f:
 n = rows[0]["mpich"]["samples"]
 print(f"Ping-pong on 2 ranks: {library} vs Lazarus (backend {backend}, protocol none)")
 print(f"{rounds} alternating rounds; medians of {n} samples per size each; GB/s = 10^9 B/s")
-print(f"{'size':>7} | {'MPICH us':>9} {'MPICH GB/s':>10} | {'Lazarus us':>10} {'Lazarus GB/s':>12} | {'Lazarus/MPICH':>18} {'target':>7}")
-print("-" * 90)
+print(f"{'size':>7} | {'MPICH us':>9} {'MPICH GB/s':>10} | {'Lazarus us':>10} {'Lazarus GB/s':>12} | {'Lazarus/MPICH':>18} {'paired (95% CI)':>22} {'target':>7}")
+print("-" * 113)
 for row in rows:
     mp, lz = row["mpich"], row["lazarus"]
     t = "" if row["target"] is None else f"{row['target']:>7} {'met' if row['met'] else 'MISSED'}"
     ratio = f"{'lat' if row['ratio_of'] == 'latency' else 'bw'} {row['ratio']:.2f}"
+    ci = row["paired_ratio_ci95"]
+    pr = f"{row['paired_ratio']:.2f}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
     print(f"{row['size']:>7} | {mp['latency_us']:>9.2f} {mp['bandwidth_gb_s']:>10.3f} | "
-          f"{lz['latency_us']:>10.2f} {lz['bandwidth_gb_s']:>12.3f} | {ratio:>18} {t}")
+          f"{lz['latency_us']:>10.2f} {lz['bandwidth_gb_s']:>12.3f} | {ratio:>18} {pr:>22} {t}")
 print(f"targets {'met' if all_met else 'MISSED'}; figures in {out}")
 if backend == "threads":
     print("note: the threads backend keeps both ranks in one process and passes buffers without a copy;"
