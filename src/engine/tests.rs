@@ -26,11 +26,11 @@ struct Wire {
     sent_before_arrival: Vec<usize>,
 }
 
-/// Rank 0 of `size`: hands out `script` one arrival per poll (only to
-/// blocking polls unless `eager`: then a rank's receives are all posted
-/// before anything arrives), and records every frame sent. A blocking poll
-/// with nothing left is an error, so a wait that would never end fails the
-/// test instead of hanging it.
+/// Rank 0 of `size`: hands out `script` one arrival per poll (to every
+/// poll if `eager`, else only to blocking ones, so that receives posted one
+/// after another are all posted before anything arrives), and records every
+/// frame sent. A blocking poll with nothing left is an error, so a wait
+/// that would never end fails the test instead of hanging it.
 struct ScriptEndpoint {
     size: usize,
     eager: bool,
@@ -207,7 +207,8 @@ fn a_resend_asked_for_while_a_send_waits_leaves_after_the_determinants_and_once(
     // messages: it must not leave before its determinants are stored,
     // neither as the resend nor as itself, and must leave once.
     let (mut e, w, _) = engine(false, vec![marker(RESEND), marker(STORED)]);
-    e.send(1, 7, 3, Bytes::from_static(b"m1")).expect("send");
+    e.send(1, CONTEXT, TAG, Bytes::from_static(b"m1"))
+        .expect("send");
     let w = locked(&w);
     assert_eq!(
         w.sent_before_arrival,
@@ -223,9 +224,11 @@ fn resends_held_during_a_send_go_out_in_log_order_before_it() {
     // for its messages: both go out after the determinants are stored, m1
     // first, and m2 only once (as the resend: SSNs identify it).
     let (mut e, w, stored) = engine(true, vec![marker(RESEND), marker(STORED)]);
-    e.send(1, 7, 3, Bytes::from_static(b"m1")).expect("send m1");
+    e.send(1, CONTEXT, TAG, Bytes::from_static(b"m1"))
+        .expect("send m1");
     stored.store(false, Ordering::Relaxed);
-    e.send(1, 7, 3, Bytes::from_static(b"m2")).expect("send m2");
+    e.send(1, CONTEXT, TAG, Bytes::from_static(b"m2"))
+        .expect("send m2");
     let w = locked(&w);
     assert_eq!(
         w.sent_before_arrival,
