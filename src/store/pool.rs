@@ -9,7 +9,10 @@
 //! a rank with a 1 GB piece paid that first touch at every checkpoint.
 //!
 //! A [`BufferPool`] keeps the buffers of dropped pieces and shards and hands
-//! them out again. A buffer goes back to its pool when the last reference
+//! them out again; a request larger than every idle buffer grows the
+//! largest one of 32 MiB or more (glibc moves such a mapping with `mremap`,
+//! keeping its pages), so a log that keeps growing does not make every
+//! piece fresh memory. A buffer goes back to its pool when the last reference
 //! to it is dropped (the rank's own store, the partner's copy on the
 //! threads backend, a frame being written), wherever that happens. Ring
 //! readers of the processes backend keep one too: a piece arriving for a
@@ -22,6 +25,12 @@ use bytes::Bytes;
 /// Buffers under this capacity are not kept: the allocator's free lists
 /// already recycle them without a page fault.
 pub const POOLED_MIN: usize = 1 << 20;
+
+/// Idle buffers at least this large are grown for a larger request
+/// ([`BufferPool::take_growable`]): glibc maps every block over 32 MiB on
+/// its own (its largest `mmap_threshold`), and moves such a mapping with
+/// `mremap` when it grows.
+pub const GROWABLE_MIN: usize = 32 << 20;
 
 /// At most this many idle buffers per pool (a rank needs one for the piece
 /// being written while the previous generation's is still held, plus a few
@@ -44,10 +53,37 @@ impl BufferPool {
     }
 
     /// An empty buffer with room for at least `capacity` bytes: the
-    /// smallest idle one that is large enough, or a new one.
+    /// smallest idle one that is large enough, else the largest idle one
+    /// that can grow in place of a new one ([`BufferPool::take_growable`]),
+    /// grown; else a new one.
     pub fn take(&self, capacity: usize) -> Vec<u8> {
-        self.take_idle(capacity)
-            .unwrap_or_else(|| Vec::with_capacity(capacity))
+        match self.take_growable(capacity) {
+            Some(mut b) => {
+                b.reserve_exact(capacity);
+                b
+            }
+            None => Vec::with_capacity(capacity),
+        }
+    }
+
+    /// As [`BufferPool::take_idle`]; when no idle buffer is large enough,
+    /// the largest one of at least [`GROWABLE_MIN`] bytes, for the caller
+    /// to grow (never allocates). A block that large is a mapping of its
+    /// own in glibc, which grows it with `mremap`: the pages it has keep
+    /// their place and are neither copied nor faulted and zeroed again, so
+    /// only the growth is fresh memory. (A log that keeps growing makes
+    /// every checkpoint piece larger than any before it: a CG-like
+    /// steady state finds a buffer that fits.)
+    pub fn take_growable(&self, capacity: usize) -> Option<Vec<u8>> {
+        if let Some(b) = self.take_idle(capacity) {
+            return Some(b);
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let largest = (idle.iter().enumerate())
+            .filter(|(_, b)| (GROWABLE_MIN..capacity).contains(&b.capacity()))
+            .max_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i)?;
+        Some(idle.swap_remove(largest))
     }
 
     /// The smallest idle buffer with room for `capacity` bytes and at most
@@ -174,6 +210,32 @@ mod tests {
             pool.take_idle(2 * POOLED_MIN).map(|b| b.capacity()),
             Some(4 * POOLED_MIN)
         );
+    }
+
+    #[test]
+    fn a_larger_request_grows_the_largest_idle_mapping_below_it() {
+        let pool = BufferPool::new();
+        // Address space only: none of these is touched.
+        for cap in [POOLED_MIN, GROWABLE_MIN, 2 * GROWABLE_MIN] {
+            drop(pool.freeze(Vec::with_capacity(cap)));
+        }
+        assert_eq!(pool.idle(), 3);
+        // Nothing fits 5 × 32 MiB: the 64 MiB one is lent, to be grown.
+        let lent = pool.take_growable(5 * GROWABLE_MIN).map(|b| b.capacity());
+        assert_eq!(lent, Some(2 * GROWABLE_MIN));
+        assert_eq!(pool.idle(), 2);
+        // `take` grows the 32 MiB one; the 1 MiB one is too small to be
+        // worth growing.
+        let grown = pool.take(3 * GROWABLE_MIN);
+        assert!(grown.capacity() >= 3 * GROWABLE_MIN && grown.is_empty());
+        assert_eq!(pool.idle(), 1);
+        assert!(pool.take_growable(2 * POOLED_MIN).is_none());
+        assert_eq!(pool.idle(), 1, "the 1 MiB buffer stays");
+        // One that fits is still preferred to one to grow.
+        drop(pool.freeze(grown));
+        drop(pool.freeze(Vec::with_capacity(GROWABLE_MIN)));
+        let fit = pool.take_growable(GROWABLE_MIN).map(|b| b.capacity());
+        assert_eq!(fit, Some(GROWABLE_MIN));
     }
 
     #[test]

@@ -588,7 +588,7 @@ impl RingReader {
                         payload: self.pool.take_idle(len - APP_FIXED).unwrap_or_default(),
                     }
                 } else {
-                    Part::Whole(self.pool.take_idle(len).unwrap_or_default())
+                    Part::Whole(self.pool.take_growable(len).unwrap_or_default())
                 }
             }
         };
