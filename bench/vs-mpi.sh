@@ -96,7 +96,7 @@ work, rounds, backend, out, check = sys.argv[1], int(sys.argv[2]), sys.argv[3], 
 
 mpich = {}     # bytes -> one-way latency samples, us
 lazarus = {}   # bytes -> one-way latency samples, us
-by_round = {}  # (program, bytes) -> one median latency per round, us
+by_round = {}  # (program, bytes) -> {round: median latency of that round, us}
 library = ""
 for r in range(1, rounds + 1):
     with open(f"{work}/mpich-{r}.json") as f:
@@ -106,7 +106,7 @@ for r in range(1, rounds + 1):
     library = " ".join(m["library"].split())
     for p in m["points"]:
         mpich.setdefault(p["bytes"], []).extend(p["latency_us_trials"])
-        by_round.setdefault(("mpich", p["bytes"]), []).append(statistics.median(p["latency_us_trials"]))
+        by_round.setdefault(("mpich", p["bytes"]), {})[r] = statistics.median(p["latency_us_trials"])
     with open(f"{work}/lazarus-{r}.json") as f:
         l = json.load(f)
     (prot,) = [p for p in l["protocols"] if p["protocol"] == "none"]
@@ -118,7 +118,7 @@ for r in range(1, rounds + 1):
             lazarus.setdefault(p["bytes"], []).append(p["latency_us"])
             this_round.setdefault(p["bytes"], []).append(p["latency_us"])
     for b, v in this_round.items():
-        by_round.setdefault(("lazarus", b), []).append(statistics.median(v))
+        by_round.setdefault(("lazarus", b), {})[r] = statistics.median(v)
 
 def median_ci95(v):
     """[x_(k), x_(n+1-k)] for the largest k with 1 - 2 P(Bin(n, 1/2) <= k-1) >= 0.95
@@ -135,8 +135,10 @@ def median_ci95(v):
 def paired(b, what):
     """Lazarus/MPICH per round (of latency, or of bandwidth: its inverse):
     their median and its 95% interval."""
-    lz, mp = by_round.get(("lazarus", b), []), by_round.get(("mpich", b), [])
-    rs = [l / m if what == "latency" else m / l for l, m in zip(lz, mp)]
+    lz, mp = by_round.get(("lazarus", b), {}), by_round.get(("mpich", b), {})
+    if set(lz) != set(mp):
+        sys.exit(f"vs-mpi.sh: {b} B measured in rounds {sorted(mp)} by MPICH but {sorted(lz)} by Lazarus")
+    rs = [lz[r] / mp[r] if what == "latency" else mp[r] / lz[r] for r in sorted(lz)]
     return (statistics.median(rs) if rs else float("nan")), median_ci95(rs)
 
 def figures(samples, b):

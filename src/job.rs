@@ -47,6 +47,12 @@ pub struct JobStats {
     pub checkpoints: u64,
     /// Bytes of all committed pieces (all ranks, all generations).
     pub checkpoint_bytes: u64,
+    /// Committed pieces (all ranks, all generations): `checkpoint_bytes`
+    /// over this is the mean piece size, whether every rank commits every
+    /// generation (coordinated) or ranks commit on their own (message
+    /// logging, forced by a log budget).
+    #[serde(default)]
+    pub checkpoint_pieces: u64,
     /// Longest time a rank spent in one checkpoint.
     pub checkpoint_s: f64,
     /// Time spent in checkpoints, averaged over ranks.
@@ -142,6 +148,7 @@ impl JobStats {
         self.recovery_s += e.recovery_s;
         self.checkpoints += e.checkpoints;
         self.checkpoint_bytes += e.checkpoint_bytes;
+        self.checkpoint_pieces += e.checkpoint_pieces;
         self.checkpoint_s = self.checkpoint_s.max(e.checkpoint_s);
         self.checkpoint_s_total += e.checkpoint_s_total;
         self.peak_log_bytes = self.peak_log_bytes.max(e.peak_log_bytes);

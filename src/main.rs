@@ -1009,17 +1009,24 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 per(|s| s.determinants as f64)
             );
         }
-        if p.runs.iter().any(|r| r.stats.checkpoints > 0) {
+        let with_pieces: Vec<&lazarus::JobStats> = (p.runs.iter())
+            .map(|r| &r.stats)
+            .filter(|s| s.checkpoint_pieces > 0)
+            .collect();
+        if !with_pieces.is_empty() {
             // What the checkpoints cost apart from logging: under message
             // logging a piece carries the sender's log, which on a short
             // run at the default interval can be most of the overhead.
-            let count = per(|s| s.checkpoints as f64);
-            let in_checkpoints = per(|s| s.checkpoint_s_total);
-            let ranks = report.ranks as f64;
+            // Medians over the runs that took any.
+            let of = |f: fn(&lazarus::JobStats) -> f64| {
+                median(&with_pieces.iter().map(|s| f(s)).collect::<Vec<_>>())
+            };
+            let in_checkpoints = of(|s| s.checkpoint_s_total);
             println!(
-                "    checkpoints: {count:.0} per run, {:.0} bytes per piece, {:.4} s per rank in them \
-                 ({:.1}% of the median wall time)",
-                per(|s| s.checkpoint_bytes as f64 / s.checkpoints.max(1) as f64) / ranks,
+                "    checkpoints: {:.0} generations per run, {:.0} bytes per piece, {:.4} s per rank \
+                 in them ({:.1}% of the median wall time)",
+                of(|s| s.checkpoints as f64),
+                of(|s| s.checkpoint_bytes as f64 / s.checkpoint_pieces as f64),
                 in_checkpoints,
                 100.0 * in_checkpoints / p.median_wall_s
             );

@@ -326,13 +326,26 @@ fn bench_reports_ratios_to_none() {
         .map(|(i, _)| i)
         .collect();
     assert_eq!(at.len(), 1, "{out}");
-    assert!(
-        lines[at[0] - 1].starts_with("coordinated ") && lines[at[0]].contains("bytes per piece"),
-        "{out}"
-    );
+    assert!(lines[at[0] - 1].starts_with("coordinated "), "{out}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
             .expect("valid JSON");
+    // Its piece size is the median over the runs of bytes over pieces.
+    let shown: f64 = (lines[at[0]].split(", ").nth(1))
+        .and_then(|f| f.strip_suffix(" bytes per piece"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no piece size in `{}`", lines[at[0]]));
+    let mut sizes: Vec<f64> = (v["protocols"][1]["runs"].as_array().expect("runs").iter())
+        .map(|r| {
+            let n = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("`{k}` in {r}"));
+            n("checkpoint_bytes") / n("checkpoint_pieces")
+        })
+        .collect();
+    sizes.sort_by(f64::total_cmp);
+    assert!(
+        shown > 0.0 && (shown - sizes[1]).abs() <= 0.5,
+        "{shown} against {sizes:?}"
+    );
     // The picture drawn with the bench, and the one `plot` draws from the
     // saved JSON, name every protocol.
     let o = lazarus(&["plot", path.to_str().expect("utf-8 path")]);

@@ -397,6 +397,7 @@ impl StatsBook {
                 seconds,
             } => {
                 st.checkpoint_bytes += bytes as u64;
+                st.checkpoint_pieces += 1;
                 st.checkpoint_s = st.checkpoint_s.max(seconds);
                 st.checkpoint_s_total += seconds / size as f64;
                 if rank == 0 {

@@ -3,7 +3,7 @@
 //! demand.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,12 +18,14 @@ use crate::store::partner::PartnerStore;
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
-/// What the scripted endpoint saw: the frames it transmitted, and how many
-/// had been transmitted when each scripted arrival was handed out.
+/// What the scripted endpoint saw: the frames it transmitted, how many had
+/// been transmitted when each scripted arrival was handed out, and whether
+/// each went to a blocking poll (the engine waiting) or not (draining).
 #[derive(Default)]
 struct Wire {
     sent: Vec<(Rank, Frame)>,
     sent_before_arrival: Vec<usize>,
+    to_blocking_poll: Vec<bool>,
 }
 
 /// Rank 0 of `size`: hands out `script` one arrival per poll (to every
@@ -65,6 +67,7 @@ impl Endpoint for ScriptEndpoint {
                 let mut w = locked(&self.wire);
                 let n = w.sent.len();
                 w.sent_before_arrival.push(n);
+                w.to_blocking_poll.push(timeout.is_none());
                 Ok(Some(inc))
             }
             None if timeout.is_some() => Ok(None),
@@ -108,6 +111,8 @@ struct HoldingProtocol {
     log: Vec<AppMessage>,
     /// Shared with the test, which may take it back between sends.
     stored: Arc<AtomicBool>,
+    /// Resends emitted, for the test.
+    resent: Arc<AtomicUsize>,
 }
 
 const RESEND: u64 = 1;
@@ -128,6 +133,7 @@ impl Protocol for HoldingProtocol {
                     for msg in &self.log {
                         cx.emit(Action::Resend { msg: msg.clone() });
                     }
+                    self.resent.fetch_add(self.log.len(), Ordering::Relaxed);
                 }
                 STORED => self.stored.store(true, Ordering::Relaxed),
                 _ => {}
@@ -178,16 +184,33 @@ fn engine_with(
     )
 }
 
-/// Rank 0 of 2 under [`HoldingProtocol`], its wire, and the protocol's
-/// "determinants stored" flag.
-fn engine(stored: bool, script: Vec<Incoming>) -> (Engine, Arc<Mutex<Wire>>, Arc<AtomicBool>) {
+/// Rank 0 of 2 under [`HoldingProtocol`], with what the test looks at.
+struct Holding {
+    engine: Engine,
+    wire: Arc<Mutex<Wire>>,
+    /// The protocol's "determinants stored" flag.
+    stored: Arc<AtomicBool>,
+    /// Resends the protocol emitted.
+    resent: Arc<AtomicUsize>,
+}
+
+/// [`Holding`], reading `script` only while it waits (so that nothing
+/// arrives before a send is under way).
+fn holding(stored: bool, script: Vec<Incoming>) -> Holding {
     let stored = Arc::new(AtomicBool::new(stored));
+    let resent = Arc::new(AtomicUsize::new(0));
     let proto = HoldingProtocol {
         log: Vec::new(),
         stored: stored.clone(),
+        resent: resent.clone(),
     };
-    let (e, w) = engine_with(2, true, Box::new(proto), script);
-    (e, w, stored)
+    let (engine, wire) = engine_with(2, false, Box::new(proto), script);
+    Holding {
+        engine,
+        wire,
+        stored,
+        resent,
+    }
 }
 
 /// The application messages transmitted, as (destination, SSN, payload).
@@ -206,10 +229,14 @@ fn a_resend_asked_for_while_a_send_waits_leaves_after_the_determinants_and_once(
     // The message being sent is in the log when the peer asks for its
     // messages: it must not leave before its determinants are stored,
     // neither as the resend nor as itself, and must leave once.
-    let (mut e, w, _) = engine(false, vec![marker(RESEND), marker(STORED)]);
-    e.send(1, CONTEXT, TAG, Bytes::from_static(b"m1"))
-        .expect("send");
-    let w = locked(&w);
+    let mut h = holding(false, vec![marker(RESEND), marker(STORED)]);
+    (h.engine.send(1, CONTEXT, TAG, Bytes::from_static(b"m1"))).expect("send");
+    assert_eq!(
+        h.resent.load(Ordering::Relaxed),
+        1,
+        "the peer asked while m1 waited"
+    );
+    let w = locked(&h.wire);
     assert_eq!(
         w.sent_before_arrival,
         vec![0, 0],
@@ -223,13 +250,16 @@ fn resends_held_during_a_send_go_out_in_log_order_before_it() {
     // m1 left at once; m2 waits for its determinants while the peer asks
     // for its messages: both go out after the determinants are stored, m1
     // first, and m2 only once (as the resend: SSNs identify it).
-    let (mut e, w, stored) = engine(true, vec![marker(RESEND), marker(STORED)]);
-    e.send(1, CONTEXT, TAG, Bytes::from_static(b"m1"))
-        .expect("send m1");
-    stored.store(false, Ordering::Relaxed);
-    e.send(1, CONTEXT, TAG, Bytes::from_static(b"m2"))
-        .expect("send m2");
-    let w = locked(&w);
+    let mut h = holding(true, vec![marker(RESEND), marker(STORED)]);
+    (h.engine.send(1, CONTEXT, TAG, Bytes::from_static(b"m1"))).expect("send m1");
+    h.stored.store(false, Ordering::Relaxed);
+    (h.engine.send(1, CONTEXT, TAG, Bytes::from_static(b"m2"))).expect("send m2");
+    assert_eq!(
+        h.resent.load(Ordering::Relaxed),
+        2,
+        "the peer asked while m2 waited"
+    );
+    let w = locked(&h.wire);
     assert_eq!(
         w.sent_before_arrival,
         vec![1, 1],
@@ -317,7 +347,7 @@ fn det(rsn: u64, src: Rank, ssn: u64) -> Determinant {
 /// Rank 0 of 3 replaying wildcard receptions (2,1) (1,1) (2,2), as (src,
 /// SSN), while the messages arrive in the order (1,1) (2,1) (2,2)
 /// (`eager`: see [`ScriptEndpoint`]); and what its protocol saw delivered.
-fn replaying(eager: bool) -> (Engine, Deliveries) {
+fn replaying(eager: bool) -> (Engine, Deliveries, Arc<Mutex<Wire>>) {
     let delivered = Arc::new(Mutex::new(Vec::new()));
     let proto = ReplayingProtocol {
         determinants: vec![det(2, 1, 1), det(1, 2, 1), det(3, 2, 2)],
@@ -329,8 +359,8 @@ fn replaying(eager: bool) -> (Engine, Deliveries) {
         app_from(2, 1, b"b"),
         app_from(2, 2, b"c"),
     ];
-    let (e, _) = engine_with(3, eager, Box::new(proto), script);
-    (e, delivered)
+    let (e, w) = engine_with(3, eager, Box::new(proto), script);
+    (e, delivered, w)
 }
 
 const ANY: MatchSpec = MatchSpec {
@@ -344,10 +374,15 @@ fn replayed_wildcard_receives_take_the_logged_senders_not_the_arrival_order() {
     // Everything has arrived when the first receive is posted: each
     // receive takes from the arrived messages the one its determinant
     // names, not the first to arrive.
-    let (mut e, delivered) = replaying(true);
+    let (mut e, delivered, w) = replaying(true);
     let got: Vec<Bytes> = (0..3)
         .map(|_| e.receive(ANY).expect("receive").payload)
         .collect();
+    assert_eq!(
+        locked(&w).to_blocking_poll,
+        [false; 4],
+        "all taken in by the first receive's drain"
+    );
     assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
     assert_eq!(
         *locked(&delivered),
@@ -364,12 +399,17 @@ fn wildcard_receives_posted_together_are_matched_in_the_logged_order() {
     // All three posted before anything arrives: each arrival is matched as
     // the replay allows, and the one that waited is matched once the
     // determinant ahead of it is consumed (`rematch_replay`).
-    let (mut e, delivered) = replaying(false);
+    let (mut e, delivered, w) = replaying(false);
     let ids: Vec<_> = (0..3).map(|_| e.post_receive(ANY).expect("post")).collect();
     let got: Vec<Bytes> = ids
         .into_iter()
         .map(|id| e.wait(id).expect("wait").payload)
         .collect();
+    assert_eq!(
+        locked(&w).to_blocking_poll,
+        [true; 4],
+        "nothing arrived before the receives were posted"
+    );
     assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
     assert_eq!(
         *locked(&delivered),

@@ -10,8 +10,8 @@
 //!
 //! A [`BufferPool`] keeps the buffers of dropped pieces and shards and hands
 //! them out again; a request larger than every idle buffer grows the
-//! largest one of 32 MiB or more (glibc moves such a mapping with `mremap`,
-//! keeping its pages), so a log that keeps growing does not make every
+//! largest one of [`GROWABLE_MIN`] or more (glibc moves such a mapping
+//! with `mremap`, keeping its pages), so a log that keeps growing does not make every
 //! piece fresh memory. A buffer goes back to its pool when the last reference
 //! to it is dropped (the rank's own store, the partner's copy on the
 //! threads backend, a frame being written), wherever that happens. Ring
@@ -27,10 +27,13 @@ use bytes::Bytes;
 pub const POOLED_MIN: usize = 1 << 20;
 
 /// Idle buffers at least this large are grown for a larger request
-/// ([`BufferPool::take_growable`]): glibc maps every block over 32 MiB on
-/// its own (its largest `mmap_threshold`), and moves such a mapping with
-/// `mremap` when it grows.
-pub const GROWABLE_MIN: usize = 32 << 20;
+/// ([`BufferPool::take_growable`]). glibc maps a block on its own from its
+/// `mmap_threshold` up (at most 32 MiB unless set; rank processes set 64
+/// MiB, `worker::keep_freed_memory`) and moves such a mapping with
+/// `mremap` when it grows. A smaller block lives in the heap, where
+/// `realloc` may copy it into fresh memory instead; there the heap keeps
+/// freed memory for reuse anyway.
+pub const GROWABLE_MIN: usize = 64 << 20;
 
 /// At most this many idle buffers per pool (a rank needs one for the piece
 /// being written while the previous generation's is still held, plus a few
@@ -53,7 +56,8 @@ impl BufferPool {
     }
 
     /// An empty buffer with room for at least `capacity` bytes: the
-    /// smallest idle one that is large enough, else the largest idle one
+    /// smallest idle one that is large enough (and at most twice that),
+    /// else the largest idle one
     /// that can grow in place of a new one ([`BufferPool::take_growable`]),
     /// grown; else a new one.
     pub fn take(&self, capacity: usize) -> Vec<u8> {
@@ -220,11 +224,11 @@ mod tests {
             drop(pool.freeze(Vec::with_capacity(cap)));
         }
         assert_eq!(pool.idle(), 3);
-        // Nothing fits 5 × 32 MiB: the 64 MiB one is lent, to be grown.
+        // Nothing fits 5 × 64 MiB: the 128 MiB one is lent, to be grown.
         let lent = pool.take_growable(5 * GROWABLE_MIN).map(|b| b.capacity());
         assert_eq!(lent, Some(2 * GROWABLE_MIN));
         assert_eq!(pool.idle(), 2);
-        // `take` grows the 32 MiB one; the 1 MiB one is too small to be
+        // `take` grows the 64 MiB one; the 1 MiB one is too small to be
         // worth growing.
         let grown = pool.take(3 * GROWABLE_MIN);
         assert!(grown.capacity() >= 3 * GROWABLE_MIN && grown.is_empty());
