@@ -995,9 +995,13 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             ok &= f.verified_all;
         }
         // The median over the protocol's runs of one of their statistics.
-        let per = |f: fn(&lazarus::JobStats) -> f64| {
-            median(&p.runs.iter().map(|r| f(&r.stats)).collect::<Vec<_>>())
+        // The median over some of the protocol's runs of one of their
+        // statistics; `per`: over all of them.
+        let over = |runs: &[&lazarus::JobStats], f: fn(&lazarus::JobStats) -> f64| {
+            median(&runs.iter().map(|s| f(s)).collect::<Vec<_>>())
         };
+        let all: Vec<&lazarus::JobStats> = p.runs.iter().map(|r| &r.stats).collect();
+        let per = |f| over(&all, f);
         if p.runs.iter().any(|r| r.stats.log_records > 0) {
             println!(
                 "    log: {:.0} records ({:.0} bytes), peak {:.0} records ({:.0} bytes) on one rank, \
@@ -1009,8 +1013,7 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 per(|s| s.determinants as f64)
             );
         }
-        let with_pieces: Vec<&lazarus::JobStats> = (p.runs.iter())
-            .map(|r| &r.stats)
+        let with_pieces: Vec<&lazarus::JobStats> = (all.iter().copied())
             .filter(|s| s.checkpoint_pieces > 0)
             .collect();
         if !with_pieces.is_empty() {
@@ -1018,9 +1021,7 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             // logging a piece carries the sender's log, which on a short
             // run at the default interval can be most of the overhead.
             // Medians over the runs that took any.
-            let of = |f: fn(&lazarus::JobStats) -> f64| {
-                median(&with_pieces.iter().map(|s| f(s)).collect::<Vec<_>>())
-            };
+            let of = |f| over(&with_pieces, f);
             let in_checkpoints = of(|s| s.checkpoint_s_total);
             println!(
                 "    checkpoints: {:.0} generations per run, {:.0} bytes per piece, {:.4} s per rank \

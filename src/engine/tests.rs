@@ -363,6 +363,21 @@ fn replaying(eager: bool) -> (Engine, Deliveries, Arc<Mutex<Wire>>) {
     (e, delivered, w)
 }
 
+/// What [`replaying`]'s receives got, and what its protocol saw
+/// delivered: the logged order (2,1) (1,1) (2,2), each a replayed wildcard
+/// reception with its rsn.
+fn assert_replayed_in_logged_order(got: &[Bytes], delivered: &Deliveries) {
+    assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
+    assert_eq!(
+        *locked(delivered),
+        vec![
+            (2, 1, Some(1), true),
+            (1, 1, Some(2), true),
+            (2, 2, Some(3), true)
+        ]
+    );
+}
+
 const ANY: MatchSpec = MatchSpec {
     context: CONTEXT,
     source: None,
@@ -383,15 +398,7 @@ fn replayed_wildcard_receives_take_the_logged_senders_not_the_arrival_order() {
         [false; 4],
         "all taken in by the first receive's drain"
     );
-    assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
-    assert_eq!(
-        *locked(&delivered),
-        vec![
-            (2, 1, Some(1), true),
-            (1, 1, Some(2), true),
-            (2, 2, Some(3), true)
-        ]
-    );
+    assert_replayed_in_logged_order(&got, &delivered);
 }
 
 #[test]
@@ -410,13 +417,5 @@ fn wildcard_receives_posted_together_are_matched_in_the_logged_order() {
         [true; 4],
         "nothing arrived before the receives were posted"
     );
-    assert_eq!(got, [&b"b"[..], b"a", b"c"].map(Bytes::from_static));
-    assert_eq!(
-        *locked(&delivered),
-        vec![
-            (2, 1, Some(1), true),
-            (1, 1, Some(2), true),
-            (2, 2, Some(3), true)
-        ]
-    );
+    assert_replayed_in_logged_order(&got, &delivered);
 }

@@ -11,9 +11,9 @@
 //! A [`BufferPool`] keeps the buffers of dropped pieces and shards and hands
 //! them out again; a request larger than every idle buffer grows the
 //! largest one of [`GROWABLE_MIN`] or more (glibc moves such a mapping
-//! with `mremap`, keeping its pages), so a log that keeps growing does not make every
-//! piece fresh memory. A buffer goes back to its pool when the last reference
-//! to it is dropped (the rank's own store, the partner's copy on the
+//! with `mremap`, keeping its pages), so a log that keeps growing does not
+//! make every piece fresh memory. A buffer goes back to its pool when the
+//! last reference to it is dropped (the rank's own store, the partner's copy on the
 //! threads backend, a frame being written), wherever that happens. Ring
 //! readers of the processes backend keep one too: a piece arriving for a
 //! partner is read into the buffer of the copy it replaces.
@@ -59,9 +59,8 @@ impl BufferPool {
 
     /// An empty buffer with room for at least `capacity` bytes: the
     /// smallest idle one that is large enough (and at most twice that),
-    /// else the largest idle one
-    /// that can grow in place of a new one ([`BufferPool::take_growable`]),
-    /// grown; else a new one.
+    /// else the largest idle one that can grow in place of a new one
+    /// ([`BufferPool::take_growable`]), grown; else a new one.
     pub fn take(&self, capacity: usize) -> Vec<u8> {
         match self.take_growable(capacity) {
             Some(mut b) => {
