@@ -260,7 +260,9 @@ pub struct Engine {
     /// vector beats hashing here, on every message).
     completed: Vec<(ReqId, AppMessage)>,
     next_req: ReqId,
-    ssn_out: BTreeMap<Rank, u64>,
+    /// Last SSN sent per destination rank (0: none yet): indexed, not
+    /// looked up, on every send.
+    ssn_out: Vec<u64>,
     /// Highest SSN arrived per source (HSR, 002 §3.1); kept under message
     /// logging only.
     ssn_in: BTreeMap<Rank, u64>,
@@ -440,7 +442,7 @@ impl Engine {
             posted: Vec::new(),
             completed: Vec::new(),
             next_req: 1,
-            ssn_out: BTreeMap::new(),
+            ssn_out: vec![0; size],
             ssn_in: BTreeMap::new(),
             rsn: 0,
             replay: VecDeque::new(),
@@ -1042,7 +1044,8 @@ impl Engine {
             self.op_begin()?;
         }
         let ssn = if sequenced {
-            let ssn = self.ssn_out.entry(dest).or_insert(0);
+            // (`dest` was checked against the size above.)
+            let ssn = &mut self.ssn_out[dest];
             *ssn += 1;
             *ssn
         } else {
@@ -1084,13 +1087,15 @@ impl Engine {
         self.serving_rma = serving;
         // On an error this rank rolls back or the job ends: a peer's
         // request is served again by the next recovery.
-        let held = self.held_resends.take().unwrap_or_default();
+        let held = self.held_resends.take();
         ready?;
         let mut sent = false;
-        for m in held {
-            // (An unlogged message, SSN 0, is resent only if withheld.)
-            sent |= msg.ssn != 0 && m.envelope.dest == dest && m.ssn == msg.ssn;
-            self.transmit(m.envelope.dest, Body::App(m))?;
+        if let Some(held) = held {
+            for m in held {
+                // (An unlogged message, SSN 0, is resent only if withheld.)
+                sent |= msg.ssn != 0 && m.envelope.dest == dest && m.ssn == msg.ssn;
+                self.transmit(m.envelope.dest, Body::App(m))?;
+            }
         }
         if std::mem::take(&mut self.withhold) || sent {
             return Ok(());
@@ -1107,7 +1112,13 @@ impl Engine {
         let id = self.next_req;
         self.next_req += 1;
         if let Some(i) = self.unexpected.iter().position(|m| self.accepts(&spec, m)) {
-            if let Some(msg) = self.unexpected.remove(i)
+            // (`remove(0)` shifts as any position; the first is the usual.)
+            let msg = if i == 0 {
+                self.unexpected.pop_front()
+            } else {
+                self.unexpected.remove(i)
+            };
+            if let Some(msg) = msg
                 && self.deliver(id, msg, spec.source.is_none())
             {
                 self.rematch_replay();
@@ -1454,7 +1465,10 @@ impl Engine {
                 .chain(&self.rma_inbox)
                 .cloned()
                 .collect(),
-            ssn_out: self.ssn_out.iter().map(|(&r, &n)| (r, n)).collect(),
+            ssn_out: (self.ssn_out.iter().enumerate())
+                .filter(|&(_, &n)| n > 0)
+                .map(|(r, &n)| (r, n))
+                .collect(),
             ssn_in: self.ssn_in.iter().map(|(&r, &n)| (r, n)).collect(),
             rsn: self.rsn,
             windows,
@@ -1506,7 +1520,7 @@ impl Engine {
             self.ep.window_withdraw(id);
         }
         self.next_context = FIRST_FREE_CONTEXT;
-        self.ssn_out.clear();
+        self.ssn_out.fill(0);
         self.app_sent = 0;
         self.app_arrived = 0;
         self.safe_points = 0;
@@ -1604,7 +1618,16 @@ impl Engine {
             .into_iter()
             .map(|(id, r, w)| (id, (r, w)))
             .collect();
-        self.ssn_out = snap.ssn_out.into_iter().collect();
+        self.ssn_out.fill(0);
+        for (r, n) in snap.ssn_out {
+            let Some(last) = self.ssn_out.get_mut(r) else {
+                return Err(corrupt(format!(
+                    "an SSN to rank {r} in a job of {} ranks",
+                    self.size
+                )));
+            };
+            *last = n;
+        }
         self.rsn = snap.rsn;
         self.coll_seq = snap.collectives.into_iter().collect();
         self.proto.load_state(protocol_state)?;

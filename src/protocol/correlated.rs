@@ -667,7 +667,7 @@ impl Protocol for Correlated {
         self.p2p.send_ready()
     }
 
-    fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
+    fn regenerating(&self, ssn_out: &[u64]) -> bool {
         self.p2p.regenerating(ssn_out)
     }
 

@@ -653,11 +653,11 @@ pub trait Protocol: Send {
         true
     }
     /// Whether this rank's re-execution may still regenerate messages that
-    /// receivers already have (`ssn_out`: the SSNs sent so far per
-    /// destination). Their SSNs must come out as in the first execution, so
+    /// receivers already have (`ssn_out`: the last SSN sent to each rank,
+    /// indexed by rank). Their SSNs must come out as in the first execution, so
     /// a nondeterministic event the log does not order (applying a new
     /// one-sided request) waits until this is false.
-    fn regenerating(&self, _ssn_out: &BTreeMap<Rank, u64>) -> bool {
+    fn regenerating(&self, _ssn_out: &[u64]) -> bool {
         false
     }
     /// Whether collectives whose result is the same everywhere are logged

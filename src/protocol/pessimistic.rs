@@ -1013,12 +1013,12 @@ impl Protocol for Pessimistic {
         self.stability.ready(&self.dead_holders)
     }
 
-    fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
+    fn regenerating(&self, ssn_out: &[u64]) -> bool {
         !self.hsr_pending.is_empty()
             || self
                 .regen
                 .iter()
-                .any(|(d, &h)| ssn_out.get(d).copied().unwrap_or(0) < h)
+                .any(|(&d, &h)| ssn_out.get(d).copied().unwrap_or(0) < h)
     }
 
     fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
@@ -1246,7 +1246,8 @@ mod tests {
     fn regeneration_covers_what_rolled_back_destinations_had_received() {
         let h = Harness::new(0, 4, 1);
         let mut p = Pessimistic::new(0, None);
-        let out = |n: u64| BTreeMap::from([(2, n)]);
+        // The last SSN sent to each of the 4 ranks: `n` to rank 2.
+        let out = |n: u64| [0, 0, n, 0];
         h.control(
             &mut p,
             2,
@@ -1281,8 +1282,8 @@ mod tests {
                 replayed: 14,
             },
         );
-        assert!(p.regenerating(&BTreeMap::from([(2, 10), (3, 13)])));
-        assert!(!p.regenerating(&BTreeMap::from([(2, 10), (3, 14)])));
+        assert!(p.regenerating(&[0, 0, 10, 13]));
+        assert!(!p.regenerating(&[0, 0, 10, 14]));
     }
 
     /// Set peers roll back together and both re-execute: a peer whose
@@ -1303,7 +1304,7 @@ mod tests {
             },
         );
         assert!(
-            p.regenerating(&BTreeMap::new()),
+            p.regenerating(&[0; 4]),
             "until the set peer told what its replay names"
         );
         h.control(
@@ -1314,8 +1315,8 @@ mod tests {
                 replayed: 44,
             },
         );
-        assert!(p.regenerating(&BTreeMap::from([(0, 43)])));
-        assert!(!p.regenerating(&BTreeMap::from([(0, 44)])));
+        assert!(p.regenerating(&[43, 0, 0, 0]));
+        assert!(!p.regenerating(&[44, 0, 0, 0]));
         // And this rank tells its set peer at its own restore what its own
         // replay names of the peer's messages.
         p.set_replay(vec![

@@ -618,7 +618,7 @@ impl Protocol for Ulml {
         self.p2p.send_ready()
     }
 
-    fn regenerating(&self, ssn_out: &BTreeMap<Rank, u64>) -> bool {
+    fn regenerating(&self, ssn_out: &[u64]) -> bool {
         self.p2p.regenerating(ssn_out)
     }
 
