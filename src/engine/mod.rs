@@ -641,7 +641,13 @@ impl Engine {
 
     /// Handle everything already arrived, without blocking.
     fn drain(&mut self) -> Result<()> {
-        while self.interrupt.is_none() {
+        self.drain_while(|_| true)
+    }
+
+    /// Handle what has already arrived, without blocking, for as long as
+    /// `more` holds.
+    fn drain_while(&mut self, more: impl Fn(&Self) -> bool) -> Result<()> {
+        while self.interrupt.is_none() && more(self) {
             let inc = match self.deferred.pop_front() {
                 Some(inc) => inc,
                 None => match self.ep.poll(Some(Duration::ZERO))? {
@@ -1107,8 +1113,6 @@ impl Engine {
     /// the next arrival (MPI matching order).
     pub fn post_receive(&mut self, spec: MatchSpec) -> Result<ReqId> {
         self.enter()?;
-        self.drain()?;
-        self.check()?;
         let id = self.next_req;
         self.next_req += 1;
         if let Some(i) = self.unexpected.iter().position(|m| self.accepts(&spec, m)) {
@@ -1123,8 +1127,19 @@ impl Engine {
             {
                 self.rematch_replay();
             }
-        } else {
-            self.posted.push((id, spec));
+            return Ok(id);
+        }
+        // Whatever arrives now came after every unexpected message: posted,
+        // the receive takes the first arrival it matches, and nothing
+        // beyond that needs taking in yet (a blocking receive would only
+        // poll once more to find nothing).
+        self.posted.push((id, spec));
+        let taken_in = self
+            .drain_while(|e| !e.completed.iter().any(|(r, _)| *r == id))
+            .and_then(|()| self.check());
+        if let Err(e) = taken_in {
+            self.cancel(id);
+            return Err(e);
         }
         Ok(id)
     }
