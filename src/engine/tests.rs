@@ -419,3 +419,60 @@ fn wildcard_receives_posted_together_are_matched_in_the_logged_order() {
     );
     assert_replayed_in_logged_order(&got, &delivered);
 }
+
+/// A receive from `src` (of [`TAG`] in [`CONTEXT`]).
+fn from(src: Rank) -> MatchSpec {
+    MatchSpec {
+        context: CONTEXT,
+        source: Some(src),
+        tag: Some(TAG),
+    }
+}
+
+/// Arrivals the scripted endpoint has handed out.
+fn handed_out(w: &Mutex<Wire>) -> usize {
+    locked(w).sent_before_arrival.len()
+}
+
+#[test]
+fn a_receive_takes_in_arrivals_only_until_one_matches() {
+    // A receive from rank 2 takes in rank 1's message (kept for later) and
+    // its own, and leaves the third arrival where it is; the next receive
+    // finds rank 1's first message without looking for arrivals; the last
+    // takes in the third.
+    let script = vec![
+        app_from(1, 1, b"a"),
+        app_from(2, 1, b"b"),
+        app_from(1, 2, b"c"),
+    ];
+    let (mut e, w) = engine_with(3, true, Box::new(crate::protocol::none::NoProtocol), script);
+    assert_eq!(e.receive(from(2)).expect("receive").payload, &b"b"[..]);
+    assert_eq!(handed_out(&w), 2, "the third arrival is not taken in yet");
+    assert_eq!(e.unexpected.len(), 1);
+    assert_eq!(e.receive(from(1)).expect("receive").payload, &b"a"[..]);
+    assert_eq!(handed_out(&w), 2, "an earlier arrival matched: no polling");
+    assert_eq!(e.receive(from(1)).expect("receive").payload, &b"c"[..]);
+    assert_eq!(handed_out(&w), 3);
+    assert!(e.posted.is_empty() && e.completed.is_empty() && e.unexpected.is_empty());
+}
+
+#[test]
+fn a_receive_interrupted_while_it_takes_in_arrivals_is_withdrawn() {
+    // The job's abort arrives while the receive looks for its message: the
+    // receive fails and is not left posted to swallow a later message.
+    let script = vec![
+        Incoming::Abort {
+            rank: 2,
+            reason: "rank 2 failed".into(),
+        },
+        app_from(1, 1, b"a"),
+    ];
+    let (mut e, w) = engine_with(3, true, Box::new(crate::protocol::none::NoProtocol), script);
+    let got = e.post_receive(from(1));
+    assert!(
+        matches!(got, Err(Error::Aborted { rank: 2, .. })),
+        "{got:?}"
+    );
+    assert!(e.posted.is_empty(), "the failed receive was withdrawn");
+    assert_eq!(handed_out(&w), 1, "nothing is taken in after the abort");
+}
