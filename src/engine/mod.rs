@@ -14,7 +14,7 @@ mod rma_logging;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -272,6 +272,10 @@ pub struct Engine {
     /// receptions and applied one-sided requests) in RSN order
     /// (re-execution under message logging).
     replay: VecDeque<Determinant>,
+    /// The messages (source, SSN) that determinants still in `replay` name
+    /// for wildcard receptions: during a replay no receive naming its
+    /// source takes one (in the first execution a wildcard receive had it).
+    reserved: HashSet<(Rank, u64)>,
     /// Operations begun that order accesses to this rank's windows
     /// (message logging; see [`Engine::op_begin`]).
     ops: u64,
@@ -446,6 +450,7 @@ impl Engine {
             ssn_in: BTreeMap::new(),
             rsn: 0,
             replay: VecDeque::new(),
+            reserved: HashSet::new(),
             ops: 0,
             rma_inbox: VecDeque::new(),
             serving_rma: false,
@@ -822,13 +827,32 @@ impl Engine {
     }
 
     /// Whether `spec` may match `msg`: during replay a wildcard-source
-    /// reception matches only the message its determinant names.
+    /// reception matches only the message its determinant names, and a
+    /// reception naming its source never a message a later determinant
+    /// names (it may arrive, and wait unexpected, before the wildcard
+    /// receive it belongs to may take it).
     fn accepts(&self, spec: &MatchSpec, msg: &AppMessage) -> bool {
         spec.matches(&msg.envelope)
-            && (spec.source.is_some()
-                || self.replay.front().is_none_or(|d| {
+            && match spec.source {
+                None => self.replay.front().is_none_or(|d| {
                     d.at.is_none() && d.src == msg.envelope.src && d.ssn == msg.ssn
-                }))
+                }),
+                Some(_) => {
+                    self.reserved.is_empty()
+                        || !self.reserved.contains(&(msg.envelope.src, msg.ssn))
+                }
+            }
+    }
+
+    /// Consume the front determinant of the replay; whether there was one.
+    pub(super) fn pop_determinant(&mut self) -> bool {
+        let Some(d) = self.replay.pop_front() else {
+            return false;
+        };
+        if d.at.is_none() {
+            self.reserved.remove(&(d.src, d.ssn));
+        }
+        true
     }
 
     /// Complete receive `id` with `msg`; returns whether it consumed a
@@ -837,7 +861,7 @@ impl Engine {
     fn deliver(&mut self, id: ReqId, msg: AppMessage, wildcard: bool) -> bool {
         let (rsn, replayed) = if wildcard {
             self.rsn += 1;
-            (Some(self.rsn), self.replay.pop_front().is_some())
+            (Some(self.rsn), self.pop_determinant())
         } else {
             (None, false)
         };
@@ -883,12 +907,13 @@ impl Engine {
     // ----- protocol glue ------------------------------------------------
 
     fn handle(&mut self, event: Event<'_>) -> Result<()> {
+        let ep = &self.ep;
         let mut cx = ProtocolCx {
             rank: self.rank,
             size: self.size,
             placement: &self.placement,
             store: self.store.as_ref(),
-            now: self.ep.now(),
+            clock: &|| ep.now(),
             app_sent: self.app_sent,
             app_arrived: self.app_arrived,
             hsr: &self.ssn_in,
@@ -1116,7 +1141,8 @@ impl Engine {
         let id = self.next_req;
         self.next_req += 1;
         if let Some(i) = self.unexpected.iter().position(|m| self.accepts(&spec, m)) {
-            // (`remove(0)` shifts as any position; the first is the usual.)
+            // (`pop_front` skips `remove`'s general shifting code for the
+            // usual first one.)
             let msg = if i == 0 {
                 self.unexpected.pop_front()
             } else {
@@ -1138,7 +1164,13 @@ impl Engine {
             .drain_while(|e| !e.completed.iter().any(|(r, _)| *r == id))
             .and_then(|()| self.check());
         if let Err(e) = taken_in {
-            self.cancel(id);
+            // Withdrawn. A message it got was the last arrival taken in
+            // (the drain stopped there): back at the end of the queue is
+            // back in arrival order.
+            self.posted.retain(|(p, _)| *p != id);
+            if let Some(m) = self.take_completed(id) {
+                self.unexpected.push_back(m);
+            }
             return Err(e);
         }
         Ok(id)
@@ -1523,6 +1555,7 @@ impl Engine {
         self.ssn_in.clear();
         self.rsn = 0;
         self.replay.clear();
+        self.reserved.clear();
         self.ops = 0;
         self.rma_inbox.clear();
         self.serving_rma = false;
@@ -1677,6 +1710,10 @@ impl Engine {
                 ));
             }
         }
+        self.reserved = (dets.iter())
+            .filter(|d| d.at.is_none())
+            .map(|d| (d.src, d.ssn))
+            .collect();
         self.replay = dets.into();
         Ok(())
     }

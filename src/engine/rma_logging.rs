@@ -132,7 +132,7 @@ impl Engine {
                 return Ok(());
             };
             let outcome = self.apply_own(request.window, request.op);
-            let replayed = self.replay.pop_front().is_some();
+            let replayed = self.pop_determinant();
             self.rsn += 1;
             self.handle(Event::AppDeliver {
                 msg: &msg,

@@ -348,18 +348,31 @@ fn det(rsn: u64, src: Rank, ssn: u64) -> Determinant {
 /// SSN), while the messages arrive in the order (1,1) (2,1) (2,2)
 /// (`eager`: see [`ScriptEndpoint`]); and what its protocol saw delivered.
 fn replaying(eager: bool) -> (Engine, Deliveries, Arc<Mutex<Wire>>) {
-    let delivered = Arc::new(Mutex::new(Vec::new()));
-    let proto = ReplayingProtocol {
-        determinants: vec![det(2, 1, 1), det(1, 2, 1), det(3, 2, 2)],
-        delivered: delivered.clone(),
-    };
     let script = vec![
         control_from(1, REPLAY),
         app_from(1, 1, b"a"),
         app_from(2, 1, b"b"),
         app_from(2, 2, b"c"),
     ];
-    let (e, w) = engine_with(3, eager, Box::new(proto), script);
+    let determinants = vec![det(2, 1, 1), det(1, 2, 1), det(3, 2, 2)];
+    replaying_with(3, eager, determinants, script)
+}
+
+/// Rank 0 of `size` replaying `determinants` (handed over by the script's
+/// [`REPLAY`] marker) while reading `script`; what its protocol saw
+/// delivered.
+fn replaying_with(
+    size: usize,
+    eager: bool,
+    determinants: Vec<Determinant>,
+    script: Vec<Incoming>,
+) -> (Engine, Deliveries, Arc<Mutex<Wire>>) {
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let proto = ReplayingProtocol {
+        determinants,
+        delivered: delivered.clone(),
+    };
+    let (e, w) = engine_with(size, eager, Box::new(proto), script);
     (e, delivered, w)
 }
 
@@ -396,7 +409,7 @@ fn replayed_wildcard_receives_take_the_logged_senders_not_the_arrival_order() {
     assert_eq!(
         locked(&w).to_blocking_poll,
         [false; 4],
-        "all taken in by the first receive's drain"
+        "all taken in before the first receive returned"
     );
     assert_replayed_in_logged_order(&got, &delivered);
 }
@@ -475,4 +488,67 @@ fn a_receive_interrupted_while_it_takes_in_arrivals_is_withdrawn() {
     );
     assert!(e.posted.is_empty(), "the failed receive was withdrawn");
     assert_eq!(handed_out(&w), 1, "nothing is taken in after the abort");
+}
+
+/// Rank 0 of 4 replaying two wildcard receptions, x from rank 2 then m1
+/// from rank 1 (SSN 1), while m1 arrives first and rank 1's next message n
+/// (SSN 2) before x. Arrivals only reach blocking polls.
+fn replaying_reserved(script: Vec<Incoming>) -> (Engine, Deliveries) {
+    let (e, delivered, _) = replaying_with(4, false, vec![det(1, 2, 1), det(2, 1, 1)], script);
+    (e, delivered)
+}
+
+/// What [`replaying_reserved`]'s wildcard receives `w1`, `w2` get, and
+/// the deliveries its protocol saw, the named ones `named` first.
+fn assert_wildcards_got_their_logged_messages(
+    e: &mut Engine,
+    [w1, w2]: [super::ReqId; 2],
+    delivered: &Deliveries,
+    named: &[(Rank, u64)],
+) {
+    assert_eq!(e.wait(w1).expect("w1").payload, &b"x"[..]);
+    assert_eq!(e.wait(w2).expect("w2").payload, &b"m1"[..]);
+    let mut want: Vec<_> = named
+        .iter()
+        .map(|&(r, ssn)| (r, ssn, None, false))
+        .collect();
+    want.extend([(2, 1, Some(1), true), (1, 1, Some(2), true)]);
+    assert_eq!(*locked(delivered), want);
+}
+
+#[test]
+fn a_named_receive_leaves_an_unexpected_message_a_determinant_names_to_its_wildcard_receive() {
+    // m1 waits unexpected (the replay gives it to w2, after x) when a
+    // receive from rank 1 is posted: it must get n, as in the first
+    // execution, not m1.
+    let script = vec![
+        control_from(1, REPLAY),
+        app_from(1, 1, b"m1"),
+        app_from(3, 1, b"z"),
+        app_from(1, 2, b"n"),
+        app_from(2, 1, b"x"),
+    ];
+    let (mut e, delivered) = replaying_reserved(script);
+    let w = [ANY, ANY].map(|s| e.post_receive(s).expect("post"));
+    assert_eq!(e.receive(from(3)).expect("z").payload, &b"z"[..]);
+    assert_eq!(e.unexpected.len(), 1, "m1 is waiting");
+    assert_eq!(e.receive(from(1)).expect("n").payload, &b"n"[..]);
+    assert_wildcards_got_their_logged_messages(&mut e, w, &delivered, &[(3, 1), (1, 2)]);
+}
+
+#[test]
+fn a_named_receive_posted_during_a_replay_lets_a_message_a_determinant_names_pass() {
+    // The receive from rank 1 is posted before m1 arrives: m1 must not
+    // complete it either.
+    let script = vec![
+        control_from(1, REPLAY),
+        app_from(1, 1, b"m1"),
+        app_from(1, 2, b"n"),
+        app_from(2, 1, b"x"),
+    ];
+    let (mut e, delivered) = replaying_reserved(script);
+    let w = [ANY, ANY].map(|s| e.post_receive(s).expect("post"));
+    let n = e.post_receive(from(1)).expect("post");
+    assert_eq!(e.wait(n).expect("n").payload, &b"n"[..]);
+    assert_wildcards_got_their_logged_messages(&mut e, w, &delivered, &[(1, 2)]);
 }

@@ -137,7 +137,7 @@ impl Coordinated {
         let (Some(mtbf), Some(start)) = (self.mtbf_s, self.started_at) else {
             return self.every;
         };
-        let cost = (cx.now.saturating_sub(start)).as_secs_f64().max(1e-9);
+        let cost = (cx.now().saturating_sub(start)).as_secs_f64().max(1e-9);
         let per_safe_point =
             (start.saturating_sub(self.last_end)).as_secs_f64() / self.every.max(1) as f64;
         let Ok(tau) = crate::tools::model::daly_interval(cost, mtbf) else {
@@ -241,7 +241,7 @@ impl Coordinated {
             }),
             None => {
                 let every = self.daly_every(cx);
-                self.last_end = cx.now;
+                self.last_end = cx.now();
                 self.on_commit(generation, every, cx)
             }
         }
@@ -403,7 +403,7 @@ impl Coordinated {
                 }
             }
             Control::Go => {
-                self.last_end = cx.now;
+                self.last_end = cx.now();
                 if let Some(rec) = self.recovery.take() {
                     cx.emit(Action::Resume {
                         generation: rec.decided.flatten(),
@@ -428,7 +428,7 @@ impl Protocol for Coordinated {
                     return;
                 }
                 self.since_last = 0;
-                self.started_at = Some(cx.now);
+                self.started_at = Some(cx.now());
                 let g = self.next_generation;
                 self.next_generation += 1;
                 self.saving = Some(g);
@@ -530,7 +530,7 @@ mod tests {
                 size: self.pl.ranks(),
                 placement: &self.pl,
                 store: &self.store,
-                now: self.now,
+                clock: &|| self.now,
                 app_sent: self.sent,
                 app_arrived: self.arrived,
                 hsr: &BTreeMap::new(),
@@ -801,7 +801,7 @@ mod tests {
             size: 4,
             placement: &h.pl,
             store: &h.store,
-            now: Duration::ZERO,
+            clock: &|| Duration::ZERO,
             app_sent: 0,
             app_arrived: 0,
             hsr: &BTreeMap::new(),

@@ -373,7 +373,7 @@ impl Correlated {
         let generation = self.p2p.next_generation();
         self.sync = Some(Sync {
             generation,
-            entered: cx.now,
+            entered: cx.now(),
             silent_sent: false,
         });
         let me = cx.rank;
@@ -438,7 +438,7 @@ impl Correlated {
                 let Some(sync) = self.sync.as_ref().filter(|s| s.generation == generation) else {
                     return;
                 };
-                let seconds = (cx.now.saturating_sub(sync.entered)).as_secs_f64();
+                let seconds = (cx.now().saturating_sub(sync.entered)).as_secs_f64();
                 cx.emit(Action::Record(Stat::SetSync {
                     seconds,
                     set_size: n,

@@ -592,8 +592,9 @@ pub struct ProtocolCx<'a> {
     pub placement: &'a Placement,
     /// The checkpoint store (read-only view).
     pub store: &'a dyn CheckpointStore,
-    /// Driver time.
-    pub now: Duration,
+    /// Driver time, read only by a protocol that asks ([`ProtocolCx::now`]):
+    /// the logging protocols handle an event per message and never do.
+    pub clock: &'a dyn Fn() -> Duration,
     /// Application messages this rank sent in the current execution.
     pub app_sent: u64,
     /// Application messages that arrived at this rank in the current
@@ -609,6 +610,11 @@ pub struct ProtocolCx<'a> {
 }
 
 impl ProtocolCx<'_> {
+    /// Driver time now.
+    pub fn now(&self) -> Duration {
+        (self.clock)()
+    }
+
     /// Emit an action.
     pub fn emit(&mut self, a: Action) {
         self.actions.push(a);
@@ -744,7 +750,7 @@ pub(crate) mod testing {
                 size: self.pl.ranks(),
                 placement: &self.pl,
                 store: &self.store,
-                now: self.now,
+                clock: &|| self.now,
                 app_sent: 0,
                 app_arrived: 0,
                 hsr: &self.hsr,

@@ -846,7 +846,7 @@ mod tests {
             size: 4,
             placement: &pl,
             store: &store,
-            now: Duration::ZERO,
+            clock: &|| Duration::ZERO,
             app_sent: 0,
             app_arrived: 0,
             hsr: &hsr,
