@@ -491,9 +491,13 @@ fn a_receive_interrupted_while_it_takes_in_arrivals_is_withdrawn() {
 }
 
 /// Rank 0 of 4 replaying two wildcard receptions, x from rank 2 then m1
-/// from rank 1 (SSN 1), while m1 arrives first and rank 1's next message n
-/// (SSN 2) before x. Arrivals only reach blocking polls.
-fn replaying_reserved(script: Vec<Incoming>) -> (Engine, Deliveries) {
+/// from rank 1 (SSN 1), while m1 arrives first (then `between`, if any)
+/// and rank 1's next message n (SSN 2) before x. Arrivals only reach
+/// blocking polls.
+fn replaying_reserved(between: Option<Incoming>) -> (Engine, Deliveries) {
+    let mut script = vec![control_from(1, REPLAY), app_from(1, 1, b"m1")];
+    script.extend(between);
+    script.extend([app_from(1, 2, b"n"), app_from(2, 1, b"x")]);
     let (e, delivered, _) = replaying_with(4, false, vec![det(1, 2, 1), det(2, 1, 1)], script);
     (e, delivered)
 }
@@ -521,14 +525,7 @@ fn a_named_receive_leaves_an_unexpected_message_a_determinant_names_to_its_wildc
     // m1 waits unexpected (the replay gives it to w2, after x) when a
     // receive from rank 1 is posted: it must get n, as in the first
     // execution, not m1.
-    let script = vec![
-        control_from(1, REPLAY),
-        app_from(1, 1, b"m1"),
-        app_from(3, 1, b"z"),
-        app_from(1, 2, b"n"),
-        app_from(2, 1, b"x"),
-    ];
-    let (mut e, delivered) = replaying_reserved(script);
+    let (mut e, delivered) = replaying_reserved(Some(app_from(3, 1, b"z")));
     let w = [ANY, ANY].map(|s| e.post_receive(s).expect("post"));
     assert_eq!(e.receive(from(3)).expect("z").payload, &b"z"[..]);
     assert_eq!(e.unexpected.len(), 1, "m1 is waiting");
@@ -540,13 +537,7 @@ fn a_named_receive_leaves_an_unexpected_message_a_determinant_names_to_its_wildc
 fn a_named_receive_posted_during_a_replay_lets_a_message_a_determinant_names_pass() {
     // The receive from rank 1 is posted before m1 arrives: m1 must not
     // complete it either.
-    let script = vec![
-        control_from(1, REPLAY),
-        app_from(1, 1, b"m1"),
-        app_from(1, 2, b"n"),
-        app_from(2, 1, b"x"),
-    ];
-    let (mut e, delivered) = replaying_reserved(script);
+    let (mut e, delivered) = replaying_reserved(None);
     let w = [ANY, ANY].map(|s| e.post_receive(s).expect("post"));
     let n = e.post_receive(from(1)).expect("post");
     assert_eq!(e.wait(n).expect("n").payload, &b"n"[..]);
