@@ -1164,9 +1164,11 @@ impl Engine {
             .drain_while(|e| !e.completed.iter().any(|(r, _)| *r == id))
             .and_then(|()| self.check());
         if let Err(e) = taken_in {
-            // Withdrawn. A message it got was the last arrival taken in
-            // (the drain stopped there): back at the end of the queue is
-            // back in arrival order.
+            // Withdrawn. A message it got is the last arrival taken in (the
+            // drain stopped there), so the end of the queue is its place;
+            // unless a replay gave it one that waited unexpected. Either
+            // way the error ends this execution (an interrupt, a kill, a
+            // broken driver or request), and the queue's order with it.
             self.posted.retain(|(p, _)| *p != id);
             if let Some(m) = self.take_completed(id) {
                 self.unexpected.push_back(m);
@@ -1260,10 +1262,15 @@ impl Engine {
         self.enter()?;
         self.drain()?;
         self.check()?;
+        // A probe looks and takes nothing: a message a determinant still to
+        // come names is there for it to see, as it was in the first
+        // execution until its wildcard receive took it. (Under message
+        // logging a probe names its source, see above; otherwise there is
+        // no replay, and this is what a receive would match.)
         Ok(self
             .unexpected
             .iter()
-            .find(|m| self.accepts(&spec, m))
+            .find(|m| spec.matches(&m.envelope))
             .map(|m| (m.envelope, m.payload.len())))
     }
 
@@ -1711,7 +1718,7 @@ impl Engine {
             }
         }
         self.reserved = (dets.iter())
-            .filter(|d| d.at.is_none())
+            .filter(|d| d.at.is_none() && d.ssn != 0)
             .map(|d| (d.src, d.ssn))
             .collect();
         self.replay = dets.into();

@@ -543,3 +543,16 @@ fn a_named_receive_posted_during_a_replay_lets_a_message_a_determinant_names_pas
     assert_eq!(e.wait(n).expect("n").payload, &b"n"[..]);
     assert_wildcards_got_their_logged_messages(&mut e, w, &delivered, &[(1, 2)]);
 }
+
+#[test]
+fn a_named_probe_during_a_replay_sees_a_message_a_determinant_names() {
+    // First execution: a probe of rank 1 saw m1, then a wildcard receive
+    // took it. Replayed, the probe must see m1 too (it takes nothing), and
+    // the wildcard receive gets it.
+    let script = vec![control_from(1, REPLAY), app_from(1, 1, b"m1")];
+    let (mut e, delivered, _) = replaying_with(4, false, vec![det(1, 1, 1)], script);
+    let (env, bytes) = e.probe(from(1)).expect("probe");
+    assert_eq!((env.src, bytes), (1, 2));
+    assert_eq!(e.receive(ANY).expect("m1").payload, &b"m1"[..]);
+    assert_eq!(*locked(&delivered), vec![(1, 1, Some(1), true)]);
+}
