@@ -994,7 +994,6 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             );
             ok &= f.verified_all;
         }
-        // The median over the protocol's runs of one of their statistics.
         // The median over some of the protocol's runs of one of their
         // statistics; `per`: over all of them.
         let over = |runs: &[&lazarus::JobStats], f: fn(&lazarus::JobStats) -> f64| {

@@ -13,10 +13,10 @@
 //! largest one of [`GROWABLE_MIN`] or more (glibc moves such a mapping
 //! with `mremap`, keeping its pages), so a log that keeps growing does not
 //! make every piece fresh memory. A buffer goes back to its pool when the
-//! last reference to it is dropped (the rank's own store, the partner's copy on the
-//! threads backend, a frame being written), wherever that happens. Ring
-//! readers of the processes backend keep one too: a piece arriving for a
-//! partner is read into the buffer of the copy it replaces.
+//! last reference to it is dropped (the rank's own store, the partner's
+//! copy on the threads backend, a frame being written), wherever that
+//! happens. Ring readers of the processes backend keep one too: a piece
+//! arriving for a partner is read into the buffer of the copy it replaces.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
