@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Rank;
 use crate::protocol::Control;
-use crate::store::StoreMsg;
+use crate::store::{PieceWriter, StoreMsg};
 
 /// Identifier of a communication context (one per communicator and use:
 /// point-to-point and collective traffic of one communicator never match).
@@ -175,6 +175,53 @@ pub enum Incoming {
 /// 8 CG W runs under `pessimistic`).
 pub fn postcard_append<T: Serialize + ?Sized>(value: &T, buf: &mut Vec<u8>) -> crate::Result<()> {
     postcard::serialize_with_flavor(value, Append(buf)).map_err(Into::into)
+}
+
+/// Append `meta` to a checkpoint piece, then `blobs` after it, shared
+/// rather than copied when they are large ([`PieceWriter::append_shared`]):
+/// a logging protocol's payloads. Their lengths are written between the two,
+/// and [`take_with_blobs`] reads all of it back.
+pub fn append_with_blobs<T: Serialize + ?Sized>(
+    meta: &T,
+    blobs: &[&Bytes],
+    piece: &mut PieceWriter<'_>,
+) -> crate::Result<()> {
+    postcard_append(meta, piece.buf())?;
+    let lengths: Vec<u64> = blobs.iter().map(|b| b.len() as u64).collect();
+    postcard_append(&lengths, piece.buf())?;
+    for b in blobs {
+        piece.append_shared(b);
+    }
+    Ok(())
+}
+
+/// Read what [`append_with_blobs`] wrote at the start of `state`: the
+/// metadata, the blobs (slices of `state`, not copies) and the rest of
+/// `state`. Lengths that overrun `state` are a corrupt piece, reported as
+/// [`crate::Error::Codec`].
+pub fn take_with_blobs<T: serde::de::DeserializeOwned>(
+    state: &Bytes,
+) -> crate::Result<(T, Vec<Bytes>, Bytes)> {
+    let (meta, rest): (T, &[u8]) = postcard::take_from_bytes(state)?;
+    let (lengths, rest): (Vec<u64>, &[u8]) = postcard::take_from_bytes(rest)?;
+    let mut at = state.len() - rest.len();
+    let mut blobs = Vec::with_capacity(lengths.len());
+    for (i, &n) in lengths.iter().enumerate() {
+        let end = usize::try_from(n)
+            .ok()
+            .and_then(|n| at.checked_add(n))
+            .filter(|&e| e <= state.len())
+            .ok_or_else(|| crate::Error::Codec {
+                what: "a checkpoint piece's logged payloads".into(),
+                detail: format!(
+                    "payload {i} of {n} bytes runs past the {} bytes left",
+                    state.len() - at
+                ),
+            })?;
+        blobs.push(state.slice(at..end));
+        at = end;
+    }
+    Ok((meta, blobs, state.slice(at..)))
 }
 
 /// The postcard output of [`postcard_append`].

@@ -24,7 +24,7 @@ use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
 use crate::protocol::{Action, Collective, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::store::pool::BufferPool;
-use crate::store::{CheckpointStore, Piece, StoreEvent, StoreOut};
+use crate::store::{CheckpointStore, Piece, PieceData, PieceWriter, StoreEvent, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 use frame::{AgreeValue, AppMessage, Body, ContextId, Envelope, Frame, Incoming, RuntimeMsg, Tag};
@@ -56,9 +56,11 @@ impl MatchSpec {
 ///
 /// A piece is laid out as `[app length: u64 LE][application state
 /// (postcard)][Snapshot (postcard)][protocol state]`
-/// ([`Protocol::save_state`]): the application's state comes first so that
+/// ([`Protocol::save_state`], whose logged payloads the piece shares rather
+/// than copies: [`PieceData`]): the application's state comes first so that
 /// it is serialized straight into the piece's buffer (its length is written
-/// once it is known) and restored from a slice of the piece, never copied.
+/// once it is known) and restored from a slice of the piece (of a copy, if
+/// the piece is still in segments).
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Safe points passed.
@@ -96,7 +98,7 @@ pub type AppSerializer<'a> = dyn FnMut(&mut Vec<u8>) -> Result<()> + 'a;
 
 /// A piece's application state (a slice of it: no copy) and the rest of it
 /// (see [`Snapshot`] for the layout), or why it cannot be.
-fn split_piece(data: &Bytes) -> std::result::Result<(Bytes, &[u8]), String> {
+fn split_piece(data: &Bytes) -> std::result::Result<(Bytes, Bytes), String> {
     let len = data
         .get(..APP_LEN)
         .and_then(|b| <[u8; APP_LEN]>::try_from(b).ok())
@@ -112,7 +114,7 @@ fn split_piece(data: &Bytes) -> std::result::Result<(Bytes, &[u8]), String> {
                 data.len()
             )
         })?;
-    Ok((data.slice(APP_LEN..end), &data[end..]))
+    Ok((data.slice(APP_LEN..end), data.slice(end..)))
 }
 
 /// A communicator this rank created: its first context id, and its group
@@ -1478,10 +1480,8 @@ impl Engine {
                 let data = self.snapshot(serialize)?;
                 self.stats.checkpoint_bytes = data.len();
                 let mut out = StoreOut::default();
-                self.store.put(
-                    Piece::new(generation, self.rank, self.piece_pool.freeze(data)),
-                    &mut out,
-                )?;
+                self.store
+                    .put(Piece::new(generation, self.rank, data), &mut out)?;
                 self.apply_store_out(out)?;
                 continue;
             }
@@ -1492,7 +1492,7 @@ impl Engine {
         }
     }
 
-    fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Vec<u8>> {
+    fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<PieceData> {
         let mut windows = Vec::with_capacity(self.windows.len());
         let ids: Vec<WinId> = self.windows.keys().copied().collect();
         for id in ids {
@@ -1535,15 +1535,16 @@ impl Engine {
         let windows: usize = snap.windows.iter().map(|(_, m)| m.len() + 16).sum();
         // The application's state is as large as last time, most likely.
         let rest = unexpected + windows + 256 + self.proto.state_size_hint();
-        let mut piece = self.piece_pool.take(APP_LEN + self.last_app_len + rest);
-        piece.extend_from_slice(&[0; APP_LEN]);
-        serialize(&mut piece)?;
-        let app_len = piece.len() - APP_LEN;
-        piece[..APP_LEN].copy_from_slice(&(app_len as u64).to_le_bytes());
-        frame::postcard_append(&snap, &mut piece)?;
+        let mut head = self.piece_pool.take(APP_LEN + self.last_app_len + rest);
+        head.extend_from_slice(&[0; APP_LEN]);
+        serialize(&mut head)?;
+        let app_len = head.len() - APP_LEN;
+        head[..APP_LEN].copy_from_slice(&(app_len as u64).to_le_bytes());
+        frame::postcard_append(&snap, &mut head)?;
+        let mut piece = PieceWriter::new(&self.piece_pool, head);
         self.proto.save_state(&mut piece)?;
         self.last_app_len = app_len;
-        Ok(piece)
+        Ok(piece.finish())
     }
 
     // ----- recovery -----------------------------------------------------
@@ -1650,9 +1651,12 @@ impl Engine {
             generation: g,
             detail,
         };
-        let (app, rest) = split_piece(&piece.data).map_err(corrupt)?;
-        let (snap, protocol_state): (Snapshot, &[u8]) =
-            postcard::take_from_bytes(rest).map_err(|e| corrupt(format!("undecodable: {e}")))?;
+        // One buffer to parse (a copy if the piece is still in segments, as
+        // one this rank's partner kept in the same process is).
+        let (app, rest) = split_piece(&piece.data.to_bytes()).map_err(corrupt)?;
+        let (snap, tail): (Snapshot, &[u8]) =
+            postcard::take_from_bytes(&rest).map_err(|e| corrupt(format!("undecodable: {e}")))?;
+        let protocol_state = rest.slice(rest.len() - tail.len()..);
         self.safe_points = snap.safe_points;
         self.progress = snap.progress;
         // Messages checkpointed as unexpected were sent before the cut; any

@@ -62,12 +62,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
+
 use serde::{Deserialize, Serialize};
 
 use super::pessimistic::Pessimistic;
 use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::driver::Stat;
 use crate::engine::frame::postcard_append;
+use crate::store::PieceWriter;
 use crate::topology::Placement;
 use crate::{Rank, Result};
 
@@ -675,18 +678,17 @@ impl Protocol for Correlated {
         self.p2p.state_size_hint()
     }
 
-    fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+    fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         self.p2p.save_state(piece)?;
         let st = SavedState {
             last_index: self.last_index,
         };
-        postcard_append(&st, piece)?;
-        Ok(())
+        postcard_append(&st, piece.buf())
     }
 
-    fn load_state(&mut self, state: &[u8]) -> Result<()> {
-        let rest = self.p2p.load_prefix(state)?;
-        let st: SavedState = postcard::from_bytes(rest)?;
+    fn load_state(&mut self, state: Bytes) -> Result<()> {
+        let rest = self.p2p.load_prefix(&state)?;
+        let st: SavedState = postcard::from_bytes(&rest)?;
         self.last_index = st.last_index;
         self.index = st.last_index;
         Ok(())

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use bytes::Bytes;
 
 use crate::engine::frame::{AppMessage, ContextId};
-use crate::store::CheckpointStore;
+use crate::store::{CheckpointStore, PieceWriter};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
@@ -675,18 +675,21 @@ pub trait Protocol: Send {
     }
     /// Append the protocol's own state to a checkpoint piece being built (a
     /// logging protocol's sender log: 004 §2.2, sender-based data is part of
-    /// the checkpoint). Appended, so logged payloads are copied once.
-    fn save_state(&self, _piece: &mut Vec<u8>) -> Result<()> {
+    /// the checkpoint). Logged payloads are shared with the piece, not
+    /// copied ([`crate::engine::frame::append_with_blobs`]).
+    fn save_state(&self, _piece: &mut PieceWriter<'_>) -> Result<()> {
         Ok(())
     }
-    /// About how many bytes [`Protocol::save_state`] appends: the piece is
-    /// allocated once at its full size (a log of megabytes grown by
-    /// doubling was copied again at every step, each time into fresh pages).
+    /// About how many bytes [`Protocol::save_state`] copies into the
+    /// piece's buffer (shared payloads not counted): the buffer is
+    /// allocated once at its full size (grown by doubling, it was copied
+    /// again at every step, each time into fresh pages).
     fn state_size_hint(&self) -> usize {
         0
     }
-    /// Restore what [`Protocol::save_state`] appended (the rest of the piece).
-    fn load_state(&mut self, _state: &[u8]) -> Result<()> {
+    /// Restore what [`Protocol::save_state`] appended (the rest of the
+    /// piece; payloads are restored as slices of it).
+    fn load_state(&mut self, _state: Bytes) -> Result<()> {
         Ok(())
     }
 }

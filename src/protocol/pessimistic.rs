@@ -66,7 +66,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{Action, Control, Determinant, Event, Protocol, ProtocolCx};
 use crate::driver::Stat;
-use crate::engine::frame::{AppMessage, ENCODED_MESSAGE_OVERHEAD, Envelope, postcard_append};
+use crate::engine::frame::{
+    AppMessage, ENCODED_MESSAGE_OVERHEAD, Envelope, append_with_blobs, take_with_blobs,
+};
+use crate::store::PieceWriter;
+use crate::store::piece::SHARED_SEGMENT_MIN;
 use crate::{Error, Rank, Result};
 
 /// Control messages of the logging protocols.
@@ -158,19 +162,10 @@ struct SavedMsg {
     payload: u32,
 }
 
-/// [`SavedState`] as written, borrowing the payloads (same encoding).
-#[derive(Serialize)]
-struct SavedStateRef<'a> {
-    payloads: Vec<&'a Bytes>,
-    log: Vec<(Rank, Vec<SavedMsg>)>,
-    trimmed: Vec<(Rank, u64)>,
-    next_generation: u64,
-}
-
-/// What a checkpoint piece holds of this protocol.
-#[derive(Debug, Default, Deserialize)]
+/// What a checkpoint piece holds of this protocol, besides the payloads
+/// (which follow it, shared: [`append_with_blobs`]).
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct SavedState {
-    payloads: Vec<Bytes>,
     log: Vec<(Rank, Vec<SavedMsg>)>,
     trimmed: Vec<(Rank, u64)>,
     next_generation: u64,
@@ -925,15 +920,14 @@ impl Pessimistic {
 
     /// Restore what `save_state` wrote at the start of `state`; returns the
     /// rest (state a protocol built on this one appended).
-    pub(crate) fn load_prefix<'s>(&mut self, state: &'s [u8]) -> Result<&'s [u8]> {
-        let (st, rest): (SavedState, &[u8]) = postcard::take_from_bytes(state)?;
+    pub(crate) fn load_prefix(&mut self, state: &Bytes) -> Result<Bytes> {
+        let (st, payloads, rest): (SavedState, _, _) = take_with_blobs(state)?;
 
         let mut log = BTreeMap::new();
         for (d, saved) in st.log {
             let mut c = ChannelLog::default();
             for m in saved {
-                let payload = st
-                    .payloads
+                let payload = payloads
                     .get(m.payload as usize)
                     .ok_or_else(|| Error::Codec {
                         what: "a checkpoint piece's message log".into(),
@@ -941,7 +935,7 @@ impl Pessimistic {
                             "message {} to rank {d} names payload {} of {}",
                             m.ssn,
                             m.payload,
-                            st.payloads.len()
+                            payloads.len()
                         ),
                     })?;
                 c.bytes += payload.len();
@@ -959,6 +953,16 @@ impl Pessimistic {
         self.trimmed = st.trimmed.into_iter().collect();
         self.next_generation = st.next_generation;
         Ok(rest)
+    }
+}
+
+/// The bytes of `payload` a checkpoint piece copies rather than shares
+/// ([`PieceWriter::append_shared`]).
+pub(crate) fn copied_len(payload: &Bytes) -> usize {
+    if payload.len() < SHARED_SEGMENT_MIN {
+        payload.len()
+    } else {
+        0
     }
 }
 
@@ -1021,7 +1025,7 @@ impl Protocol for Pessimistic {
                 .any(|(&d, &h)| ssn_out.get(d).copied().unwrap_or(0) < h)
     }
 
-    fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+    fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         // Payloads are told apart by buffer: the same bytes at the same
         // address are the same payload.
         let mut payloads: Vec<&Bytes> = Vec::new();
@@ -1043,22 +1047,25 @@ impl Protocol for Pessimistic {
             }
             log.push((d, msgs));
         }
-        let st = SavedStateRef {
-            payloads,
+        let st = SavedState {
             log,
             trimmed: self.trimmed.iter().map(|(&d, &n)| (d, n)).collect(),
             next_generation: self.next_generation,
         };
-        postcard_append(&st, piece)?;
-        Ok(())
+        append_with_blobs(&st, &payloads, piece)
     }
 
-    fn load_state(&mut self, state: &[u8]) -> Result<()> {
-        self.load_prefix(state).map(|_| ())
+    fn load_state(&mut self, state: Bytes) -> Result<()> {
+        self.load_prefix(&state).map(|_| ())
     }
 
     fn state_size_hint(&self) -> usize {
-        self.log_bytes + self.log_records * ENCODED_MESSAGE_OVERHEAD + 64
+        // Payloads of at least `SHARED_SEGMENT_MIN` bytes are shared, not
+        // copied.
+        let copied: usize = (self.log.values().flat_map(|c| &c.msgs))
+            .map(|m| copied_len(&m.payload))
+            .sum();
+        copied + self.log_records * (ENCODED_MESSAGE_OVERHEAD + 10) + 64
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
@@ -1225,6 +1232,8 @@ mod tests {
     use super::*;
 
     use crate::protocol::testing::Harness;
+    use crate::store::PieceData;
+    use crate::store::pool::BufferPool;
 
     use crate::protocol::testing::app_message as msg;
 
@@ -1365,8 +1374,7 @@ mod tests {
             },
         );
         assert_eq!(p.log_bytes, 3500);
-        let mut piece = Vec::new();
-        p.save_state(&mut piece).expect("saves");
+        let piece = saved(&p);
         assert!(
             piece.len() < 1600,
             "{} bytes: the shared payload was saved more than once",
@@ -1375,7 +1383,7 @@ mod tests {
         assert!(p.state_size_hint() >= piece.len());
 
         let mut q = Pessimistic::new(0, None);
-        q.load_state(&piece).expect("loads");
+        q.load_state(piece.to_bytes()).expect("loads");
         assert_eq!((q.log_records, q.log_bytes), (4, 3500));
         for (dest, c) in &p.log {
             let got = &q.log[dest].msgs;
@@ -1388,8 +1396,7 @@ mod tests {
         assert_ne!(q.log[&2].msgs[1].payload.as_ptr(), first);
 
         // A piece naming a payload it does not hold is refused, not a panic.
-        let bad = SavedStateRef {
-            payloads: Vec::new(),
+        let bad = SavedState {
             log: vec![(
                 1,
                 vec![SavedMsg {
@@ -1401,9 +1408,82 @@ mod tests {
             trimmed: Vec::new(),
             next_generation: 1,
         };
-        let bad = postcard::to_allocvec(&bad).expect("encodes");
+        let mut bad = postcard::to_allocvec(&bad).expect("encodes");
+        bad.extend(postcard::to_allocvec(&Vec::<u64>::new()).expect("encodes"));
         assert!(matches!(
-            Pessimistic::new(0, None).load_state(&bad),
+            Pessimistic::new(0, None).load_state(bad.into()),
+            Err(Error::Codec { .. })
+        ));
+    }
+
+    /// The protocol's part of a checkpoint piece, as the engine writes it.
+    fn saved(p: &dyn Protocol) -> PieceData {
+        let pool = BufferPool::new();
+        let mut w = PieceWriter::new(&pool, Vec::new());
+        p.save_state(&mut w).expect("saves");
+        w.finish()
+    }
+
+    /// Large payloads are not copied into a checkpoint piece: it holds the
+    /// log's own buffers, and a restore takes them as slices of the piece.
+    /// Lengths that run past the piece are refused.
+    #[test]
+    fn large_payloads_are_shared_with_the_piece_not_copied() {
+        let h = Harness::new(0, 3, 1);
+        let mut p = Pessimistic::new(0, None);
+        let sizes = [SHARED_SEGMENT_MIN, 10, 3 * SHARED_SEGMENT_MIN];
+        for (i, n) in sizes.into_iter().enumerate() {
+            let m = msg(0, 1 + i % 2, 1 + i as u64 / 2, n);
+            h.run(&mut p, Event::AppSend { msg: &m });
+        }
+        let piece = saved(&p);
+        let logged: Vec<&Bytes> = p
+            .log
+            .values()
+            .flat_map(|c| &c.msgs)
+            .map(|m| &m.payload)
+            .collect();
+        let big: Vec<&&Bytes> = logged
+            .iter()
+            .filter(|b| b.len() >= SHARED_SEGMENT_MIN)
+            .collect();
+        assert_eq!(big.len(), 2);
+        for b in &big {
+            assert!(
+                piece
+                    .segments()
+                    .iter()
+                    .any(|s| s.as_ptr() == b.as_ptr() && s.len() == b.len()),
+                "a payload of {} bytes was copied into the piece",
+                b.len()
+            );
+        }
+        // What is copied is the metadata and the small payload.
+        assert!(
+            p.state_size_hint() < p.log_bytes,
+            "the hint counts shared payloads"
+        );
+        let copied: usize = piece.len() - big.iter().map(|b| b.len()).sum::<usize>();
+        assert!(copied <= p.state_size_hint(), "{copied} bytes copied");
+
+        let flat = piece.to_bytes();
+        let mut q = Pessimistic::new(0, None);
+        q.load_state(flat.clone()).expect("loads");
+        let range = flat.as_ptr() as usize..flat.as_ptr() as usize + flat.len();
+        for (dest, c) in &p.log {
+            assert_eq!(&q.log[dest].msgs, &c.msgs, "log for rank {dest}");
+            for m in &q.log[dest].msgs {
+                assert!(
+                    range.contains(&(m.payload.as_ptr() as usize)),
+                    "restored as a copy"
+                );
+            }
+        }
+
+        // A piece cut short inside a payload: a codec error.
+        let cut = flat.slice(..flat.len() - 1);
+        assert!(matches!(
+            Pessimistic::new(0, None).load_state(cut),
             Err(Error::Codec { .. })
         ));
     }

@@ -54,9 +54,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::pessimistic::{LogMsg, Pessimistic};
+use super::pessimistic::{LogMsg, Pessimistic, copied_len};
 use super::{Action, Collective, Control, Event, Protocol, ProtocolCx};
-use crate::engine::frame::{AppMessage, ContextId, postcard_append};
+use crate::engine::frame::{AppMessage, ContextId, append_with_blobs, take_with_blobs};
+use crate::store::PieceWriter;
 use crate::{Error, Rank, Result};
 
 /// Control messages of user-level collective logging.
@@ -138,10 +139,12 @@ struct Current {
 struct SavedState {
     done: Vec<(ContextId, u64)>,
     per_kind: Vec<u64>,
-    /// The logged results not yet trimmed: like the sender log, they are
-    /// part of the checkpoint (a rank restored past a collective still owes
-    /// its result to a member that restores from before it).
-    results: Vec<(ContextId, Vec<(u64, Bytes)>)>,
+    /// The indices of the logged results not yet trimmed, per context: like
+    /// the sender log, they are part of the checkpoint (a rank restored past
+    /// a collective still owes its result to a member that restores from
+    /// before it). The results themselves follow, in this order, shared
+    /// with the log ([`append_with_blobs`]).
+    results: Vec<(ContextId, Vec<u64>)>,
     /// How far each context's results were trimmed.
     trimmed: Vec<(ContextId, u64)>,
     /// Members of the sub-communicators this rank knows.
@@ -627,29 +630,36 @@ impl Protocol for Ulml {
     }
 
     fn state_size_hint(&self) -> usize {
-        self.p2p.state_size_hint()
+        let (records, copied) = (self.results.values().flat_map(BTreeMap::values))
+            .fold((0, 0), |(n, b), r| (n + 1, b + copied_len(r)));
+        self.p2p.state_size_hint() + copied + records * 20 + 64
     }
 
-    fn save_state(&self, piece: &mut Vec<u8>) -> Result<()> {
+    fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         self.p2p.save_state(piece)?;
+        let blobs: Vec<&Bytes> = self.results.values().flat_map(BTreeMap::values).collect();
         let st = SavedState {
             done: self.counts(),
             per_kind: self.per_kind.to_vec(),
-            results: self
-                .results
-                .iter()
-                .map(|(&c, l)| (c, l.iter().map(|(&i, b)| (i, b.clone())).collect()))
+            results: (self.results.iter())
+                .map(|(&c, l)| (c, l.keys().copied().collect()))
                 .collect(),
             trimmed: self.trimmed.iter().map(|(&c, &n)| (c, n)).collect(),
             members: self.members_of(self.members.keys().copied()),
         };
-        postcard_append(&st, piece)?;
-        Ok(())
+        append_with_blobs(&st, &blobs, piece)
     }
 
-    fn load_state(&mut self, state: &[u8]) -> Result<()> {
-        let rest = self.p2p.load_prefix(state)?;
-        let st: SavedState = postcard::from_bytes(rest)?;
+    fn load_state(&mut self, state: Bytes) -> Result<()> {
+        let rest = self.p2p.load_prefix(&state)?;
+        let (st, blobs, _): (SavedState, _, _) = take_with_blobs(&rest)?;
+        let listed: usize = st.results.iter().map(|(_, l)| l.len()).sum();
+        if listed != blobs.len() {
+            return Err(Error::Codec {
+                what: "a checkpoint piece's collective results".into(),
+                detail: format!("{listed} results listed, {} saved", blobs.len()),
+            });
+        }
         self.done = st.done.into_iter().collect();
         self.members.extend(st.members);
         for (slot, n) in self.per_kind.iter_mut().zip(st.per_kind) {
@@ -662,11 +672,14 @@ impl Protocol for Ulml {
             let t = self.trimmed.entry(context).or_insert(0);
             *t = (*t).max(upto);
         }
+        let mut blobs = blobs.into_iter();
         for (context, list) in st.results {
             let trimmed = self.trimmed_upto(context);
             let log = self.results.entry(context).or_default();
-            for (index, result) in list.into_iter().filter(|&(i, _)| i > trimmed) {
-                log.entry(index).or_insert(result);
+            for (index, result) in list.into_iter().zip(blobs.by_ref()) {
+                if index > trimmed {
+                    log.entry(index).or_insert(result);
+                }
             }
         }
         self.count_results();
@@ -1360,8 +1373,10 @@ mod tests {
         let r = Bytes::from_static(b"result-1");
         let mut before = Ulml::new(0, None);
         complete(2, &mut before, 1, &r);
-        let mut piece = Vec::new();
+        let pool = crate::store::pool::BufferPool::new();
+        let mut piece = PieceWriter::new(&pool, Vec::new());
         before.save_state(&mut piece).expect("saved");
+        let piece = piece.finish().to_bytes();
         let mut q = Ulml::new(0, None);
         let a = control(
             2,
@@ -1373,7 +1388,7 @@ mod tests {
             },
         );
         assert!(a.is_empty(), "nothing to answer yet: {a:?}");
-        q.load_state(&piece).expect("restored");
+        q.load_state(piece).expect("restored");
         let a = run(
             2,
             &mut q,
@@ -1393,6 +1408,49 @@ mod tests {
             }),
             "{a:?}"
         );
+    }
+
+    /// Logged collective results are shared with a checkpoint piece, not
+    /// copied into it (the large ones), and restored in their contexts and
+    /// indices; a piece whose list of results and saved results disagree is
+    /// refused.
+    #[test]
+    fn logged_results_are_shared_with_the_piece_and_restored() {
+        let big = Bytes::from(vec![3u8; 2 * crate::store::piece::SHARED_SEGMENT_MIN]);
+        let small = Bytes::from_static(b"result-2");
+        let mut before = Ulml::new(0, None);
+        complete(2, &mut before, 1, &big);
+        complete(2, &mut before, 2, &small);
+        let pool = crate::store::pool::BufferPool::new();
+        let mut w = PieceWriter::new(&pool, Vec::new());
+        before.save_state(&mut w).expect("saved");
+        let piece = w.finish();
+        assert!(
+            (piece.segments().iter()).any(|s| s.as_ptr() == big.as_ptr() && s.len() == big.len()),
+            "the large result was copied"
+        );
+        assert!(
+            before.state_size_hint() < big.len(),
+            "the hint counts a shared result"
+        );
+        let mut q = Ulml::new(0, None);
+        q.load_state(piece.to_bytes()).expect("restored");
+        assert_eq!(q.results, before.results);
+
+        // Cut inside the last result: refused.
+        let flat = piece.to_bytes();
+        let err = Ulml::new(0, None).load_state(flat.slice(..flat.len() - 1));
+        assert!(matches!(err, Err(Error::Codec { .. })), "{err:?}");
+        // Two results listed, one saved: refused.
+        let mut w = PieceWriter::new(&pool, Vec::new());
+        Pessimistic::new(0, None).save_state(&mut w).expect("saved");
+        let st = SavedState {
+            results: vec![(1, vec![1, 2])],
+            ..SavedState::default()
+        };
+        append_with_blobs(&st, &[&small], &mut w).expect("saved");
+        let err = Ulml::new(0, None).load_state(w.finish().to_bytes());
+        assert!(matches!(err, Err(Error::Codec { .. })), "{err:?}");
     }
 
     /// A survivor whose collective lost members asks the members that are

@@ -415,7 +415,7 @@ fn parse_piece(buf: Bytes, generation: u64, rank: Rank, path: &Path) -> Result<P
     Ok(Piece {
         generation,
         owner: rank,
-        data,
+        data: data.into(),
         crc: h.crc,
         summed: Default::default(),
     })
@@ -435,7 +435,10 @@ pub fn write_piece(dir: &Path, piece: &Piece) -> Result<()> {
     let gen_dir = generation_dir(dir, piece.generation);
     ensure_dir(&gen_dir)?;
     let header = encode_piece_header(piece);
-    write_atomic(&gen_dir, &piece_name(piece.owner), &[&header, &piece.data])
+    let parts: Vec<&[u8]> = std::iter::once(&header[..])
+        .chain(piece.data.segments().iter().map(|s| &s[..]))
+        .collect();
+    write_atomic(&gen_dir, &piece_name(piece.owner), &parts)
 }
 
 /// Reads and verifies the piece of `rank` in `generation`.
@@ -1768,7 +1771,7 @@ mod tests {
         let good_piece = {
             let p = Piece::new(5, 1, Bytes::from_static(b"some checkpoint data"));
             let mut b = encode_piece_header(&p);
-            b.extend_from_slice(&p.data);
+            b.extend_from_slice(&p.data.to_vec());
             b
         };
         let good_commit = encode_commit(&CommitRecord {

@@ -227,7 +227,8 @@ fn chunk_range(len: usize, parts: usize, c: usize) -> std::ops::Range<usize> {
     start..((c + 1) * q).min(len)
 }
 
-/// Chunk `c` of `piece` cut into `parts` chunks (a zero-copy slice).
+/// Chunk `c` of `piece` cut into `parts` chunks (a zero-copy slice when it lies
+/// in one segment of the piece).
 fn chunk_of(piece: &Piece, parts: usize, c: usize) -> Chunk {
     let data = piece.data.slice(chunk_range(piece.data.len(), parts, c));
     Chunk {
@@ -761,7 +762,7 @@ impl ErasureLevel {
         let piece = Piece {
             generation,
             owner: self.rank,
-            data: Bytes::from(data),
+            data: data.into(),
             crc: piece_crc.unwrap_or_default(),
             summed: Default::default(),
         };
@@ -1064,7 +1065,7 @@ mod tests {
                 vec![StoreEvent::Restored { generation: 2 }]
             );
             let p = net.stores[r].get(2, r).expect("rebuilt");
-            assert_eq!(&p.data[..], &data[r][..]);
+            assert_eq!(p.data.to_vec(), data[r]);
             p.verify().expect("checksum");
         }
         // Re-encode: every rank reports stored again, and a further double

@@ -28,11 +28,13 @@ pub mod disk;
 pub mod erasure;
 pub mod levels;
 pub mod partner;
+pub mod piece;
 pub mod pool;
+
+pub use piece::{PieceData, PieceWriter};
 
 use std::collections::{HashMap, HashSet};
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Rank, Result};
@@ -45,7 +47,7 @@ pub struct Piece {
     /// The rank whose state this is.
     pub owner: Rank,
     /// The encoded state.
-    pub data: Bytes,
+    pub data: PieceData,
     /// CRC32C of `data`, computed when the piece was made.
     pub crc: u32,
     /// The memory `crc` was computed over in this process, if it was.
@@ -54,13 +56,14 @@ pub struct Piece {
 }
 
 /// Where a piece's checksum was computed from its bytes in this process:
-/// `(address, length)` of the `Bytes`, and the checksum. `Bytes` are immutable, so a piece
-/// whose data is still that very memory needs no second pass to be known
-/// sound (a partner on the threads backend receives the owner's buffer
-/// itself; every piece that crossed a process boundary, or whose data was
-/// replaced, is checked). Not part of a piece's value: always equal.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SummedHere(Option<(usize, usize, u32)>);
+/// `(address, length)` of each segment, and the checksum. `Bytes` are
+/// immutable, so a piece whose data is still that very memory needs no
+/// second pass to be known sound (a partner on the threads backend receives
+/// the owner's buffers themselves; every piece that crossed a process
+/// boundary, or whose data was replaced, is checked). Not part of a piece's
+/// value: always equal.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SummedHere(Option<(Vec<(usize, usize)>, u32)>);
 
 impl PartialEq for SummedHere {
     fn eq(&self, _: &Self) -> bool {
@@ -72,12 +75,13 @@ impl Eq for SummedHere {}
 
 impl Piece {
     /// Make a piece, computing its checksum.
-    pub fn new(generation: u64, owner: Rank, data: Bytes) -> Self {
-        let crc = crc32c::crc32c(&data);
+    pub fn new(generation: u64, owner: Rank, data: impl Into<PieceData>) -> Self {
+        let data = data.into();
+        let crc = data.crc32c();
         Piece {
             generation,
             owner,
-            summed: SummedHere(Some((data.as_ptr() as usize, data.len(), crc))),
+            summed: SummedHere(Some((data.fingerprint(), crc))),
             data,
             crc,
         }
@@ -87,8 +91,10 @@ impl Piece {
     /// process over the very bytes the piece still holds (see
     /// `SummedHere`): what a store runs on a piece it is given to keep.
     pub fn verify_received(&self) -> Result<()> {
-        let here = (self.data.as_ptr() as usize, self.data.len(), self.crc);
-        if self.summed.0 == Some(here) {
+        if let Some((at, crc)) = &self.summed.0
+            && *crc == self.crc
+            && *at == self.data.fingerprint()
+        {
             return Ok(());
         }
         self.verify()
@@ -96,7 +102,7 @@ impl Piece {
 
     /// Check the data against its checksum.
     pub fn verify(&self) -> Result<()> {
-        let got = crc32c::crc32c(&self.data);
+        let got = self.data.crc32c();
         if got != self.crc {
             return Err(Error::CorruptCheckpoint {
                 owner: self.owner,

@@ -367,7 +367,7 @@ mod tests {
         assert!(b.held().is_empty());
         // Data replaced after the checksum was taken (another buffer).
         let mut p = Piece::new(1, 0, Bytes::from_static(b"state"));
-        p.data = Bytes::from_static(b"stale");
+        p.data = Bytes::from_static(b"stale").into();
         let err = b.on_msg(0, StoreMsg::Put(p), &mut StoreOut::default());
         assert!(matches!(
             err,

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::Rank;
 use crate::driver::{RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
-use crate::store::StoreMsg;
+use crate::store::{PieceData, StoreMsg};
 
 /// Version of the wire format; a peer speaking another one is refused.
 pub const WIRE_VERSION: u8 = 5;
@@ -386,10 +386,10 @@ const INLINE_PAYLOAD: usize = 16 * 1024;
 /// its shared buffer without a copy (above `INLINE_PAYLOAD`).
 pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), WireError> {
     let mut head = Vec::new();
-    let payload = encode_into(msg, max, &mut head)?;
+    let detached = encode_into(msg, max, &mut head)?;
     w.write_all(&head)?;
-    if !payload.is_empty() {
-        w.write_all(&payload)?;
+    for part in detached {
+        w.write_all(part)?;
     }
     w.flush()?;
     Ok(())
@@ -398,9 +398,14 @@ pub fn write_msg(w: &mut impl Write, msg: &WireMsg, max: usize) -> Result<(), Wi
 /// Encode `msg` as the bytes of one frame into `buf` (cleared first; a
 /// sender reuses one buffer instead of allocating per frame): the head
 /// (length prefix, format byte, header, and a payload up to
-/// `INLINE_PAYLOAD`). Returns the rest of the payload, still the sender's
-/// shared buffer.
-pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes, WireError> {
+/// `INLINE_PAYLOAD`). Returns what follows the head on the wire, still the
+/// sender's shared buffers: nothing, an application payload, or the
+/// segments of a checkpoint piece.
+pub fn encode_into<'m>(
+    msg: &'m WireMsg,
+    max: usize,
+    buf: &mut Vec<u8>,
+) -> Result<&'m [Bytes], WireError> {
     buf.clear();
     if let WireMsg::Frame(Frame {
         src,
@@ -409,24 +414,28 @@ pub fn encode_into(msg: &WireMsg, max: usize, buf: &mut Vec<u8>) -> Result<Bytes
     }) = msg
         && fixed_layout(app)
     {
-        return encode_app(*src, *epoch, app, max, buf);
+        let inline = encode_app(*src, *epoch, app, max, buf)?;
+        return Ok(if inline {
+            &[]
+        } else {
+            std::slice::from_ref(&app.payload)
+        });
     }
     // A checkpoint piece (or an application message too long for the
     // fixed layout) follows the header as it is: not copied into the frame
-    // on the way out, nor out of it on the way in (`decode`).
+    // on the way out (a piece's segments are written one after the other),
+    // nor out of it on the way in (`decode`).
     if let WireMsg::Frame(frame) = msg
-        && let Some(data) = detached_payload(&frame.body)
+        && let Some(parts) = detached_payload(&frame.body)
     {
-        let data = data.clone();
+        let len = parts.iter().map(Bytes::len).sum();
         let mut head = frame.clone();
-        if let Some(d) = detached_payload_mut(&mut head.body) {
-            *d = Bytes::new();
-        }
-        encode_header(&WireMsg::Frame(head), data.len(), max, buf)?;
-        return Ok(data);
+        detach(&mut head.body);
+        encode_header(&WireMsg::Frame(head), len, max, buf)?;
+        return Ok(parts);
     }
     encode_header(msg, 0, max, buf)?;
-    Ok(Bytes::new())
+    Ok(&[])
 }
 
 /// Whether an application message fits the fixed layout, whose length is
@@ -435,22 +444,36 @@ pub fn fixed_layout(app: &AppMessage) -> bool {
     APP_FIXED + app.payload.len() < LONG_LEN as usize
 }
 
-/// The bytes of a frame body that travel after its header, not inside it.
-fn detached_payload(body: &Body) -> Option<&Bytes> {
+/// The bytes of a frame body that travel after its header, not inside it:
+/// an application payload, or a checkpoint piece's segments.
+fn detached_payload(body: &Body) -> Option<&[Bytes]> {
     match body {
-        Body::App(app) => Some(&app.payload),
-        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => Some(&p.data),
+        Body::App(app) => Some(std::slice::from_ref(&app.payload)),
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => Some(p.data.segments()),
         _ => None,
     }
 }
 
-/// [`detached_payload`], to take it out of the header or put it back.
-fn detached_payload_mut(body: &mut Body) -> Option<&mut Bytes> {
+/// Take [`detached_payload`] out of a header about to be encoded.
+fn detach(body: &mut Body) {
     match body {
-        Body::App(app) => Some(&mut app.payload),
-        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => Some(&mut p.data),
-        _ => None,
+        Body::App(app) => app.payload = Bytes::new(),
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => p.data = PieceData::default(),
+        _ => {}
     }
+}
+
+/// Put the bytes that followed a decoded header back into its body; false
+/// if the body takes none, or already has some.
+fn attach(body: &mut Body, payload: Bytes) -> bool {
+    match body {
+        Body::App(app) if app.payload.is_empty() => app.payload = payload,
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) if p.data.is_empty() => {
+            p.data = payload.into();
+        }
+        _ => return false,
+    }
+    true
 }
 
 /// Encode the header of `msg` in place after the prefix, whose lengths are
@@ -607,15 +630,16 @@ pub fn app_head(
     Ok(h)
 }
 
-/// An application frame in its fixed layout: the head (with the payload
-/// when small) and the rest of the payload.
+/// The head of an application frame in its fixed layout, into `buf`, with
+/// the payload when it is small; returns whether it was (otherwise the
+/// payload follows the head from its own buffer).
 fn encode_app(
     src: Rank,
     epoch: u64,
     app: &AppMessage,
     max: usize,
     buf: &mut Vec<u8>,
-) -> Result<Bytes, WireError> {
+) -> Result<bool, WireError> {
     let head = app_head(src, epoch, app, max)?;
     let payload = &app.payload;
     let inline = payload.len() <= INLINE_PAYLOAD;
@@ -623,10 +647,8 @@ fn encode_app(
     buf.extend_from_slice(&head);
     if inline {
         buf.extend_from_slice(payload);
-        Ok(Bytes::new())
-    } else {
-        Ok(payload.clone())
     }
+    Ok(inline)
 }
 
 /// Decode an application frame in its fixed layout.
@@ -710,19 +732,17 @@ pub fn decode(frame: Bytes) -> Result<WireMsg, WireError> {
         )));
     }
     let payload = frame.slice(header_end..);
-    let slot = match &mut msg {
-        WireMsg::Frame(f) => detached_payload_mut(&mut f.body),
-        _ => None,
-    };
-    match slot {
-        Some(d) if d.is_empty() => *d = payload,
-        _ if !payload.is_empty() => {
+    if !payload.is_empty() {
+        let n = payload.len();
+        let taken = match &mut msg {
+            WireMsg::Frame(f) => attach(&mut f.body, payload),
+            _ => false,
+        };
+        if !taken {
             return Err(WireError::Malformed(format!(
-                "{} payload bytes after a message that takes none",
-                payload.len()
+                "{n} payload bytes after a message that takes none"
             )));
         }
-        _ => {}
     }
     Ok(msg)
 }
@@ -901,7 +921,7 @@ mod tests {
             generation: 1,
             owner: 0,
             crc: 0,
-            data: zeros.clone(),
+            data: zeros.clone().into(),
             summed: Default::default(),
         };
         let mut big_app = app(Vec::new());
@@ -923,8 +943,12 @@ mod tests {
         ];
         for msg in msgs {
             let mut head = Vec::new();
-            let rest = encode_into(&msg, usize::MAX, &mut head).expect("encodes");
-            assert_eq!(rest.len(), n, "the payload follows the head as it is");
+            let rest: usize = encode_into(&msg, usize::MAX, &mut head)
+                .expect("encodes")
+                .iter()
+                .map(Bytes::len)
+                .sum();
+            assert_eq!(rest, n, "the payload follows the head as it is");
             assert_eq!(head[..4], LONG_LEN.to_le_bytes());
             let len = u64::from_le_bytes(head[4..12].try_into().expect("8"));
             assert_eq!(len as usize, head.len() - LONG_PREFIX + n);
@@ -936,7 +960,10 @@ mod tests {
             frame.truncate(5 + hlen);
             match decode(Bytes::from(frame)).expect("the header decodes") {
                 WireMsg::Frame(Frame { body, .. }) => {
-                    assert_eq!(detached_payload(&body).map(Bytes::len), Some(0))
+                    assert_eq!(
+                        detached_payload(&body).map(|p| p.iter().map(Bytes::len).sum()),
+                        Some(0)
+                    )
                 }
                 other => panic!("not a frame: {other:?}"),
             }

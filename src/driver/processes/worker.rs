@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 use serde::Serialize;
 
@@ -187,11 +188,11 @@ struct Shared {
 fn send_ctl(ctl: &Mutex<Stream>, msg: &WireMsg, max: usize) -> std::result::Result<(), WireError> {
     use std::io::Write;
     let mut head = Vec::new();
-    let payload = encode_into(msg, max, &mut head)?;
+    let detached = encode_into(msg, max, &mut head)?;
     let mut s = lock(ctl);
     s.write_all(&head)?;
-    if !payload.is_empty() {
-        s.write_all(&payload)?;
+    for part in detached {
+        s.write_all(part)?;
     }
     Ok(())
 }
@@ -707,8 +708,7 @@ impl ProcessEndpoint {
         };
         let mut scratch = std::mem::take(&mut self.scratch);
         let fixed;
-        let rest;
-        let parts: [&[u8]; 2] = if let WireMsg::Frame(Frame {
+        let (head, tail): (&[u8], &[Bytes]) = if let WireMsg::Frame(Frame {
             src,
             epoch,
             body: Body::App(app),
@@ -718,11 +718,13 @@ impl ProcessEndpoint {
             // The fixed fields from the stack and the payload from its own
             // buffer: nothing is assembled (or copied) before the ring.
             fixed = app_head(*src, *epoch, app, max).map_err(cannot)?;
-            [&fixed, &app.payload]
+            (&fixed, std::slice::from_ref(&app.payload))
         } else {
-            rest = encode_into(msg, max, &mut scratch).map_err(cannot)?;
-            [&scratch, &rest]
+            // A checkpoint piece's segments follow its header one by one.
+            let tail = encode_into(msg, max, &mut scratch).map_err(cannot)?;
+            (&scratch, tail)
         };
+        let parts = std::iter::once(head).chain(tail.iter().map(|b| &b[..]));
         // When the receiver last made room (set at the first wait after
         // it did), and whether the user was told it stopped.
         let mut stalled_since = None;
