@@ -361,7 +361,7 @@ struct ChaosArgs {
     /// First seed.
     #[arg(long, default_value_t = 1)]
     from: u64,
-    /// Checkpoint every N safe points, or every P% of the run.
+    /// Checkpoint every N safe points (0: never), or every P% of the run.
     #[arg(long, default_value = "10%")]
     checkpoint_every: String,
     /// Checkpoint storage level (repeatable, as for `run`; in-memory levels
@@ -517,7 +517,8 @@ struct JobArgs {
     /// R@checkpoint[:N], R@finalize.
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
-    /// Checkpoint every N safe points, or every P% of the run ("10%"). With
+    /// Checkpoint every N safe points (0: never, as 002 Fig. 6 measures logging
+    /// overhead), or every P% of the run ("10%"). With
     /// `--checkpoint-interval daly`, the first interval only.
     #[arg(long, default_value = "10%")]
     checkpoint_every: String,

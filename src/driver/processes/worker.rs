@@ -724,12 +724,17 @@ impl ProcessEndpoint {
             let tail = encode_into(msg, max, &mut scratch).map_err(cannot)?;
             (&scratch, tail)
         };
-        let parts = std::iter::once(head).chain(tail.iter().map(|b| &b[..]));
         // When the receiver last made room (set at the first wait after
         // it did), and whether the user was told it stopped.
         let mut stalled_since = None;
         let mut told = false;
-        for part in parts {
+        // Indexed rather than a chained iterator: that cost 50 instructions
+        // per message here (callgrind, 8 B ping-pong).
+        for i in 0..=tail.len() {
+            let part: &[u8] = match i.checked_sub(1) {
+                None => head,
+                Some(j) => &tail[j],
+            };
             let mut off = 0;
             let mut waits = 0u32;
             while off < part.len() {
