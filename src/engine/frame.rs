@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Rank;
 use crate::protocol::Control;
+use crate::store::piece::SHARED_SEGMENT_MIN;
 use crate::store::{PieceWriter, StoreMsg};
 
 /// Identifier of a communication context (one per communicator and use:
@@ -177,10 +178,16 @@ pub fn postcard_append<T: Serialize + ?Sized>(value: &T, buf: &mut Vec<u8>) -> c
     postcard::serialize_with_flavor(value, Append(buf)).map_err(Into::into)
 }
 
-/// Append `meta` to a checkpoint piece, then `blobs` after it, shared
-/// rather than copied when they are large ([`PieceWriter::append_shared`]):
-/// a logging protocol's payloads. Their lengths are written between the two,
-/// and [`take_with_blobs`] reads all of it back.
+/// Append `meta` to a checkpoint piece, then `blobs` (a logging protocol's
+/// payloads), which [`take_with_blobs`] reads back.
+///
+/// Layout: `meta`, the size threshold, every blob's length, the blobs
+/// under the threshold together (copied into the piece's buffer, in
+/// order), then the others, each shared as a segment of its own
+/// ([`PieceWriter::share`]: not copied). Small blobs first, together, so
+/// that the piece's pre-sized buffer holds all that is copied, and the
+/// shared ones do not cut it into one segment per small blob. The
+/// threshold is recorded so that a piece stays readable if it changes.
 pub fn append_with_blobs<T: Serialize + ?Sized>(
     meta: &T,
     blobs: &[&Bytes],
@@ -188,40 +195,71 @@ pub fn append_with_blobs<T: Serialize + ?Sized>(
 ) -> crate::Result<()> {
     postcard_append(meta, piece.buf())?;
     let lengths: Vec<u64> = blobs.iter().map(|b| b.len() as u64).collect();
+    postcard_append(&(SHARED_SEGMENT_MIN as u64), piece.buf())?;
     postcard_append(&lengths, piece.buf())?;
-    for b in blobs {
-        piece.append_shared(b);
+    for b in blobs.iter().filter(|b| b.len() < SHARED_SEGMENT_MIN) {
+        piece.buf().extend_from_slice(b);
+    }
+    for b in blobs.iter().filter(|b| b.len() >= SHARED_SEGMENT_MIN) {
+        piece.share(b);
     }
     Ok(())
 }
 
 /// Read what [`append_with_blobs`] wrote at the start of `state`: the
-/// metadata, the blobs (slices of `state`, not copies) and the rest of
-/// `state`. Lengths that overrun `state` are a corrupt piece, reported as
-/// [`crate::Error::Codec`].
+/// metadata, the blobs (in their order) and the rest of `state`.
+///
+/// The blobs are copies: a slice would keep the whole restored piece
+/// (application state included) alive for as long as one logged payload
+/// stays in the log. Lengths that overrun `state` are a corrupt piece,
+/// reported as [`crate::Error::Codec`].
 pub fn take_with_blobs<T: serde::de::DeserializeOwned>(
     state: &Bytes,
 ) -> crate::Result<(T, Vec<Bytes>, Bytes)> {
     let (meta, rest): (T, &[u8]) = postcard::take_from_bytes(state)?;
+    let (threshold, rest): (u64, &[u8]) = postcard::take_from_bytes(rest)?;
     let (lengths, rest): (Vec<u64>, &[u8]) = postcard::take_from_bytes(rest)?;
-    let mut at = state.len() - rest.len();
+    let corrupt = |detail: String| crate::Error::Codec {
+        what: "a checkpoint piece's logged payloads".into(),
+        detail,
+    };
+    let start = state.len() - rest.len();
+    let small: u64 = (lengths.iter().filter(|&&n| n < threshold))
+        .try_fold(0u64, |sum, &n| sum.checked_add(n))
+        .ok_or_else(|| corrupt("the payloads' lengths overflow".into()))?;
+    let small_end = usize::try_from(small)
+        .ok()
+        .and_then(|n| start.checked_add(n))
+        .filter(|&e| e <= state.len())
+        .ok_or_else(|| {
+            corrupt(format!(
+                "{small} bytes of small payloads, {} bytes left",
+                state.len() - start
+            ))
+        })?;
+    // Two cursors: the small blobs' region, then the shared ones'.
+    let (mut small_at, mut large_at) = (start, small_end);
     let mut blobs = Vec::with_capacity(lengths.len());
     for (i, &n) in lengths.iter().enumerate() {
+        let (at, limit) = if n < threshold {
+            (&mut small_at, small_end)
+        } else {
+            (&mut large_at, state.len())
+        };
         let end = usize::try_from(n)
             .ok()
             .and_then(|n| at.checked_add(n))
-            .filter(|&e| e <= state.len())
-            .ok_or_else(|| crate::Error::Codec {
-                what: "a checkpoint piece's logged payloads".into(),
-                detail: format!(
+            .filter(|&e| e <= limit)
+            .ok_or_else(|| {
+                corrupt(format!(
                     "payload {i} of {n} bytes runs past the {} bytes left",
-                    state.len() - at
-                ),
+                    limit - *at
+                ))
             })?;
-        blobs.push(state.slice(at..end));
-        at = end;
+        blobs.push(Bytes::copy_from_slice(&state[*at..end]));
+        *at = end;
     }
-    Ok((meta, blobs, state.slice(at..)))
+    Ok((meta, blobs, state.slice(large_at..)))
 }
 
 /// The postcard output of [`postcard_append`].
@@ -255,5 +293,70 @@ mod append_tests {
         let mut want = b"head".to_vec();
         want.extend(postcard::to_allocvec(&value).expect("encodes"));
         assert_eq!(buf, want);
+    }
+}
+
+#[cfg(test)]
+mod blob_tests {
+    use super::*;
+    use crate::store::pool::BufferPool;
+
+    fn written(meta: &str, blobs: &[&Bytes]) -> Bytes {
+        let pool = BufferPool::new();
+        let mut w = PieceWriter::new(&pool, Vec::new());
+        append_with_blobs(meta, blobs, &mut w).expect("encodes");
+        w.buf().extend_from_slice(b"rest");
+        w.finish().to_bytes()
+    }
+
+    /// Blobs come back in their order, whichever region they were in, as
+    /// copies; what follows them is the rest.
+    #[test]
+    fn blobs_round_trip_in_order() {
+        let big = Bytes::from(vec![1u8; SHARED_SEGMENT_MIN + 3]);
+        let (a, b) = (Bytes::from_static(b"a"), Bytes::from_static(b"bb"));
+        let blobs = [&a, &big, &b, &Bytes::new(), &big];
+        let state = written("meta", &blobs);
+        let (meta, got, rest): (String, _, _) = take_with_blobs(&state).expect("decodes");
+        assert_eq!(meta, "meta");
+        assert_eq!(got.iter().collect::<Vec<_>>(), blobs);
+        assert_eq!(&rest[..], b"rest");
+        let span = state.as_ptr() as usize..state.as_ptr() as usize + state.len();
+        assert!(
+            got.iter()
+                .all(|g| g.is_empty() || !span.contains(&(g.as_ptr() as usize)))
+        );
+    }
+
+    /// A piece written with another threshold (here 1: every blob but the
+    /// empty one after the lengths, in order) reads back the same.
+    #[test]
+    fn the_recorded_threshold_is_followed() {
+        let (a, b) = (Bytes::from_static(b"xyz"), Bytes::from_static(b"uv"));
+        let mut state = Vec::new();
+        postcard_append("m", &mut state).expect("encodes");
+        postcard_append(&1u64, &mut state).expect("encodes");
+        postcard_append(&vec![3u64, 0, 2], &mut state).expect("encodes");
+        state.extend_from_slice(b"xyzuv");
+        let (_, got, rest): (String, _, _) = take_with_blobs(&Bytes::from(state)).expect("decodes");
+        assert_eq!(got, vec![a, Bytes::new(), b]);
+        assert!(rest.is_empty());
+    }
+
+    /// Lengths past the end are a codec error.
+    #[test]
+    fn overrunning_lengths_are_refused() {
+        for lengths in [vec![u64::MAX, 2], vec![4], vec![1, 9_000], vec![9_000]] {
+            let mut state = Vec::new();
+            postcard_append("m", &mut state).expect("encodes");
+            postcard_append(&(SHARED_SEGMENT_MIN as u64), &mut state).expect("encodes");
+            postcard_append(&lengths, &mut state).expect("encodes");
+            state.extend_from_slice(b"abc");
+            let got = take_with_blobs::<String>(&Bytes::from(state));
+            assert!(
+                matches!(got, Err(crate::Error::Codec { .. })),
+                "{lengths:?}: {got:?}"
+            );
+        }
     }
 }

@@ -957,7 +957,7 @@ impl Pessimistic {
 }
 
 /// The bytes of `payload` a checkpoint piece copies rather than shares
-/// ([`PieceWriter::append_shared`]).
+/// ([`append_with_blobs`]).
 pub(crate) fn copied_len(payload: &Bytes) -> usize {
     if payload.len() < SHARED_SEGMENT_MIN {
         payload.len()
@@ -1431,11 +1431,16 @@ mod tests {
     fn large_payloads_are_shared_with_the_piece_not_copied() {
         let h = Harness::new(0, 3, 1);
         let mut p = Pessimistic::new(0, None);
-        let sizes = [SHARED_SEGMENT_MIN, 10, 3 * SHARED_SEGMENT_MIN];
+        let sizes = [SHARED_SEGMENT_MIN, 10, 3 * SHARED_SEGMENT_MIN, 20];
         for (i, n) in sizes.into_iter().enumerate() {
             let m = msg(0, 1 + i % 2, 1 + i as u64 / 2, n);
             h.run(&mut p, Event::AppSend { msg: &m });
         }
+        // The first large payload again, to rank 2 (a broadcast tree's
+        // forward): still one segment.
+        let mut again = msg(0, 2, 3, 0);
+        again.payload = p.log[&1].msgs[0].payload.clone();
+        h.run(&mut p, Event::AppSend { msg: &again });
         let piece = saved(&p);
         let logged: Vec<&Bytes> = p
             .log
@@ -1447,45 +1452,51 @@ mod tests {
             .iter()
             .filter(|b| b.len() >= SHARED_SEGMENT_MIN)
             .collect();
-        assert_eq!(big.len(), 2);
+        assert_eq!(big.len(), 3);
         for b in &big {
-            assert!(
-                piece
-                    .segments()
-                    .iter()
-                    .any(|s| s.as_ptr() == b.as_ptr() && s.len() == b.len()),
-                "a payload of {} bytes was copied into the piece",
+            let holding = (piece.segments().iter())
+                .filter(|s| s.as_ptr() == b.as_ptr() && s.len() == b.len())
+                .count();
+            assert_eq!(
+                holding,
+                1,
+                "a payload of {} bytes: {holding} segments",
                 b.len()
             );
         }
-        // What is copied is the metadata and the small payload.
+        // The head and the two shared payloads: the small payloads are in
+        // the head, not segments of their own.
+        assert_eq!(piece.segments().len(), 3);
+        // What is copied is the metadata and the small payloads.
         assert!(
             p.state_size_hint() < p.log_bytes,
             "the hint counts shared payloads"
         );
-        let copied: usize = piece.len() - big.iter().map(|b| b.len()).sum::<usize>();
-        assert!(copied <= p.state_size_hint(), "{copied} bytes copied");
+        assert!(piece.segments()[0].len() <= p.state_size_hint());
 
         let flat = piece.to_bytes();
         let mut q = Pessimistic::new(0, None);
         q.load_state(flat.clone()).expect("loads");
+        // Restored payloads are copies: a slice would keep the whole piece
+        // alive for as long as one of them stays in the log.
         let range = flat.as_ptr() as usize..flat.as_ptr() as usize + flat.len();
         for (dest, c) in &p.log {
             assert_eq!(&q.log[dest].msgs, &c.msgs, "log for rank {dest}");
             for m in &q.log[dest].msgs {
                 assert!(
-                    range.contains(&(m.payload.as_ptr() as usize)),
-                    "restored as a copy"
+                    !range.contains(&(m.payload.as_ptr() as usize)),
+                    "restored as a slice of the piece"
                 );
             }
         }
 
-        // A piece cut short inside a payload: a codec error.
-        let cut = flat.slice(..flat.len() - 1);
-        assert!(matches!(
-            Pessimistic::new(0, None).load_state(cut),
-            Err(Error::Codec { .. })
-        ));
+        // A piece cut short inside a payload, shared or small: a codec error.
+        for cut in [flat.len() - 1, piece.segments()[0].len() - 1] {
+            assert!(matches!(
+                Pessimistic::new(0, None).load_state(flat.slice(..cut)),
+                Err(Error::Codec { .. })
+            ));
+        }
     }
 
     #[test]

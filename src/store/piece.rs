@@ -5,9 +5,11 @@
 //! metadata), then, under message logging, the payloads of the sender log.
 //! Those payloads are the very buffers the log holds (`Bytes` are
 //! immutable), so a checkpoint shares them instead of copying them
-//! (DESIGN principle 3: payloads are never copied to be logged; and the
+//! (DESIGN principle 4: payloads are never copied to be logged; and the
 //! copy of a log of megabytes into every piece was the logging protocols'
 //! largest failure-free cost, measured in `lazarus bench cg --class W`).
+//! Small payloads are copied into the head, together
+//! ([`crate::engine::frame::append_with_blobs`]).
 //! A partner on the threads backend keeps the same memory; the processes
 //! backend writes each segment to the wire in turn; a piece that arrives
 //! from another process or from disk is one segment.
@@ -23,6 +25,7 @@ use super::pool::BufferPool;
 /// Payloads of at least this many bytes are shared by a piece; smaller ones
 /// are copied into its head (a segment costs a reference count, a CRC call
 /// and a write of its own, which is more than copying a few hundred bytes).
+/// A piece records the threshold it was written with.
 pub const SHARED_SEGMENT_MIN: usize = 4096;
 
 /// The bytes of a checkpoint piece: the concatenation of its segments.
@@ -229,11 +232,10 @@ impl<'p> PieceWriter<'p> {
         self.len() == 0
     }
 
-    /// Append `payload`'s bytes: shared (not copied) when it has at least
-    /// [`SHARED_SEGMENT_MIN`] bytes, copied into the buffer otherwise.
-    pub fn append_shared(&mut self, payload: &Bytes) {
-        if payload.len() < SHARED_SEGMENT_MIN {
-            self.head.extend_from_slice(payload);
+    /// Append `payload`'s bytes as a segment of their own: shared, not
+    /// copied. What is written after it goes to a new buffer.
+    pub fn share(&mut self, payload: &Bytes) {
+        if payload.is_empty() {
             return;
         }
         self.close_head();
@@ -268,26 +270,21 @@ mod tests {
         let pool = BufferPool::new();
         let mut w = PieceWriter::new(&pool, Vec::new());
         for p in parts {
-            let b = Bytes::copy_from_slice(p);
-            if p.len() >= SHARED_SEGMENT_MIN {
-                w.append_shared(&b);
-            } else {
-                w.buf().extend_from_slice(p);
-                // A boundary even between small parts: segments of any cut.
-                w.close_head();
-            }
+            // A boundary even between small parts: segments of any cut.
+            w.share(&Bytes::copy_from_slice(p));
         }
         w.finish()
     }
 
     #[test]
-    fn large_payloads_are_shared_and_small_ones_copied() {
+    fn shared_payloads_are_segments_and_the_rest_is_copied() {
         let pool = BufferPool::new();
         let big = Bytes::from(vec![7u8; SHARED_SEGMENT_MIN]);
         let small = Bytes::from(vec![8u8; SHARED_SEGMENT_MIN - 1]);
         let mut w = PieceWriter::new(&pool, b"head".to_vec());
-        w.append_shared(&small);
-        w.append_shared(&big);
+        w.buf().extend_from_slice(&small);
+        w.share(&big);
+        w.share(&Bytes::new());
         w.buf().extend_from_slice(b"tail");
         assert_eq!(w.len(), 4 + small.len() + big.len() + 4);
         let d = w.finish();

@@ -809,10 +809,22 @@ mod tests {
             msg
         );
         // A checkpoint piece travels after the header: it comes back whole,
-        // with its checksum, and its length counts against the limit.
-        for n in [0, 5, 300_000] {
-            let data: Vec<u8> = (0..n).map(|i| (i * 13) as u8).collect();
-            let piece = crate::store::Piece::new(4, 2, Bytes::from(data));
+        // with its checksum, and its length counts against the limit. Also
+        // a piece in segments (the head, then shared payloads): they follow
+        // the header one after another and arrive as one buffer.
+        let pool = crate::store::pool::BufferPool::new();
+        let mut datas: Vec<crate::store::PieceData> = [0, 5, 300_000]
+            .map(|n: usize| (0..n).map(|i| (i * 13) as u8).collect::<Vec<u8>>().into())
+            .into();
+        let mut w = crate::store::PieceWriter::new(&pool, b"head".to_vec());
+        w.share(&Bytes::from(vec![1u8; 70_000]));
+        w.share(&Bytes::from_static(b"small"));
+        w.buf().extend_from_slice(b"tail");
+        datas.push(w.finish());
+        assert_eq!(datas[3].segments().len(), 4);
+        for data in datas {
+            let n = data.len();
+            let piece = crate::store::Piece::new(4, 2, data);
             for body in [StoreMsg::Put(piece.clone()), StoreMsg::Piece(piece.clone())] {
                 let msg = WireMsg::Frame(Frame {
                     src: 2,
@@ -821,6 +833,14 @@ mod tests {
                 });
                 let back = read_msg(&mut encode(&msg).as_slice(), MAX).expect("decodes");
                 assert_eq!(back, msg, "{n}-byte piece");
+                let WireMsg::Frame(Frame {
+                    body: Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)),
+                    ..
+                }) = back
+                else {
+                    panic!("not a piece");
+                };
+                p.verify().expect("its checksum holds");
             }
         }
         let big = crate::store::Piece::new(1, 0, Bytes::from(vec![0u8; MAX]));
