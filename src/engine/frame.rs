@@ -185,9 +185,11 @@ pub fn postcard_append<T: Serialize + ?Sized>(value: &T, buf: &mut Vec<u8>) -> c
 /// under the threshold together (copied into the piece's buffer, in
 /// order), then the others, each shared as a segment of its own
 /// ([`PieceWriter::share`]: not copied). Small blobs first, together, so
-/// that the piece's pre-sized buffer holds all that is copied, and the
-/// shared ones do not cut it into one segment per small blob. The
-/// threshold is recorded so that a piece stays readable if it changes.
+/// that the shared ones do not cut the piece's buffer into one segment per
+/// small blob (in the first call, the pool's buffer sized by
+/// [`crate::protocol::Protocol::state_size_hint`]; a second call, as ULML's
+/// after the point-to-point log, writes into a new one). The threshold is
+/// recorded so that a piece stays readable if it changes.
 pub fn append_with_blobs<T: Serialize + ?Sized>(
     meta: &T,
     blobs: &[&Bytes],
@@ -314,8 +316,9 @@ mod blob_tests {
     #[test]
     fn blobs_round_trip_in_order() {
         let big = Bytes::from(vec![1u8; SHARED_SEGMENT_MIN + 3]);
+        let other = Bytes::from(vec![2u8; SHARED_SEGMENT_MIN]);
         let (a, b) = (Bytes::from_static(b"a"), Bytes::from_static(b"bb"));
-        let blobs = [&a, &big, &b, &Bytes::new(), &big];
+        let blobs = [&a, &big, &b, &Bytes::new(), &other, &big];
         let state = written("meta", &blobs);
         let (meta, got, rest): (String, _, _) = take_with_blobs(&state).expect("decodes");
         assert_eq!(meta, "meta");
@@ -328,19 +331,22 @@ mod blob_tests {
         );
     }
 
-    /// A piece written with another threshold (here 1: every blob but the
-    /// empty one after the lengths, in order) reads back the same.
+    /// A piece written with another threshold reads back by the one it
+    /// records: with 3, "xyz" (3 bytes) is in the shared region after the
+    /// small "uv", though listed first.
     #[test]
     fn the_recorded_threshold_is_followed() {
-        let (a, b) = (Bytes::from_static(b"xyz"), Bytes::from_static(b"uv"));
         let mut state = Vec::new();
         postcard_append("m", &mut state).expect("encodes");
-        postcard_append(&1u64, &mut state).expect("encodes");
-        postcard_append(&vec![3u64, 0, 2], &mut state).expect("encodes");
-        state.extend_from_slice(b"xyzuv");
+        postcard_append(&3u64, &mut state).expect("encodes");
+        postcard_append(&vec![3u64, 2], &mut state).expect("encodes");
+        state.extend_from_slice(b"uvxyzrest");
         let (_, got, rest): (String, _, _) = take_with_blobs(&Bytes::from(state)).expect("decodes");
-        assert_eq!(got, vec![a, Bytes::new(), b]);
-        assert!(rest.is_empty());
+        assert_eq!(
+            got,
+            vec![Bytes::from_static(b"xyz"), Bytes::from_static(b"uv")]
+        );
+        assert_eq!(&rest[..], b"rest");
     }
 
     /// Lengths past the end are a codec error.

@@ -1425,8 +1425,8 @@ mod tests {
     }
 
     /// Large payloads are not copied into a checkpoint piece: it holds the
-    /// log's own buffers, and a restore takes them as slices of the piece.
-    /// Lengths that run past the piece are refused.
+    /// log's own buffers. A restore copies them out (a slice would keep
+    /// the whole piece alive). Lengths that run past the piece are refused.
     #[test]
     fn large_payloads_are_shared_with_the_piece_not_copied() {
         let h = Harness::new(0, 3, 1);

@@ -841,6 +841,7 @@ mod tests {
                     panic!("not a piece");
                 };
                 p.verify().expect("its checksum holds");
+                assert!(p.data.segments().len() <= 1, "arrives as one buffer");
             }
         }
         let big = crate::store::Piece::new(1, 0, Bytes::from(vec![0u8; MAX]));
