@@ -63,7 +63,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-
 use serde::{Deserialize, Serialize};
 
 use super::pessimistic::Pessimistic;

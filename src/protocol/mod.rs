@@ -688,7 +688,8 @@ pub trait Protocol: Send {
         0
     }
     /// Restore what [`Protocol::save_state`] appended (the rest of the
-    /// piece; payloads are restored as slices of it).
+    /// piece; logged payloads are copied out of it, so that the restored
+    /// piece is not kept alive by the log).
     fn load_state(&mut self, _state: Bytes) -> Result<()> {
         Ok(())
     }
