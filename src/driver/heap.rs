@@ -31,6 +31,16 @@
 //! has transparent huge pages off (`never`), or on a system other than
 //! Linux with glibc.
 //!
+//! glibc 2.35 and 2.36 (Debian 12's) honour `glibc.malloc.hugetlb=1` only
+//! by chance: the function that reads the kernel's THP mode compares a
+//! buffer it never terminated, so the comparison depends on one byte of
+//! stale stack, which differs from one start of a process to the next
+//! (ASLR). Here 7 of 12 rank processes started without it (their heap and
+//! arenas not advised, `top_pad` applied). [`run_again_with_heap_setting`]
+//! therefore looks at its own heap after starting with the setting and, if
+//! glibc missed it, runs the program again (at most [`MAX_HEAP_TRIES`]
+//! starts in all), which gives it a new stack layout.
+//!
 //! A program of one's own gets the same by calling
 //! [`run_again_with_heap_setting`] first thing in `main` (the `lazarus`
 //! command and the examples do): needed for the threads backend, where the
@@ -65,11 +75,28 @@ pub fn huge_page_tunables() -> Option<&'static str> {
     thp_usable(&mode).then_some(HUGE_PAGE_TUNABLES)
 }
 
+/// Counts the starts of a process that found glibc had missed the heap
+/// setting and ran itself again (see the module docs).
+pub const LAZARUS_HEAP_TRIES: &str = "LAZARUS_HEAP_TRIES";
+
+/// The most starts of one process that [`run_again_with_heap_setting`]
+/// makes to get the heap setting honoured (each one about 1 ms; with
+/// glibc missing it about half the time, 16 leave about one process in
+/// 20,000 without it).
+pub const MAX_HEAP_TRIES: u32 = 16;
+
+/// The tunable that asks glibc to advise its heap for huge pages.
+const HUGETLB_TUNABLE: &str = "glibc.malloc.hugetlb=1";
+
 /// Run this program again, in place (`exec` of `/proc/self/exe` with the
 /// same arguments), with [`huge_page_tunables`] in its environment and
 /// [`LAZARUS_HEAP`] set to [`HEAP_HUGE_PAGES`], so that it happens once
-/// even where the loader drops `GLIBC_TUNABLES`. Call it first thing in
-/// `main`, before any thread starts.
+/// even where the loader drops `GLIBC_TUNABLES`. A process started with
+/// `glibc.malloc.hugetlb=1` (by this function, or by the launcher, as rank
+/// processes are) whose heap glibc nevertheless did not advise for huge
+/// pages runs itself again too, up to [`MAX_HEAP_TRIES`] starts (see the
+/// module docs). Call it first thing in `main`, before any thread starts
+/// or file opens.
 ///
 /// Returns `Ok(())` at once when there is nothing to do (see the module
 /// docs) or the program runs under valgrind, never returns when the
@@ -77,15 +104,30 @@ pub fn huge_page_tunables() -> Option<&'static str> {
 /// (the program can carry on with glibc's defaults: slower under message
 /// logging, not wrong).
 pub fn run_again_with_heap_setting() -> std::io::Result<()> {
-    let Some(tunables) = huge_page_tunables() else {
-        return Ok(());
-    };
     // Under valgrind (its preloaded library is there), `/proc/self/exe`
     // is valgrind's tool, which refuses to start that way: profile the
     // program as it was started.
     if std::env::var_os("LD_PRELOAD").is_some_and(|p| p.to_string_lossy().contains("vgpreload")) {
         return Ok(());
     }
+    if let Some(tunables) = huge_page_tunables() {
+        return run_again(&[
+            (GLIBC_TUNABLES, tunables.to_string()),
+            (LAZARUS_HEAP, HEAP_HUGE_PAGES.to_string()),
+        ]);
+    }
+    let tries: u32 = std::env::var(LAZARUS_HEAP_TRIES)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    if tries < MAX_HEAP_TRIES && hugetlb_missed() {
+        return run_again(&[(LAZARUS_HEAP_TRIES, (tries + 1).to_string())]);
+    }
+    Ok(())
+}
+
+/// `exec` this program again with the same arguments and `env` added.
+fn run_again(env: &[(&str, String)]) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
@@ -94,15 +136,50 @@ pub fn run_again_with_heap_setting() -> std::io::Result<()> {
         Err(std::process::Command::new("/proc/self/exe")
             .arg0(argv0)
             .args(args)
-            .env(GLIBC_TUNABLES, tunables)
-            .env(LAZARUS_HEAP, HEAP_HUGE_PAGES)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .exec())
     }
     #[cfg(not(unix))]
     {
-        let _ = tunables;
+        let _ = env;
         Ok(())
     }
+}
+
+/// Whether this process asked glibc for an advised heap (the loader
+/// leaves `GLIBC_TUNABLES` cut at its first tunable, hence `contains`),
+/// the kernel's THP mode is `madvise` (in mode `always` glibc advises
+/// nothing and needs not), and its main heap is not advised.
+fn hugetlb_missed() -> bool {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return false;
+    }
+    let asked = std::env::var(GLIBC_TUNABLES).is_ok_and(|t| t.contains(HUGETLB_TUNABLE));
+    if !asked {
+        return false;
+    }
+    let madvise = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|m| m.contains("[madvise]"));
+    if !madvise {
+        return false;
+    }
+    // The heap exists once something is allocated (glibc creates it, with
+    // its `top_pad`, on the first allocation).
+    std::hint::black_box(Box::new(0u64));
+    std::fs::read_to_string("/proc/self/smaps")
+        .ok()
+        .and_then(|s| heap_advised(&s))
+        .is_some_and(|advised| !advised)
+}
+
+/// Whether the main heap (`[heap]`) in the text of a `/proc/PID/smaps` is
+/// advised for transparent huge pages (flag `hg`), or `None` when there is
+/// no heap.
+pub fn heap_advised(smaps: &str) -> Option<bool> {
+    let mut lines = smaps.lines().skip_while(|l| !l.ends_with("[heap]")).skip(1);
+    lines
+        .find_map(|l| l.strip_prefix("VmFlags:"))
+        .map(|flags| flags.split_whitespace().any(|f| f == "hg"))
 }
 
 /// Whether the kernel's THP mode (the contents of
@@ -122,5 +199,25 @@ mod tests {
         assert!(thp_usable("[always] madvise never\n"));
         assert!(!thp_usable("always madvise [never]\n"));
         assert!(!thp_usable(""));
+    }
+
+    #[test]
+    fn the_heap_is_advised_when_its_flags_say_hg() {
+        let map = |flags: &str| {
+            format!(
+                "5600-5700 r-xp 0 fe:00 1 /bin/x\nSize: 4 kB\nVmFlags: rd ex mr hg\n\
+                 5800-5900 rw-p 0 00:00 0                          [heap]\n\
+                 Size:              34816 kB\nAnonHugePages: 0 kB\nVmFlags: {flags}\n\
+                 7f00-7f10 rw-p 0 00:00 0 \nSize: 4 kB\nVmFlags: rd wr hg\n"
+            )
+        };
+        assert_eq!(heap_advised(&map("rd wr mr mw me ac hg")), Some(true));
+        // Another mapping's `hg` (before or after the heap) does not count.
+        assert_eq!(heap_advised(&map("rd wr mr mw me ac")), Some(false));
+        assert_eq!(heap_advised(&map("rd wr mr mw me ac nh")), Some(false));
+        assert_eq!(
+            heap_advised("5600-5700 r-xp 0 fe:00 1 /bin/x\nVmFlags: hg\n"),
+            None
+        );
     }
 }

@@ -106,6 +106,11 @@ impl PieceData {
         Bytes::from(out)
     }
 
+    /// The bytes, one by one.
+    fn bytes(&self) -> impl Iterator<Item = &u8> {
+        self.segments.iter().flat_map(|s| s.iter())
+    }
+
     /// Where each segment's bytes are in memory, to tell whether a piece
     /// still holds the very buffers a checksum was computed over.
     pub(crate) fn fingerprint(&self) -> Vec<(usize, usize)> {
@@ -129,43 +134,10 @@ impl From<Vec<u8>> for PieceData {
     }
 }
 
-impl From<&'static [u8]> for PieceData {
-    fn from(s: &'static [u8]) -> Self {
-        Bytes::from_static(s).into()
-    }
-}
-
 /// Equal bytes, wherever the segments are cut.
 impl PartialEq for PieceData {
     fn eq(&self, other: &Self) -> bool {
-        if self.len != other.len {
-            return false;
-        }
-        let mut a = self.segments.iter().map(|s| &s[..]);
-        let mut b = other.segments.iter().map(|s| &s[..]);
-        let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
-        loop {
-            if x.is_empty() {
-                match a.next() {
-                    Some(s) => x = s,
-                    None => return y.is_empty() && b.next().is_none(),
-                }
-                continue;
-            }
-            if y.is_empty() {
-                match b.next() {
-                    Some(s) => y = s,
-                    None => return false,
-                }
-                continue;
-            }
-            let n = x.len().min(y.len());
-            if x[..n] != y[..n] {
-                return false;
-            }
-            x = &x[n..];
-            y = &y[n..];
-        }
+        self.len == other.len && self.bytes().eq(other.bytes())
     }
 }
 
