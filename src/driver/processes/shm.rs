@@ -29,6 +29,7 @@
 //! size, which becomes the message's `Bytes` as it is (one allocation per
 //! message up to a megabyte, no copy besides the one out of the ring).
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -38,8 +39,8 @@ use bytes::Bytes;
 use crate::store::pool::BufferPool;
 
 use super::wire::{
-    APP_FIXED, APP_FRAME, LONG_LEN, LONG_PREFIX, WireError, WireMsg, decode, decode_app_parts,
-    growth, long_len,
+    APP_FIXED, APP_FRAME, APP_HEAD, APP_REMOTE, LONG_LEN, LONG_PREFIX, WireError, WireMsg, decode,
+    decode_app_parts, growth, long_len,
 };
 
 /// Records up to this size get their whole receive buffer when their first
@@ -50,6 +51,22 @@ const EAGER_RESERVE: usize = 64 << 20;
 /// by the small-record path of [`RingReader::pull`]: whole, and into a
 /// buffer of their own (too small for the pool to keep).
 const SMALL_APP: usize = 1024;
+
+/// Application payloads of at least this many bytes cross a ring whose
+/// receiver can read the sender's memory (cross-memory attach,
+/// `process_vm_readv`) as a small record naming where the payload is; the
+/// receiver copies it straight into its buffer: one copy instead of two
+/// (into the ring and out of it), as MPICH does on one host.
+pub const REMOTE_MIN: usize = 64 << 10;
+
+/// Payload bytes a ring's sender keeps for its receiver to copy at most;
+/// beyond them, payloads go through the ring.
+const REMOTE_IN_FLIGHT: usize = 64 << 20;
+
+/// Bytes of a remote record after its length prefix: the fixed fields of
+/// an application frame (marker `APP_REMOTE`), the payload's address and
+/// its length.
+const REMOTE_BODY: usize = APP_FIXED + 16;
 
 /// Data bytes of a ring at most (a power of two): a 1 MiB frame fits whole.
 pub const CAPACITY: usize = 2 << 20;
@@ -89,9 +106,16 @@ pub(super) const MAPPED_HEADER: usize = 256;
 const MAGIC: u64 = 0x4c41_5a52_494e_4701; // "LAZRING", version 1
 const OFF_MAGIC: usize = 0;
 const OFF_CAPACITY: usize = 8;
+/// The sender's process id, and the address of the ring's first byte in
+/// its memory (where `MAGIC` is), for the receiver to try reading it.
+const OFF_SENDER_PID: usize = 16;
+const OFF_SENDER_BASE: usize = 24;
 /// Head, tail and the sleeping flag sit on their own cache lines.
 const OFF_HEAD: usize = 64;
 const OFF_TAIL: usize = 128;
+/// Set by the receiver once it could read the sender's memory: the sender
+/// may then send remote records.
+const OFF_REMOTE_OK: usize = 136;
 const OFF_SLEEPING: usize = 192;
 
 /// Why a ring could not be made or attached.
@@ -268,6 +292,44 @@ impl Drop for Mapping {
     }
 }
 
+/// Append `n` bytes at address `addr` of process `pid` to `dst`
+/// (`process_vm_readv`: one copy, from that process's pages into `dst`).
+/// An address the process has not mapped is an error (`EFAULT`), as is a
+/// process gone (`ESRCH`) or one this process may not read (`EPERM`).
+#[allow(unsafe_code)]
+fn read_remote(pid: libc::pid_t, addr: u64, n: usize, dst: &mut Vec<u8>) -> std::io::Result<()> {
+    dst.reserve_exact(n);
+    let mut done = 0;
+    while done < n {
+        let spare = &mut dst.spare_capacity_mut()[..n - done];
+        let local = libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: spare.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
+            iov_len: n - done,
+        };
+        // SAFETY: `local` is `dst`'s spare capacity (writable, `n - done`
+        // bytes, not aliased); the kernel writes at most that many bytes
+        // there and reports how many, and only those become part of `dst`.
+        // `remote` is only read, in the other process, by the kernel.
+        let got = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        match got {
+            -1 => return Err(std::io::Error::last_os_error()),
+            0 => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            got => {
+                let got = got as usize;
+                // SAFETY: the kernel initialised `got <= n - done` bytes of
+                // the spare capacity.
+                unsafe { dst.set_len(dst.len() + got) };
+                done += got;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The sending end of a ring.
 pub struct RingWriter {
     map: Mapping,
@@ -277,6 +339,11 @@ pub struct RingWriter {
     published: u64,
     /// The receiver's tail as last seen.
     tail: u64,
+    /// Payloads named by remote records the receiver may still be copying:
+    /// kept until its tail passes the end of their record.
+    in_flight: VecDeque<(u64, Bytes)>,
+    /// Their bytes.
+    in_flight_bytes: usize,
 }
 
 impl RingWriter {
@@ -319,13 +386,63 @@ impl RingWriter {
         let map = Mapping::map(&file, len, &path)?;
         map.word64(OFF_CAPACITY)
             .store(capacity as u64, Ordering::Relaxed);
+        map.word64(OFF_SENDER_PID)
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        map.word64(OFF_SENDER_BASE)
+            .store(map.base() as u64, Ordering::Relaxed);
         map.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
         Ok(RingWriter {
             map,
             head: 0,
             published: 0,
             tail: 0,
+            in_flight: VecDeque::new(),
+            in_flight_bytes: 0,
         })
+    }
+
+    /// Send an application frame whose head is `head` (from
+    /// [`super::wire::app_head`]) as a remote record: `payload` stays here,
+    /// kept until the receiver has copied it out of this process's memory.
+    /// `false`, with nothing written, when the receiver cannot read this
+    /// process's memory, too much is kept for it already, or the record
+    /// does not fit now: the frame then goes through the ring.
+    pub fn write_remote(&mut self, head: &[u8; APP_HEAD], payload: &Bytes) -> bool {
+        self.release_copied();
+        if self.map.word64(OFF_REMOTE_OK).load(Ordering::Acquire) == 0
+            || self.in_flight_bytes + payload.len() > REMOTE_IN_FLIGHT
+        {
+            return false;
+        }
+        let mut record = [0u8; 4 + REMOTE_BODY];
+        record[..4].copy_from_slice(&(REMOTE_BODY as u32).to_le_bytes());
+        record[4..APP_HEAD].copy_from_slice(&head[4..]);
+        record[4] = APP_REMOTE;
+        record[APP_HEAD..APP_HEAD + 8].copy_from_slice(&(payload.as_ptr() as u64).to_le_bytes());
+        record[APP_HEAD + 8..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        if !self.write_whole(&[&record]) {
+            return false;
+        }
+        self.in_flight.push_back((self.head, payload.clone()));
+        self.in_flight_bytes += payload.len();
+        true
+    }
+
+    /// Drop the payloads whose remote records the receiver has consumed
+    /// (it copies a payload before its tail passes the record).
+    fn release_copied(&mut self) {
+        let Some(&(end, _)) = self.in_flight.front() else {
+            return;
+        };
+        if end > self.tail {
+            self.tail = self.map.word64(OFF_TAIL).load(Ordering::Acquire);
+        }
+        while let Some((end, p)) = self.in_flight.front()
+            && *end <= self.tail
+        {
+            self.in_flight_bytes -= p.len();
+            self.in_flight.pop_front();
+        }
     }
 
     /// Copy as much of `src` as fits, not yet visible to the receiver (see
@@ -445,6 +562,8 @@ pub struct RingReader {
     /// Buffers of dropped large records (a partner's previous piece, a
     /// large message the rank is done with) for the next ones.
     pool: BufferPool,
+    /// The sender's process, when this process can read its memory.
+    sender: Option<libc::pid_t>,
 }
 
 impl RingReader {
@@ -484,12 +603,32 @@ impl RingReader {
                 path.display()
             )));
         }
+        // Cross-memory attach works if the sender's copy of the magic
+        // number can be read where it says it is (not where ptrace is
+        // restricted, or across a PID namespace).
+        let pid = libc::pid_t::try_from(map.word64(OFF_SENDER_PID).load(Ordering::Relaxed)).ok();
+        let base = map.word64(OFF_SENDER_BASE).load(Ordering::Relaxed);
+        let sender = pid.filter(|&pid| {
+            let mut magic = Vec::with_capacity(8);
+            read_remote(pid, base, 8, &mut magic).is_ok() && magic[..] == MAGIC.to_le_bytes()
+        });
+        if sender.is_some() {
+            map.word64(OFF_REMOTE_OK).store(1, Ordering::Release);
+        }
         Ok(RingReader {
             map,
             tail: 0,
             pending: None,
             pool: BufferPool::new(),
+            sender,
         })
+    }
+
+    /// Whether this receiver reads large payloads out of the sender's
+    /// memory.
+    #[cfg(test)]
+    fn reads_remote(&self) -> bool {
+        self.sender.is_some()
     }
 
     /// Bytes published and not yet consumed.
@@ -524,7 +663,10 @@ impl RingReader {
         let before = self.tail;
         let got = match self.take_small_app(avail as usize, max) {
             Some(record) => Ok(Some(record)),
-            None => self.take(avail as usize, max),
+            None => match self.take_remote(avail as usize, max) {
+                Some(record) => record.map(Some),
+                None => self.take(avail as usize, max),
+            },
         };
         // One store to the shared tail per call, however many parts were read.
         if self.tail != before {
@@ -561,6 +703,58 @@ impl RingReader {
         self.map.read_at(self.tail + HEAD as u64, n, &mut payload);
         self.tail += (4 + len) as u64;
         Some(Record::App(*fixed.first_chunk()?, Bytes::from(payload)))
+    }
+
+    /// A remote record (always written whole), its payload copied out of
+    /// the sender's memory before the record is consumed (the sender keeps
+    /// the payload until then). `None` when the next record is not one.
+    fn take_remote(&mut self, avail: usize, max: usize) -> Option<Result<Record, WireError>> {
+        if self.pending.is_some() || avail < 4 + REMOTE_BODY {
+            return None;
+        }
+        let mut record = [0u8; 4 + REMOTE_BODY];
+        self.map.copy_out(self.tail, &mut record);
+        let (prefix, body) = record.split_first_chunk::<4>()?;
+        if body[0] != APP_REMOTE {
+            return None;
+        }
+        let word = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&body[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (addr, n) = (word(APP_FIXED), word(APP_FIXED + 8));
+        let mut fixed: [u8; APP_FIXED] = *body.first_chunk()?;
+        fixed[0] = APP_FRAME;
+        let read = || -> Result<Record, WireError> {
+            if u32::from_le_bytes(*prefix) as usize != REMOTE_BODY {
+                return Err(WireError::Malformed(
+                    "remote record of the wrong length".into(),
+                ));
+            }
+            let Some(pid) = self.sender else {
+                return Err(WireError::Malformed(
+                    "remote record from a sender whose memory cannot be read".into(),
+                ));
+            };
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|&n| n <= max.saturating_sub(APP_FIXED))
+                .ok_or(WireError::Oversized {
+                    len: n.saturating_add(APP_FIXED as u64) as usize,
+                    max,
+                })?;
+            let mut payload = self.pool.take_idle(n).unwrap_or_default();
+            read_remote(pid, addr, n, &mut payload).map_err(|e| {
+                WireError::Malformed(format!(
+                    "cannot read a {n}-byte payload from process {pid}: {e}"
+                ))
+            })?;
+            Ok(Record::App(fixed, self.pool.freeze(payload)))
+        };
+        let got = read();
+        self.tail += (4 + REMOTE_BODY) as u64;
+        Some(got)
     }
 
     /// Read what `avail` bytes hold of the current record.
@@ -793,6 +987,105 @@ mod tests {
         // A frame larger than the ring never fits.
         let big = vec![7u8; MIN_CAPACITY + 1];
         assert!(!w.write_whole(&[&big]));
+    }
+
+    /// An application message with `payload`, and its head on the wire.
+    fn app(payload: Bytes) -> (crate::engine::frame::AppMessage, [u8; APP_HEAD]) {
+        use crate::engine::frame::{AppMessage, Envelope};
+        let app = AppMessage {
+            envelope: Envelope {
+                src: 3,
+                dest: 1,
+                context: 9,
+                tag: -4,
+            },
+            ssn: 77,
+            payload,
+        };
+        let head = super::super::wire::app_head(3, 5, &app, usize::MAX).expect("head");
+        (app, head)
+    }
+
+    /// A large payload crosses as a remote record: the receiver copies it
+    /// out of the sender's memory (here the same process), gets the
+    /// message as it was sent, and the sender keeps the payload until the
+    /// receiver's tail has passed the record, then lets it go.
+    #[test]
+    fn a_remote_record_is_copied_out_of_the_senders_memory() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "w").expect("attach");
+        assert!(r.reads_remote(), "this process can read its own memory");
+        // Larger than the ring: it could not cross it whole.
+        let payload: Bytes = (0..3 * MIN_CAPACITY).map(|k| (k * 7) as u8).collect();
+        let (sent, head) = app(payload.clone());
+        assert!(w.write_remote(&head, &payload));
+        assert_eq!(w.in_flight_bytes, payload.len());
+        let rec = r.pull(usize::MAX).expect("pull").expect("a record");
+        let Ok(WireMsg::Frame(f)) = rec.decode() else {
+            panic!("not a frame");
+        };
+        assert_eq!((f.src, f.epoch), (3, 5));
+        let crate::engine::frame::Body::App(got) = f.body else {
+            panic!("not an application message");
+        };
+        assert_eq!((got.envelope, got.ssn), (sent.envelope, sent.ssn));
+        assert_eq!(got.payload, payload);
+        // A copy, not the sender's buffer.
+        assert_ne!(got.payload.as_ptr(), payload.as_ptr());
+        w.release_copied();
+        assert_eq!((w.in_flight.len(), w.in_flight_bytes), (0, 0));
+        // Too much kept for the receiver: refused, nothing written.
+        let head_before = w.head;
+        w.in_flight_bytes = REMOTE_IN_FLIGHT;
+        w.in_flight.push_back((u64::MAX, Bytes::new()));
+        assert!(!w.write_remote(&head, &payload));
+        assert_eq!(w.head, head_before);
+    }
+
+    /// A sender whose memory the receiver cannot read (its process id
+    /// names no process here) sends large payloads through the ring; a
+    /// remote record naming memory the sender has not mapped, or longer
+    /// than the frame limit, is an error for that ring, not a panic.
+    #[test]
+    fn remote_records_are_refused_where_they_cannot_be_read() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+        w.map
+            .word64(OFF_SENDER_PID)
+            .store(u64::MAX, Ordering::Relaxed);
+        let r = RingReader::attach(&d.0, "w").expect("attach");
+        assert!(!r.reads_remote());
+        let payload = Bytes::from(vec![1u8; REMOTE_MIN]);
+        let (_, head) = app(payload.clone());
+        assert!(!w.write_remote(&head, &payload), "no remote record to it");
+
+        let unmapped = |n: u64, max: usize| {
+            let d = dir();
+            let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+            let mut r = RingReader::attach(&d.0, "w").expect("attach");
+            let mut record = [0u8; 4 + REMOTE_BODY];
+            record[..4].copy_from_slice(&(REMOTE_BODY as u32).to_le_bytes());
+            record[4..APP_HEAD].copy_from_slice(&head[4..]);
+            record[4] = APP_REMOTE;
+            // Page 0 is never mapped.
+            record[APP_HEAD..APP_HEAD + 8].copy_from_slice(&16u64.to_le_bytes());
+            record[APP_HEAD + 8..].copy_from_slice(&n.to_le_bytes());
+            assert!(w.write_whole(&[&record]));
+            r.pull(max)
+        };
+        assert!(matches!(
+            unmapped(4096, usize::MAX),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            unmapped(4096, 1024),
+            Err(WireError::Oversized { .. })
+        ));
+        assert!(matches!(
+            unmapped(u64::MAX, usize::MAX),
+            Err(WireError::Oversized { .. })
+        ));
     }
 
     /// A ring file's pages are allocated when it is made (where it fails

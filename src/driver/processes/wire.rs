@@ -47,6 +47,12 @@ const PREFIX: usize = 4 + 1 + 4;
 /// In place of the version: an application frame in the fixed layout.
 pub const APP_FRAME: u8 = 0xA1;
 
+/// In place of the version, in a shared-memory ring only: an application
+/// frame whose payload stays in the sender's memory, for the receiver to
+/// copy straight out of it (`shm`'s cross-memory attach): its fixed
+/// fields, then the payload's address and length as two u64 LE.
+pub const APP_REMOTE: u8 = 0xA2;
+
 /// Bytes of an application frame's fixed fields after `len` (the marker,
 /// six u64 and the tag).
 pub const APP_FIXED: usize = 1 + 6 * 8 + 4;
