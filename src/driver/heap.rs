@@ -71,8 +71,7 @@ pub fn huge_page_tunables() -> Option<&'static str> {
     if std::env::var_os(GLIBC_TUNABLES).is_some() || std::env::var_os(LAZARUS_HEAP).is_some() {
         return None;
     }
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
-    thp_usable(&mode).then_some(HUGE_PAGE_TUNABLES)
+    thp_usable(&thp_mode()?).then_some(HUGE_PAGE_TUNABLES)
 }
 
 /// Counts the starts of a process that found glibc had missed the heap
@@ -158,8 +157,7 @@ fn hugetlb_missed() -> bool {
     if !asked {
         return false;
     }
-    let madvise = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .is_ok_and(|m| m.contains("[madvise]"));
+    let madvise = thp_mode().is_some_and(|m| m.contains("[madvise]"));
     if !madvise {
         return false;
     }
@@ -180,6 +178,13 @@ pub fn heap_advised(smaps: &str) -> Option<bool> {
     lines
         .find_map(|l| l.strip_prefix("VmFlags:"))
         .map(|flags| flags.split_whitespace().any(|f| f == "hg"))
+}
+
+/// The kernel's THP mode: the contents of
+/// `/sys/kernel/mm/transparent_hugepage/enabled`, the active one in
+/// brackets.
+fn thp_mode() -> Option<String> {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()
 }
 
 /// Whether the kernel's THP mode (the contents of

@@ -1001,20 +1001,18 @@ mod tests {
         assert!(!w.write_whole(&[&big]));
     }
 
-    /// An application message with `payload`, and its head on the wire.
-    fn app(payload: Bytes) -> (crate::engine::frame::AppMessage, [u8; APP_HEAD]) {
-        use crate::engine::frame::{AppMessage, Envelope};
-        let app = AppMessage {
-            envelope: Envelope {
-                src: 3,
-                dest: 1,
-                context: 9,
-                tag: -4,
-            },
-            ssn: 77,
-            payload,
+    /// An application message from rank 3 in epoch 2 with `payload`, and
+    /// its head on the wire.
+    fn app(payload: &[u8]) -> (crate::engine::frame::AppMessage, [u8; APP_HEAD]) {
+        use crate::engine::frame::{Body, Frame};
+        let WireMsg::Frame(Frame {
+            body: Body::App(app),
+            ..
+        }) = super::super::wire::tests::app(payload.to_vec())
+        else {
+            unreachable!("an application frame")
         };
-        let head = super::super::wire::app_head(3, 5, &app, usize::MAX).expect("head");
+        let head = super::super::wire::app_head(3, 2, &app, usize::MAX).expect("head");
         (app, head)
     }
 
@@ -1030,14 +1028,14 @@ mod tests {
         assert!(r.reads_remote(), "this process can read its own memory");
         // Larger than the ring: it could not cross it whole.
         let payload: Bytes = (0..3 * MIN_CAPACITY).map(|k| (k * 7) as u8).collect();
-        let (sent, head) = app(payload.clone());
+        let (sent, head) = app(&payload);
         assert!(w.write_remote(&head, &payload));
         assert_eq!(w.in_flight_bytes, payload.len());
         let rec = r.pull(usize::MAX).expect("pull").expect("a record");
         let Ok(WireMsg::Frame(f)) = rec.decode() else {
             panic!("not a frame");
         };
-        assert_eq!((f.src, f.epoch), (3, 5));
+        assert_eq!((f.src, f.epoch), (3, 2));
         let crate::engine::frame::Body::App(got) = f.body else {
             panic!("not an application message");
         };
@@ -1069,7 +1067,7 @@ mod tests {
         let r = RingReader::attach(&d.0, "w").expect("attach");
         assert!(!r.reads_remote());
         let payload = Bytes::from(vec![1u8; REMOTE_MIN]);
-        let (_, head) = app(payload.clone());
+        let (_, head) = app(&payload);
         assert!(!w.write_remote(&head, &payload), "no remote record to it");
 
         let unmapped = |n: u64, max: usize| {

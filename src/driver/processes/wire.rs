@@ -754,14 +754,16 @@ pub fn decode(frame: Bytes) -> Result<WireMsg, WireError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::engine::frame::{AppMessage, Envelope, RuntimeMsg};
     use proptest::prelude::*;
 
     const MAX: usize = 1 << 20;
 
-    fn app(payload: Vec<u8>) -> WireMsg {
+    /// An application frame from rank 3 in epoch 2 with `payload` (also
+    /// used by `shm`'s tests).
+    pub(in super::super) fn app(payload: Vec<u8>) -> WireMsg {
         WireMsg::Frame(Frame {
             src: 3,
             epoch: 2,

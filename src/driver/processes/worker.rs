@@ -286,12 +286,12 @@ struct ProcessEndpoint {
     rings_made: u64,
     /// The head of the frame being written into a ring (kept for reuse).
     scratch: Vec<u8>,
-    /// How long the next blocking poll spins, when a receiver was just
-    /// handed a large payload to copy out of this process: a reply cannot
-    /// come before that copy is done, which takes longer than `WAIT_SPIN`
-    /// (waking from a doorbell instead cost more than the copy saved:
-    /// ping-pong at 1 MiB 110 -> 125 us one-way).
-    remote_spin: Option<Duration>,
+    /// How long the next blocking poll spins at least (zero: `WAIT_SPIN`),
+    /// when a receiver was just handed a large payload to copy out of this
+    /// process: a reply cannot come before that copy is done, which takes
+    /// longer than `WAIT_SPIN` (waking from a doorbell instead cost more
+    /// than the copy saved: ping-pong at 1 MiB 110 -> 125 us one-way).
+    remote_spin: Duration,
     ctl_rx: WatchedReceiver<WireMsg>,
     ctl: Arc<Mutex<Stream>>,
     peers: Vec<PeerState>,
@@ -792,8 +792,7 @@ impl ProcessEndpoint {
                 if !small {
                     // At 2 GB/s at least, at most 10 ms.
                     let copy = Duration::from_nanos(app.payload.len() as u64 / 2);
-                    let spin = copy.clamp(WAIT_SPIN, REMOTE_SPIN_MAX);
-                    self.remote_spin = Some(self.remote_spin.map_or(spin, |s| s.max(spin)));
+                    self.remote_spin = self.remote_spin.max(copy.min(REMOTE_SPIN_MAX));
                 }
                 return Ok(true);
             }
@@ -1088,8 +1087,8 @@ impl Endpoint for ProcessEndpoint {
             // the rings (only their head words: nothing else is touched
             // until one moves), then yield the core a few times (to the
             // reading threads, or to other ranks), before sleeping.
-            let spin_for =
-                *spin_for.get_or_insert_with(|| self.remote_spin.take().unwrap_or(WAIT_SPIN));
+            let spin_for = *spin_for
+                .get_or_insert_with(|| std::mem::take(&mut self.remote_spin).max(WAIT_SPIN));
             if self.spin && !self.rings.is_empty() && now - start < spin_for {
                 for _ in 0..256 {
                     if self.rings.iter().any(|r| r.ring.has_data()) {
@@ -1546,7 +1545,7 @@ pub(crate) fn run_worker<T: Serialize>(
         rings: Vec::new(),
         rings_made: 0,
         scratch: Vec::new(),
-        remote_spin: None,
+        remote_spin: Duration::ZERO,
         ctl_rx,
         ctl: ctl.clone(),
         peers: Vec::new(),
