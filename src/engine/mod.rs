@@ -867,11 +867,14 @@ impl Engine {
         };
         // Protocols only observe deliveries; their actions for this event
         // (logging determinants) cannot fail the delivery itself. Only
-        // message logging protocols look at single messages.
-        if self.logging {
+        // message logging protocols look at single messages, and only a
+        // wildcard reception has an outcome to log: a named one is fixed
+        // by the program (a protocol call per delivery cost CG W about 1%
+        // under `ulml`, for nothing).
+        if let Some(rsn) = rsn.filter(|_| self.logging) {
             let _ = self.handle(Event::AppDeliver {
                 msg: &msg,
-                wildcard: rsn,
+                rsn,
                 applied_at: None,
                 replayed,
             });

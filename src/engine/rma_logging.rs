@@ -136,7 +136,7 @@ impl Engine {
             self.rsn += 1;
             self.handle(Event::AppDeliver {
                 msg: &msg,
-                wildcard: Some(self.rsn),
+                rsn: self.rsn,
                 applied_at: Some(self.ops),
                 replayed,
             })?;

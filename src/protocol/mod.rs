@@ -377,14 +377,16 @@ pub enum Event<'a> {
         /// The message.
         msg: &'a AppMessage,
     },
-    /// An application message was matched by a receive (the reception
-    /// event whose outcome a logging protocol records).
+    /// A nondeterministic reception: an application message matched by a
+    /// wildcard-source receive, or a one-sided request applied (the
+    /// reception event whose outcome a logging protocol records; a
+    /// named-source reception's outcome is fixed by the program and is not
+    /// reported).
     AppDeliver {
         /// The message.
         msg: &'a AppMessage,
-        /// For a wildcard-source reception or an applied one-sided request:
-        /// its reception sequence number (the determinant to log).
-        wildcard: Option<u64>,
+        /// Its reception sequence number (the determinant to log).
+        rsn: u64,
         /// For a one-sided request: the operation count it was applied at
         /// ([`Determinant::at`]).
         applied_at: Option<u64>,

@@ -1073,7 +1073,7 @@ impl Protocol for Pessimistic {
             Event::AppSend { msg } => self.on_send(msg, cx),
             Event::AppDeliver {
                 msg,
-                wildcard: Some(rsn),
+                rsn,
                 applied_at,
                 replayed,
             } => {
@@ -1085,7 +1085,6 @@ impl Protocol for Pessimistic {
                 };
                 self.on_deliver(det, replayed, cx);
             }
-            Event::AppDeliver { wildcard: None, .. } => {}
             Event::SafePoint { .. } => self.on_safe_point(cx),
             Event::PieceStored { generation } => self.commit_stored(generation, cx),
             Event::PieceFetchFailed { generation, holder } => {
@@ -1565,7 +1564,7 @@ mod tests {
             &mut p,
             Event::AppDeliver {
                 msg: &m,
-                wildcard: Some(1),
+                rsn: 1,
                 applied_at: None,
                 replayed: false,
             },
@@ -1595,7 +1594,7 @@ mod tests {
             &mut p,
             Event::AppDeliver {
                 msg: &msg(3, 1, 2, 8),
-                wildcard: Some(2),
+                rsn: 2,
                 applied_at: None,
                 replayed: true,
             },

@@ -371,7 +371,6 @@ impl Ulml {
         });
     }
 
-    /// Keep a result (counted as a log record).
     /// Count every held result in the log counters, which a restore has
     /// just set to the channel logs alone (results kept before the restore
     /// are held still, and a later trim subtracts them).
@@ -381,6 +380,7 @@ impl Ulml {
         self.p2p.count_restored(records, bytes);
     }
 
+    /// Keep a result (counted as a log record).
     fn keep(&mut self, context: ContextId, index: u64, result: &Bytes) {
         if index <= self.trimmed_upto(context) {
             return;

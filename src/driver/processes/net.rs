@@ -337,6 +337,18 @@ impl Stream {
         };
     }
 
+    /// The process at the other end of a Unix connection, as the kernel
+    /// saw it connect (`SO_PEERCRED`); `None` over TCP.
+    pub fn peer_pid(&self) -> Option<libc::pid_t> {
+        use nix::sys::socket::{getsockopt, sockopt};
+        match self {
+            Stream::Unix(s) => getsockopt(s, sockopt::PeerCredentials)
+                .ok()
+                .map(|c| c.pid()),
+            Stream::Tcp(_) => None,
+        }
+    }
+
     /// Another handle on the same socket (one side reads, the other writes).
     pub fn try_clone(&self) -> io::Result<Stream> {
         match self {

@@ -38,8 +38,10 @@
 //! 1 MiB: 113 -> 71 us one-way). The receiver allows it only if it could
 //! read the sender's memory when it attached (the header gives the
 //! sender's process id and where the ring's magic number is in its
-//! memory); without that (ptrace restricted, another PID namespace),
-//! payloads cross the ring.
+//! memory), and only from the process at the other end of the socket that
+//! announced the ring (`SO_PEERCRED`); without that (ptrace restricted,
+//! another PID namespace, a header naming another process), payloads
+//! cross the ring.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -580,7 +582,14 @@ pub struct RingReader {
 
 impl RingReader {
     /// Map the ring `dir/name` made by a peer, then unlink its file.
-    pub fn attach(dir: &Path, name: &str) -> Result<RingReader, ShmError> {
+    /// `peer`: the process at the other end of the connection that
+    /// announced the ring (`SO_PEERCRED`), the only one whose memory this
+    /// receiver will read large payloads from.
+    pub fn attach(
+        dir: &Path,
+        name: &str,
+        peer: Option<libc::pid_t>,
+    ) -> Result<RingReader, ShmError> {
         if !super::plain_file_name(name) {
             return Err(ShmError::Invalid(format!("bad ring name `{name}`")));
         }
@@ -617,10 +626,14 @@ impl RingReader {
         }
         // Cross-memory attach works if the sender's copy of the magic
         // number can be read where it says it is (not where ptrace is
-        // restricted, or across a PID namespace).
+        // restricted, or across a PID namespace). The header's process id
+        // is the sender's own claim: only the process the kernel says is
+        // at the other end of the announcing connection is read from, so
+        // a member of the job cannot point this rank at the memory of
+        // another process of the same user.
         let pid = libc::pid_t::try_from(map.word64(OFF_SENDER_PID).load(Ordering::Relaxed)).ok();
         let base = map.word64(OFF_SENDER_BASE).load(Ordering::Relaxed);
-        let sender = pid.filter(|&pid| {
+        let sender = pid.filter(|&pid| peer == Some(pid)).filter(|&pid| {
             let mut magic = Vec::with_capacity(8);
             read_remote(pid, base, 8, &mut magic).is_ok() && magic[..] == MAGIC.to_le_bytes()
         });
@@ -921,6 +934,12 @@ mod tests {
         tempdir::Dir::new()
     }
 
+    /// The tests' rings are written and read in this process: its id is
+    /// what `SO_PEERCRED` would give for the announcing connection.
+    fn this_process() -> Option<libc::pid_t> {
+        libc::pid_t::try_from(std::process::id()).ok()
+    }
+
     mod tempdir {
         pub struct Dir(pub std::path::PathBuf);
         impl Dir {
@@ -975,7 +994,7 @@ mod tests {
     fn a_whole_write_fits_entirely_or_writes_nothing() {
         let d = dir();
         let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "w").expect("attach");
+        let mut r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
         let third: Vec<u8> = (0..MIN_CAPACITY / 3 - 4).map(|k| k as u8).collect();
         let prefix = (third.len() as u32).to_le_bytes();
         for _ in 0..3 {
@@ -1024,7 +1043,7 @@ mod tests {
     fn a_remote_record_is_copied_out_of_the_senders_memory() {
         let d = dir();
         let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "w").expect("attach");
+        let mut r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
         assert!(r.reads_remote(), "this process can read its own memory");
         // Larger than the ring: it could not cross it whole.
         let payload: Bytes = (0..3 * MIN_CAPACITY).map(|k| (k * 7) as u8).collect();
@@ -1054,7 +1073,8 @@ mod tests {
     }
 
     /// A sender whose memory the receiver cannot read (its process id
-    /// names no process here) sends large payloads through the ring; a
+    /// names no process here), or whose header names another process than
+    /// the connection's peer, sends large payloads through the ring; a
     /// remote record naming memory the sender has not mapped, or longer
     /// than the frame limit, is an error for that ring, not a panic.
     #[test]
@@ -1064,16 +1084,24 @@ mod tests {
         w.map
             .word64(OFF_SENDER_PID)
             .store(u64::MAX, Ordering::Relaxed);
-        let r = RingReader::attach(&d.0, "w").expect("attach");
+        let r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
         assert!(!r.reads_remote());
         let payload = Bytes::from(vec![1u8; REMOTE_MIN]);
         let (_, head) = app(&payload);
+        // A header naming a readable process that is not the one at the
+        // other end of the connection (here: this process, while the
+        // connection's peer is the parent) is not read from either.
+        let mut w2 = RingWriter::create(&d.0, "w2", MIN_CAPACITY).expect("create");
+        let parent = libc::pid_t::try_from(std::os::unix::process::parent_id()).ok();
+        let r2 = RingReader::attach(&d.0, "w2", parent).expect("attach");
+        assert!(!r2.reads_remote(), "the header's pid is not the peer's");
+        assert!(!w2.write_remote(&head, &payload), "no remote record to it");
         assert!(!w.write_remote(&head, &payload), "no remote record to it");
 
         let unmapped = |n: u64, max: usize| {
             let d = dir();
             let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
-            let mut r = RingReader::attach(&d.0, "w").expect("attach");
+            let mut r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
             let mut record = [0u8; 4 + REMOTE_BODY];
             record[..4].copy_from_slice(&(REMOTE_BODY as u32).to_le_bytes());
             record[4..APP_HEAD].copy_from_slice(&head[4..]);
@@ -1152,7 +1180,7 @@ mod tests {
         let d = dir();
         assert!(RingWriter::create(&d.0, "x", 3 << 16).is_err());
         let w = RingWriter::create(&d.0, "y", MIN_CAPACITY).expect("create");
-        let r = RingReader::attach(&d.0, "y").expect("attach");
+        let r = RingReader::attach(&d.0, "y", this_process()).expect("attach");
         assert_eq!(
             (w.map.capacity, r.map.capacity),
             (MIN_CAPACITY, MIN_CAPACITY)
@@ -1162,7 +1190,7 @@ mod tests {
     fn cross_the_wrap_around(capacity: usize) {
         let d = dir();
         let mut w = RingWriter::create(&d.0, "a", capacity).expect("create");
-        let mut r = RingReader::attach(&d.0, "a").expect("attach");
+        let mut r = RingReader::attach(&d.0, "a", this_process()).expect("attach");
         assert!(!d.0.join("a").exists(), "the receiver unlinks the file");
         let mut sent = 0u64;
         let mut got = 0u64;
@@ -1202,7 +1230,7 @@ mod tests {
         use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
         let d = dir();
         let mut w = RingWriter::create(&d.0, "m", CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "m").expect("attach");
+        let mut r = RingReader::attach(&d.0, "m", this_process()).expect("attach");
         for n in [0usize, 8, 100_000] {
             let msg = WireMsg::Frame(Frame {
                 src: 1,
@@ -1246,7 +1274,7 @@ mod tests {
         ] {
             let name = format!("g{marker}-{announced}");
             let mut w = RingWriter::create(&d.0, &name, CAPACITY).expect("create");
-            let mut r = RingReader::attach(&d.0, &name).expect("attach");
+            let mut r = RingReader::attach(&d.0, &name, this_process()).expect("attach");
             let mut start = announced.to_le_bytes().to_vec();
             start.extend_from_slice(&[marker; 100]);
             w.push(&start);
@@ -1265,7 +1293,7 @@ mod tests {
             }
         }
         let mut w = RingWriter::create(&d.0, "h", MIN_CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "h").expect("attach");
+        let mut r = RingReader::attach(&d.0, "h", this_process()).expect("attach");
         let body: Vec<u8> = (0..(5 << 20) + 3).map(|k| body_byte(2, k)).collect();
         let mut pending = record(&body);
         let mut got = None;
@@ -1285,7 +1313,7 @@ mod tests {
     fn a_long_length_prefix_is_read_once_whole() {
         let d = dir();
         let mut w = RingWriter::create(&d.0, "l", MIN_CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "l").expect("attach");
+        let mut r = RingReader::attach(&d.0, "l", this_process()).expect("attach");
         for i in [0u64, 1] {
             let body: Vec<u8> = (0..300).map(|k| body_byte(i, k)).collect();
             let mut rec = LONG_LEN.to_le_bytes().to_vec();
@@ -1311,11 +1339,11 @@ mod tests {
     fn an_oversized_or_short_length_is_an_error() {
         let d = dir();
         let mut w = RingWriter::create(&d.0, "b", CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "b").expect("attach");
+        let mut r = RingReader::attach(&d.0, "b", this_process()).expect("attach");
         w.push(&record(&[0u8; 100]));
         assert!(matches!(r.pull(50), Err(WireError::Oversized { .. })));
         let mut w = RingWriter::create(&d.0, "c", CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "c").expect("attach");
+        let mut r = RingReader::attach(&d.0, "c", this_process()).expect("attach");
         w.push(&3u32.to_le_bytes());
         assert!(matches!(r.pull(1000), Err(WireError::Malformed(_))));
     }
@@ -1324,12 +1352,12 @@ mod tests {
     fn names_outside_the_directory_and_foreign_files_are_refused() {
         let d = dir();
         assert!(matches!(
-            RingReader::attach(&d.0, "../x"),
+            RingReader::attach(&d.0, "../x", this_process()),
             Err(ShmError::Invalid(_))
         ));
         std::fs::write(d.0.join("f"), b"not a ring").expect("write");
         assert!(matches!(
-            RingReader::attach(&d.0, "f"),
+            RingReader::attach(&d.0, "f", this_process()),
             Err(ShmError::Invalid(_))
         ));
         assert!(RingWriter::create(&d.0, "g", CAPACITY).is_ok());
@@ -1343,7 +1371,7 @@ mod tests {
     fn a_sleeping_receiver_gets_exactly_one_doorbell() {
         let d = dir();
         let mut w = RingWriter::create(&d.0, "s", CAPACITY).expect("create");
-        let mut r = RingReader::attach(&d.0, "s").expect("attach");
+        let mut r = RingReader::attach(&d.0, "s", this_process()).expect("attach");
         assert!(!w.wake_needed());
         assert!(r.sleep());
         w.push(&record(b"hello"));

@@ -1340,6 +1340,7 @@ fn serve_connection(
         }
     };
     let from = peer.rank.unwrap_or(usize::MAX);
+    let peer_pid = s.peer_pid();
     let mut wr = match s.try_clone() {
         Ok(w) => w,
         Err(_) => return,
@@ -1358,7 +1359,9 @@ fn serve_connection(
                     .shm_dir
                     .as_deref()
                     .ok_or_else(|| "this rank uses no rings".to_string())
-                    .and_then(|dir| RingReader::attach(dir, &name).map_err(|e| e.to_string()));
+                    .and_then(|dir| {
+                        RingReader::attach(dir, &name, peer_pid).map_err(|e| e.to_string())
+                    });
                 let ring = match ring {
                     Ok(r) => r,
                     Err(e) => {
