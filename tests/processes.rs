@@ -367,21 +367,10 @@ fn killing_the_launcher_leaves_no_rank_behind() {
 }
 
 /// The main heap (`[heap]` in `/proc/PID/smaps`) of process `pid`: its size
-/// in bytes and whether it is advised for transparent huge pages (the `hg`
-/// flag glibc's `glibc.malloc.hugetlb=1` sets with `madvise`).
+/// in bytes and whether it is advised for transparent huge pages.
 fn main_heap(pid: u32) -> Option<(u64, bool)> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    let mut lines = smaps.lines().skip_while(|l| !l.ends_with("[heap]")).skip(1);
-    let mut size = None;
-    for l in lines.by_ref() {
-        if let Some(kb) = l.strip_prefix("Size:") {
-            size = kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
-        }
-        if let Some(flags) = l.strip_prefix("VmFlags:") {
-            return Some((size? * 1024, flags.split_whitespace().any(|f| f == "hg")));
-        }
-    }
-    None
+    lazarus::driver::heap::main_heap(&smaps).map(|h| (h.bytes, h.advised))
 }
 
 /// The main heap of the `lazarus` command and of each rank process of a

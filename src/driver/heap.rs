@@ -166,18 +166,37 @@ fn hugetlb_missed() -> bool {
     std::hint::black_box(Box::new(0u64));
     std::fs::read_to_string("/proc/self/smaps")
         .ok()
-        .and_then(|s| heap_advised(&s))
-        .is_some_and(|advised| !advised)
+        .and_then(|s| main_heap(&s))
+        .is_some_and(|heap| !heap.advised)
 }
 
-/// Whether the main heap (`[heap]`) in the text of a `/proc/PID/smaps` is
-/// advised for transparent huge pages (flag `hg`), or `None` when there is
-/// no heap.
-pub fn heap_advised(smaps: &str) -> Option<bool> {
+/// The main heap (`[heap]`) of a process, as its `/proc/PID/smaps` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MainHeap {
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Whether it is advised for transparent huge pages (flag `hg`, which
+    /// glibc's `glibc.malloc.hugetlb=1` sets with `madvise`).
+    pub advised: bool,
+}
+
+/// The main heap in the text of a `/proc/PID/smaps`, or `None` when there
+/// is no heap (or its entry lacks its size or flags).
+pub fn main_heap(smaps: &str) -> Option<MainHeap> {
     let mut lines = smaps.lines().skip_while(|l| !l.ends_with("[heap]")).skip(1);
-    lines
-        .find_map(|l| l.strip_prefix("VmFlags:"))
-        .map(|flags| flags.split_whitespace().any(|f| f == "hg"))
+    let mut bytes = None;
+    for l in lines.by_ref() {
+        if let Some(kb) = l.strip_prefix("Size:") {
+            bytes = kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
+        }
+        if let Some(flags) = l.strip_prefix("VmFlags:") {
+            return Some(MainHeap {
+                bytes: bytes? * 1024,
+                advised: flags.split_whitespace().any(|f| f == "hg"),
+            });
+        }
+    }
+    None
 }
 
 /// The kernel's THP mode: the contents of
@@ -207,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn the_heap_is_advised_when_its_flags_say_hg() {
+    fn the_main_heap_is_read_with_its_size_and_its_advice() {
         let map = |flags: &str| {
             format!(
                 "5600-5700 r-xp 0 fe:00 1 /bin/x\nSize: 4 kB\nVmFlags: rd ex mr hg\n\
@@ -216,12 +235,18 @@ mod tests {
                  7f00-7f10 rw-p 0 00:00 0 \nSize: 4 kB\nVmFlags: rd wr hg\n"
             )
         };
-        assert_eq!(heap_advised(&map("rd wr mr mw me ac hg")), Some(true));
+        let heap = |advised| {
+            Some(MainHeap {
+                bytes: 34816 * 1024,
+                advised,
+            })
+        };
+        assert_eq!(main_heap(&map("rd wr mr mw me ac hg")), heap(true));
         // Another mapping's `hg` (before or after the heap) does not count.
-        assert_eq!(heap_advised(&map("rd wr mr mw me ac")), Some(false));
-        assert_eq!(heap_advised(&map("rd wr mr mw me ac nh")), Some(false));
+        assert_eq!(main_heap(&map("rd wr mr mw me ac")), heap(false));
+        assert_eq!(main_heap(&map("rd wr mr mw me ac nh")), heap(false));
         assert_eq!(
-            heap_advised("5600-5700 r-xp 0 fe:00 1 /bin/x\nVmFlags: hg\n"),
+            main_heap("5600-5700 r-xp 0 fe:00 1 /bin/x\nVmFlags: hg\n"),
             None
         );
     }
