@@ -83,6 +83,7 @@ pub mod error;
 pub mod fault;
 pub mod job;
 pub mod protocol;
+pub mod segments;
 pub mod store;
 pub mod tools;
 pub mod topology;

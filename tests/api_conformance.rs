@@ -17,6 +17,7 @@ use std::collections::BTreeSet;
 mod common;
 use common::within;
 
+use lazarus::api::collective::DIRECT_ALL_GATHER_MAX;
 use lazarus::{
     Backend, Communicator, Error, JobReport, LockType, ReduceOp, Source, TagMatch, Window,
 };
@@ -935,7 +936,10 @@ fn var_data(r: usize) -> Vec<u64> {
 #[test]
 fn coll_varcount_gathers() {
     for backend in Backend::ALL {
-        for (n, root) in [(5, 1), (7, 4), (1, 0)] {
+        // Past DIRECT_ALL_GATHER_MAX, the all-gather gathers to rank 0 and
+        // broadcasts instead of exchanging blocks directly.
+        let tree = DIRECT_ALL_GATHER_MAX + 1;
+        for (n, root) in [(5, 1), (7, 4), (1, 0), (tree, tree - 2)] {
             let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, move |ctx| {
                 let world = ctx.world();

@@ -313,20 +313,19 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
             free.stats.checkpoints, 0,
             "{backend}: checkpoints without a budget"
         );
-        // ULML's collective results can be dropped only once every rank's
-        // checkpoint passed them, so its log holds at least two safe-point
-        // intervals of results (one in CG S is about 1/15 of the unbounded
-        // log of its 15 iterations): a budget of 1/8 (1.9 intervals) cannot
-        // be kept, 1/4 can.
-        // Under `correlated` the log holds inter-set messages only (about
-        // half of them here), and a forced checkpoint of the receiver's set
-        // waits for the set's agreement on a safe point: the same two
-        // intervals.
-        let divisor = if protocol == ProtocolKind::Pessimistic {
-            8
-        } else {
-            4
-        };
+        // A forced checkpoint is taken at the receiver's next safe point and
+        // trims the log once stored, so a log holds at least two safe-point
+        // intervals (one in CG S is about 1/15 of the unbounded log of its
+        // 15 iterations): a budget of 1/8 (1.9 intervals) cannot be kept,
+        // 1/4 can. That holds for every protocol since each rank's
+        // all-gather block goes to every other rank (with a gather to rank 0
+        // and a broadcast, `pessimistic` kept 1/8: rank 0's log, the
+        // largest, grew by the broadcasts). ULML's collective results are
+        // dropped once every member's checkpoint passed them; under
+        // `correlated` the log holds inter-set messages only, and a forced
+        // checkpoint of the receiver's set waits for the set's agreement on
+        // a safe point.
+        let divisor = 4;
         let budget = (unbounded / divisor) as usize;
         let cfg = Config {
             log_budget: Some(budget),

@@ -325,31 +325,45 @@ fn a_hung_rank_is_found_by_its_missing_heartbeats() {
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let sum = dir.join("run.json");
     let sum_s = sum.to_string_lossy().to_string();
-    let child = start_job(
-        &["cg", "--class", "W"],
-        "coordinated",
-        &["--heartbeat-timeout", "150", "--json", &sum_s],
-    );
-    let launcher = child.id();
-    let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
-    std::thread::sleep(wall.mul_f64(0.3));
-    let pid = ranks.get(&1).copied().expect("rank 1 up");
-    assert!(
-        signal(pid, nix::sys::signal::Signal::SIGSTOP),
-        "rank 1 ended before it could be stopped"
-    );
-    let (out, err, ok) = finish(child);
-    assert_no_orphans(launcher, "hung rank");
-    assert!(ok, "{out}\n{err}");
-    assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
-    let s = json(&sum);
+    // The stop aims at 30% of the reference's wall time; a run faster than
+    // the reference was (the suite loads the machine unevenly) may end
+    // first: then try earlier, as `external_kill_9` does.
+    let mut frac = 0.3;
+    let (launcher, s) = loop {
+        let child = start_job(
+            &["cg", "--class", "W"],
+            "coordinated",
+            &["--heartbeat-timeout", "150", "--json", &sum_s],
+        );
+        let launcher = child.id();
+        let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
+        std::thread::sleep(wall.mul_f64(frac));
+        let stopped = ranks
+            .get(&1)
+            .is_some_and(|&pid| signal(pid, nix::sys::signal::Signal::SIGSTOP));
+        let (out, err, ok) = finish(child);
+        assert_no_orphans(launcher, "hung rank");
+        assert!(ok, "{out}\n{err}");
+        assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
+        // (A signal to a rank that has ended but is not yet reaped is
+        // accepted too: such a run has no failure.)
+        let s = json(&sum);
+        if stopped && s["failures"].as_u64().is_some_and(|n| n > 0) {
+            break (launcher, s);
+        }
+        assert!(
+            frac > 0.01,
+            "rank 1 always ended before it could be stopped"
+        );
+        frac /= 3.0;
+    };
     let causes: Vec<String> = s["failure_detections"]
         .as_array()
         .map(|a| a.iter().map(|d| d["cause"].to_string()).collect())
         .unwrap_or_default();
     assert!(
         causes.iter().any(|c| c.contains("no heartbeat")),
-        "expected a heartbeat detection, got {causes:?}"
+        "expected a heartbeat detection of rank 1 (launcher {launcher}), got {causes:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

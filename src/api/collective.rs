@@ -20,10 +20,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::comm::{Communicator, Source, TagMatch};
-use super::datatype::{Equivalence, ReduceOp, slice_to_bytes, to_vec, vec_into_bytes};
+use super::datatype::{
+    Equivalence, ReduceOp, extend_from_bytes, slice_to_bytes, to_vec, vec_into_bytes,
+};
 use crate::engine::frame::Tag;
 use crate::engine::{COMMUNICATOR_CONTEXTS, CollStart, collective_tag};
 use crate::protocol::Collective;
+use crate::segments::Segments;
 use crate::{Error, Rank, Result};
 
 /// One call of a collective: the tag of its messages and how they are sent.
@@ -54,6 +57,66 @@ fn decode<T: Equivalence>(b: &[u8], what: &'static str) -> Result<Vec<T>> {
         got: b.len(),
         what: what.into(),
     })
+}
+
+/// Communicators of at most this many ranks all-gather by sending every
+/// block to every member directly (see
+/// [`Communicator::all_gather_varcount`]).
+pub const DIRECT_ALL_GATHER_MAX: usize = 16;
+
+/// The head of an all-gather's result: the number of members, then each
+/// one's count of elements (little-endian `u64`s); the blocks follow.
+fn all_gather_header(counts: impl ExactSizeIterator<Item = u64>) -> Vec<u8> {
+    let mut h = Vec::with_capacity(8 * (counts.len() + 1));
+    h.extend_from_slice(&(counts.len() as u64).to_le_bytes());
+    for c in counts {
+        h.extend_from_slice(&c.to_le_bytes());
+    }
+    h
+}
+
+/// Read an all-gather's result ([`all_gather_header`], then the blocks),
+/// wherever its segments are cut: it may come from another rank's log.
+fn all_gather_decode<T: Equivalence>(got: &Segments) -> Result<(Vec<T>, Vec<usize>)> {
+    let bad = |what: &str| Error::SizeMismatch {
+        expected: 8,
+        got: got.len(),
+        what: format!("all_gather result: {what}").into(),
+    };
+    let mut word = [0u8; 8];
+    if got.len() < 8 {
+        return Err(bad("no header"));
+    }
+    got.copy_to_slice(0, &mut word);
+    let head = usize::try_from(u64::from_le_bytes(word))
+        .ok()
+        .and_then(|n| n.checked_add(1)?.checked_mul(8))
+        .filter(|&h| h <= got.len())
+        .ok_or_else(|| bad("counts past the end"))?;
+    let mut counts = vec![0u64; head / 8 - 1];
+    got.copy_to_slice(8, bytemuck::cast_slice_mut(&mut counts));
+    let elem = std::mem::size_of::<T>();
+    let data = got.len() - head;
+    let total = (counts.iter()).try_fold(0u64, |sum, &c| sum.checked_add(c));
+    if elem == 0 || total != Some((data / elem) as u64) || !data.is_multiple_of(elem) {
+        return Err(bad("the counts do not add up to the data"));
+    }
+    // Block by block, without a copy of the whole: the blocks are segments
+    // of their own unless the result came as one buffer.
+    let mut out = Vec::with_capacity(data / elem);
+    let mut at = 0;
+    for s in got.segments() {
+        let part = s.get(head.saturating_sub(at)..).unwrap_or_default();
+        at += s.len();
+        if !part.len().is_multiple_of(elem) {
+            // An element cut between segments: read the rest in one piece.
+            let done = out.len() * elem;
+            extend_from_bytes(&mut out, &got.slice(head + done..got.len()));
+            break;
+        }
+        extend_from_bytes(&mut out, part);
+    }
+    Ok((out, counts.into_iter().map(|c| c as usize).collect()))
 }
 
 impl Communicator {
@@ -94,18 +157,19 @@ impl Communicator {
         self.engine.borrow_mut().coll_begin(self.coll, kind, &group)
     }
 
-    /// A collective whose result (`run`'s) is the same at every member and
-    /// ends with a broadcast from `root`: taken from a log when the engine
-    /// has it, and started again or completed from a log when a failure
-    /// interrupts an attempt. A rank that completes from a log still sends
-    /// the result down its broadcast subtree (receivers that have it drop
-    /// it), so no member waits for a message the log replaced.
+    /// A collective whose result (`run`'s) is the same at every member:
+    /// taken from a log when the engine has it, and started again or
+    /// completed from a log when a failure interrupts an attempt. A rank
+    /// that completes from a log still sends, through `forward`, what the
+    /// algorithm has it send to others (its part of a broadcast tree, its
+    /// block of an all-gather; receivers that have it drop it), so no
+    /// member waits for a message the log replaced.
     fn same_result(
         &self,
         kind: Collective,
-        root: Rank,
-        run: impl Fn(Call) -> Result<Bytes>,
-    ) -> Result<Bytes> {
+        run: impl Fn(Call) -> Result<Segments>,
+        forward: impl Fn(Call, &Segments) -> Result<()>,
+    ) -> Result<Segments> {
         let (index, unlogged, logged) = match self.begin(kind)? {
             CollStart::Logged { index, result } => (index, true, Some(result)),
             CollStart::Run { index, unlogged } => (index, unlogged, None),
@@ -114,25 +178,46 @@ impl Communicator {
             tag: collective_tag(kind, index),
             unlogged,
         };
-        let result = match logged {
-            Some(result) => self.bcast_tree(call, root, result, true)?,
+        let (result, from_log) = match logged {
+            Some(result) => (result, true),
             None => loop {
                 match run(call) {
-                    Ok(b) => break b,
+                    Ok(b) => break (b, false),
                     Err(Error::CollectiveInterrupted) => {
-                        let logged = self.engine.borrow_mut().coll_retry()?;
-                        if let Some(result) = logged {
-                            break self.bcast_tree(call, root, result, true)?;
+                        if let Some(result) = self.engine.borrow_mut().coll_retry()? {
+                            break (result, true);
                         }
                     }
                     Err(e) => return Err(e),
                 }
             },
         };
+        if from_log {
+            forward(call, &result)?;
+        }
         self.engine
             .borrow_mut()
             .coll_end(self.coll, index, kind, Some(&result))?;
         Ok(result)
+    }
+
+    /// [`Self::same_result`] for an algorithm that ends with a broadcast
+    /// from `root` ([`Self::bcast_tree`]): its result is one buffer.
+    fn broadcast_result(
+        &self,
+        kind: Collective,
+        root: Rank,
+        run: impl Fn(Call) -> Result<Bytes>,
+    ) -> Result<Bytes> {
+        let result = self.same_result(
+            kind,
+            |call| run(call).map(Segments::from),
+            |call, result| {
+                self.bcast_tree(call, root, result.to_bytes(), true)?;
+                Ok(())
+            },
+        )?;
+        Ok(result.to_bytes())
     }
 
     /// A rooted or personalized collective: its messages are logged like
@@ -248,7 +333,7 @@ impl Communicator {
 
     /// Block until every rank of the communicator has called it.
     pub fn barrier(&self) -> Result<()> {
-        self.same_result(Collective::Barrier, 0, |call| {
+        self.broadcast_result(Collective::Barrier, 0, |call| {
             self.reduce_vec::<u8>(call, 0, &[], ReduceOp::NoOp)?;
             self.bcast_bytes(call, 0, Bytes::new())
         })?;
@@ -263,7 +348,7 @@ impl Communicator {
         } else {
             Bytes::new()
         };
-        let got = self.same_result(Collective::Broadcast, root, |call| {
+        let got = self.broadcast_result(Collective::Broadcast, root, |call| {
             self.bcast_bytes(call, root, data.clone())
         })?;
         if self.rank() != root {
@@ -286,7 +371,7 @@ impl Communicator {
             }
             (false, _) => Bytes::new(),
         };
-        let got = self.same_result(Collective::Broadcast, root, |call| {
+        let got = self.broadcast_result(Collective::Broadcast, root, |call| {
             self.bcast_bytes(call, root, data.clone())
         })?;
         Ok(postcard::from_bytes(&got)?)
@@ -320,7 +405,7 @@ impl Communicator {
                 what: "all_reduce_into output length".into(),
             });
         }
-        let got = self.same_result(Collective::AllReduce, 0, |call| {
+        let got = self.broadcast_result(Collective::AllReduce, 0, |call| {
             let mine = match self.reduce_vec(call, 0, data, op)? {
                 Some(v) => vec_into_bytes(v),
                 None => Bytes::new(),
@@ -355,37 +440,73 @@ impl Communicator {
 
     /// Every rank gets every rank's (variable-length) contribution, in rank
     /// order, with the counts.
+    ///
+    /// On communicators of at most [`DIRECT_ALL_GATHER_MAX`] ranks every
+    /// rank sends its block to every other one: one message time, and no
+    /// rank concatenates the others' blocks into a buffer of its own. The
+    /// result is the blocks as they arrived ([`Segments`]), which is what
+    /// ULML logs, so a logged all-gather costs each rank fresh memory for
+    /// its own block only, where a gather to rank 0 and a broadcast made
+    /// rank 0 allocate the whole result on every call (the kernel zeroing
+    /// those pages was most of ULML's failure-free overhead on CG W,
+    /// `lazarus bench cg --class W`). Larger communicators gather to rank 0
+    /// and broadcast: 2(P − 1) messages instead of P(P − 1).
     pub fn all_gather_varcount<T: Equivalence>(&self, data: &[T]) -> Result<(Vec<T>, Vec<usize>)> {
-        let got = self.same_result(Collective::AllGather, 0, |call| {
-            let payload = match self.gather_in(call, 0, data)? {
-                Some((all, counts)) => {
-                    let counts64: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
-                    let mut buf = Vec::with_capacity(
-                        8 + counts64.len() * 8 + all.len() * std::mem::size_of::<T>(),
-                    );
-                    buf.extend_from_slice(&(counts64.len() as u64).to_le_bytes());
-                    buf.extend_from_slice(bytemuck::cast_slice(&counts64));
-                    buf.extend_from_slice(bytemuck::cast_slice(&all));
-                    Bytes::from(buf)
-                }
-                None => Bytes::new(),
-            };
-            self.bcast_bytes(call, 0, payload)
-        })?;
-        let bad = || Error::SizeMismatch {
-            expected: 8,
-            got: got.len(),
-            what: "all_gather header".into(),
+        let got = if self.size() <= DIRECT_ALL_GATHER_MAX {
+            let mine = slice_to_bytes(data);
+            self.same_result(
+                Collective::AllGather,
+                |call| self.exchange_blocks::<T>(call, &mine),
+                |call, _| self.send_to_others(call, &mine),
+            )?
+        } else {
+            Segments::from(self.broadcast_result(Collective::AllGather, 0, |call| {
+                let Some((all, counts)) = self.gather_in(call, 0, data)? else {
+                    return self.bcast_bytes(call, 0, Bytes::new());
+                };
+                let header = all_gather_header(counts.iter().map(|&c| c as u64));
+                let mut buf = Vec::with_capacity(header.len() + std::mem::size_of_val(&all[..]));
+                buf.extend_from_slice(&header);
+                buf.extend_from_slice(bytemuck::cast_slice(&all));
+                self.bcast_bytes(call, 0, Bytes::from(buf))
+            })?)
         };
-        let n = u64::from_le_bytes(
-            got.get(..8)
-                .ok_or_else(bad)?
-                .try_into()
-                .map_err(|_| bad())?,
-        ) as usize;
-        let counts: Vec<u64> = decode(got.get(8..8 + n * 8).ok_or_else(bad)?, "all_gather counts")?;
-        let data: Vec<T> = decode(&got[8 + n * 8..], "all_gather data")?;
-        Ok((data, counts.into_iter().map(|c| c as usize).collect()))
+        all_gather_decode(&got)
+    }
+
+    /// Send `block` to every other member, starting after this rank (so
+    /// that not every rank sends to rank 0 first).
+    fn send_to_others(&self, call: Call, block: &Bytes) -> Result<()> {
+        let (me, size) = (self.rank(), self.size());
+        for k in 1..size {
+            self.csend(call, (me + k) % size, block.clone())?;
+        }
+        Ok(())
+    }
+
+    /// The direct all-gather: send `mine` to every other member, receive
+    /// theirs; the result is the header then the blocks in rank order.
+    fn exchange_blocks<T: Equivalence>(&self, call: Call, mine: &Bytes) -> Result<Segments> {
+        self.send_to_others(call, mine)?;
+        let elem = std::mem::size_of::<T>();
+        let mut blocks = Vec::with_capacity(self.size());
+        for r in 0..self.size() {
+            let block = if r == self.rank() {
+                mine.clone()
+            } else {
+                self.crecv(call, r)?
+            };
+            if elem == 0 || !block.len().is_multiple_of(elem) {
+                return Err(Error::SizeMismatch {
+                    expected: elem,
+                    got: block.len(),
+                    what: format!("all_gather block from rank {r}").into(),
+                });
+            }
+            blocks.push(block);
+        }
+        let header = all_gather_header(blocks.iter().map(|b| (b.len() / elem) as u64));
+        Ok(std::iter::once(Bytes::from(header)).chain(blocks).collect())
     }
 
     /// Every rank gets every rank's contribution, in rank order.
@@ -529,5 +650,61 @@ impl Communicator {
             .borrow_mut()
             .communicator_created(base, group.clone());
         Ok(group.and_then(|g| self.with_group(g, base)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An all-gather's result as it may be held: `cuts` are the byte
+    /// offsets where its segments end (a result from another rank's log is
+    /// one buffer; a checkpoint's blobs keep the segments they were).
+    fn cut(flat: &[u8], cuts: &[usize]) -> Segments {
+        let mut at = 0;
+        let mut s: Segments = (cuts.iter().chain([&flat.len()]))
+            .map(|&c| {
+                let b = Bytes::copy_from_slice(&flat[at..c]);
+                at = c;
+                b
+            })
+            .collect();
+        s.push(Bytes::new());
+        s
+    }
+
+    #[test]
+    fn all_gather_results_decode_wherever_they_are_cut() {
+        let counts = [2u64, 0, 3];
+        let data: Vec<u64> = (10..15).collect();
+        let mut flat = all_gather_header(counts.into_iter());
+        flat.extend_from_slice(bytemuck::cast_slice(&data));
+        let head = 8 * 4;
+        for cuts in [
+            vec![],
+            vec![head, head + 16, head + 16],
+            vec![3, head - 1, head + 5, head + 21],
+            vec![1, 2, head + 39],
+        ] {
+            let (got, n) = all_gather_decode::<u64>(&cut(&flat, &cuts)).expect("decodes");
+            assert_eq!(got, data, "{cuts:?}");
+            assert_eq!(n, [2, 0, 3], "{cuts:?}");
+        }
+    }
+
+    #[test]
+    fn damaged_all_gather_results_are_errors() {
+        let mut flat = all_gather_header([1u64, 1].into_iter());
+        flat.extend_from_slice(bytemuck::cast_slice(&[1u64, 2]));
+        let short = &flat[..flat.len() - 8];
+        let mut huge = flat.clone();
+        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        for bad in [&flat[..5], short, &huge[..], &flat[..flat.len() - 1]] {
+            let err = all_gather_decode::<u64>(&Segments::from(bad.to_vec()));
+            assert!(matches!(err, Err(Error::SizeMismatch { .. })), "{err:?}");
+        }
+        // Elements of another size than the counts say.
+        let err = all_gather_decode::<u32>(&Segments::from(flat));
+        assert!(matches!(err, Err(Error::SizeMismatch { .. })), "{err:?}");
     }
 }

@@ -124,9 +124,24 @@ pub fn to_vec<T: Equivalence>(bytes: &[u8]) -> Option<Vec<T>> {
     if size == 0 || !bytes.len().is_multiple_of(size) {
         return None;
     }
-    let mut v = vec![T::zeroed(); bytes.len() / size];
-    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(bytes);
+    let mut v = Vec::with_capacity(bytes.len() / size);
+    extend_from_bytes(&mut v, bytes);
     Some(v)
+}
+
+/// Append the elements whose bytes are `bytes` (a whole number of them)
+/// to `out`: one copy, without zeroing the new elements first (as
+/// `vec![0; n]` then a copy would: a memset of every received vector).
+pub(crate) fn extend_from_bytes<T: Equivalence>(out: &mut Vec<T>, bytes: &[u8]) {
+    match bytemuck::try_cast_slice::<u8, T>(bytes) {
+        Ok(aligned) => out.extend_from_slice(aligned),
+        // A buffer not aligned for `T` (a slice of a frame at an odd offset).
+        Err(_) => out.extend(
+            bytes
+                .chunks_exact(std::mem::size_of::<T>())
+                .map(bytemuck::pod_read_unaligned::<T>),
+        ),
+    }
 }
 
 /// Turn an owned vector into a shared immutable buffer without copying it.

@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
 use crate::protocol::{Action, Collective, Control, Determinant, Event, Protocol, ProtocolCx};
+use crate::segments::Segments;
 use crate::store::pool::BufferPool;
-use crate::store::{CheckpointStore, Piece, PieceData, PieceWriter, StoreEvent, StoreOut};
+use crate::store::{CheckpointStore, Piece, PieceWriter, StoreEvent, StoreOut};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 use frame::{AgreeValue, AppMessage, Body, ContextId, Envelope, Frame, Incoming, RuntimeMsg, Tag};
@@ -57,7 +58,7 @@ impl MatchSpec {
 /// A piece is laid out as `[app length: u64 LE][application state
 /// (postcard)][Snapshot (postcard)][protocol state]`
 /// ([`Protocol::save_state`], whose logged payloads the piece shares rather
-/// than copies: [`PieceData`]): the application's state comes first so that
+/// than copies: [`Segments`]): the application's state comes first so that
 /// it is serialized straight into the piece's buffer (its length is written
 /// once it is known) and restored from a slice of the piece (of a copy, if
 /// the piece is still in segments).
@@ -168,7 +169,7 @@ pub enum CollStart {
         /// Collective number on its context.
         index: u64,
         /// The result.
-        result: Bytes,
+        result: Segments,
     },
 }
 
@@ -178,7 +179,7 @@ enum CollOutcome {
     /// Start it again.
     Restart,
     /// Complete it with this logged result.
-    Result(Bytes),
+    Result(Segments),
 }
 
 /// Collective numbers are kept in tags modulo this (3 bits hold the kind).
@@ -1357,7 +1358,7 @@ impl Engine {
 
     /// After [`Error::CollectiveInterrupted`]: the logged result to complete
     /// with, or `None` to start the attempt again.
-    pub fn coll_retry(&mut self) -> Result<Option<Bytes>> {
+    pub fn coll_retry(&mut self) -> Result<Option<Segments>> {
         self.check()?;
         Ok(match self.coll_outcome.take() {
             Some(CollOutcome::Result(b)) => Some(b),
@@ -1372,7 +1373,7 @@ impl Engine {
         context: ContextId,
         index: u64,
         kind: Collective,
-        result: Option<&Bytes>,
+        result: Option<&Segments>,
     ) -> Result<()> {
         if !self.coll_results {
             return Ok(());
@@ -1495,7 +1496,7 @@ impl Engine {
         }
     }
 
-    fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<PieceData> {
+    fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Segments> {
         let mut windows = Vec::with_capacity(self.windows.len());
         let ids: Vec<WinId> = self.windows.keys().copied().collect();
         for id in ids {

@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use bytes::Bytes;
 
 use crate::engine::frame::{AppMessage, ContextId};
+use crate::segments::Segments;
 use crate::store::{CheckpointStore, PieceWriter};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -470,8 +471,9 @@ pub enum Event<'a> {
         index: u64,
         /// Kind.
         kind: Collective,
-        /// The result (shared with the application's copy source).
-        result: Option<&'a Bytes>,
+        /// The result (shared with the application's copy source; an
+        /// all-gather's is the members' blocks as they arrived).
+        result: Option<&'a Segments>,
     },
 }
 
@@ -577,7 +579,7 @@ pub enum Action {
         /// Collective number.
         index: u64,
         /// The logged result.
-        result: Bytes,
+        result: Segments,
     },
     /// Abandon the attempt at the current collective and start it again
     /// (a member failed during it: messages it was owed may be lost).

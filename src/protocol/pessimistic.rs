@@ -1231,7 +1231,7 @@ mod tests {
     use super::*;
 
     use crate::protocol::testing::Harness;
-    use crate::store::PieceData;
+    use crate::segments::Segments;
     use crate::store::pool::BufferPool;
 
     use crate::protocol::testing::app_message as msg;
@@ -1416,7 +1416,7 @@ mod tests {
     }
 
     /// The protocol's part of a checkpoint piece, as the engine writes it.
-    fn saved(p: &dyn Protocol) -> PieceData {
+    fn saved(p: &dyn Protocol) -> Segments {
         let pool = BufferPool::new();
         let mut w = PieceWriter::new(&pool, Vec::new());
         p.save_state(&mut w).expect("saves");

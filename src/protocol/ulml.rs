@@ -35,9 +35,11 @@
 //! message carries its collective's number). A substitute asks at each
 //! collective on a communicator from its restore until one completes there
 //! by a real attempt (or by a result a member sent on completing it); a
-//! rank that completes from a log still sends the result down its
-//! broadcast subtree, so no other rank waits for a message the log
-//! replaced. Unlogged messages to a dead rank wait until its substitute
+//! rank that completes from a log still sends what the algorithm has it
+//! send (the result down its broadcast subtree, its block of an
+//! all-gather to every member), so no other rank waits for a message the
+//! log replaced. An all-gather's result is logged as the blocks that
+//! arrived ([`Segments`]), not a copy of their concatenation. Unlogged messages to a dead rank wait until its substitute
 //! asks for its messages.
 //!
 //! Each rank's logged results are dropped once every member's stored
@@ -57,6 +59,7 @@ use serde::{Deserialize, Serialize};
 use super::pessimistic::{LogMsg, Pessimistic, copied_len};
 use super::{Action, Collective, Control, Event, Protocol, ProtocolCx};
 use crate::engine::frame::{AppMessage, ContextId, append_with_blobs, take_with_blobs};
+use crate::segments::Segments;
 use crate::store::PieceWriter;
 use crate::{Error, Rank, Result};
 
@@ -76,8 +79,9 @@ pub enum CollMsg {
         context: ContextId,
         /// Number of the first.
         from: u64,
-        /// The results, in order.
-        results: Vec<Bytes>,
+        /// The results, in order (each arrives as one segment on the
+        /// processes backend).
+        results: Vec<Segments>,
         /// The sender completed collective `from` after the request came
         /// (so the requester was taking part in it, not re-executing
         /// history).
@@ -142,9 +146,9 @@ struct SavedState {
     /// The indices of the logged results not yet trimmed, per context: like
     /// the sender log, they are part of the checkpoint (a rank restored past
     /// a collective still owes its result to a member that restores from
-    /// before it). The results themselves follow, in this order, shared
-    /// with the log ([`append_with_blobs`]).
-    results: Vec<(ContextId, Vec<u64>)>,
+    /// before it), with the number of segments of each. The segments
+    /// follow, in this order, shared with the log ([`append_with_blobs`]).
+    results: Vec<(ContextId, Vec<(u64, u32)>)>,
     /// How far each context's results were trimmed.
     trimmed: Vec<(ContextId, u64)>,
     /// Members of the sub-communicators this rank knows.
@@ -157,7 +161,7 @@ pub struct Ulml {
     p2p: Pessimistic,
     /// Results of collectives by context and number: this rank's own, and
     /// those other members sent for collectives it has not reached.
-    results: BTreeMap<ContextId, BTreeMap<u64, Bytes>>,
+    results: BTreeMap<ContextId, BTreeMap<u64, Segments>>,
     /// Collectives with a logged result completed, per context.
     done: BTreeMap<ContextId, u64>,
     current: Option<Current>,
@@ -381,7 +385,7 @@ impl Ulml {
     }
 
     /// Keep a result (counted as a log record).
-    fn keep(&mut self, context: ContextId, index: u64, result: &Bytes) {
+    fn keep(&mut self, context: ContextId, index: u64, result: &Segments) {
         if index <= self.trimmed_upto(context) {
             return;
         }
@@ -473,7 +477,7 @@ impl Ulml {
         context: ContextId,
         index: u64,
         kind: Collective,
-        result: Option<&Bytes>,
+        result: Option<&Segments>,
         cx: &mut ProtocolCx<'_>,
     ) {
         self.per_kind[kind.index()] += 1;
@@ -529,7 +533,7 @@ impl Ulml {
             return;
         }
         // The results from `index` on, up to the first gap.
-        let run: Vec<Bytes> = match self.results.get(&context) {
+        let run: Vec<Segments> = match self.results.get(&context) {
             // Inclusive ranges: a number from the network near u64::MAX
             // ends the run instead of overflowing.
             Some(l) => (index..=u64::MAX)
@@ -562,7 +566,7 @@ impl Ulml {
         &mut self,
         context: ContextId,
         from: u64,
-        results: Vec<Bytes>,
+        results: Vec<Segments>,
         on_completion: bool,
         cx: &mut ProtocolCx<'_>,
     ) {
@@ -598,7 +602,7 @@ impl Ulml {
                 None => BTreeMap::new(),
             };
             let dropped = std::mem::replace(log, keep);
-            let bytes = dropped.values().map(Bytes::len).sum();
+            let bytes = dropped.values().map(Segments::len).sum();
             self.p2p.count_dropped(dropped.len(), bytes);
         }
     }
@@ -630,19 +634,29 @@ impl Protocol for Ulml {
     }
 
     fn state_size_hint(&self) -> usize {
-        let (records, copied) = (self.results.values().flat_map(BTreeMap::values))
-            .fold((0, 0), |(n, b), r| (n + 1, b + copied_len(r)));
+        let (records, copied) =
+            (self.results.values().flat_map(BTreeMap::values)).fold((0, 0), |(n, b), r| {
+                (
+                    n + 1,
+                    b + r.segments().iter().map(copied_len).sum::<usize>(),
+                )
+            });
         self.p2p.state_size_hint() + copied + records * 20 + 64
     }
 
     fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         self.p2p.save_state(piece)?;
-        let blobs: Vec<&Bytes> = self.results.values().flat_map(BTreeMap::values).collect();
+        let blobs: Vec<&Bytes> = (self.results.values().flat_map(BTreeMap::values))
+            .flat_map(Segments::segments)
+            .collect();
         let st = SavedState {
             done: self.counts(),
             per_kind: self.per_kind.to_vec(),
             results: (self.results.iter())
-                .map(|(&c, l)| (c, l.keys().copied().collect()))
+                .map(|(&c, l)| {
+                    let list = l.iter().map(|(&i, r)| (i, r.segments().len() as u32));
+                    (c, list.collect())
+                })
                 .collect(),
             trimmed: self.trimmed.iter().map(|(&c, &n)| (c, n)).collect(),
             members: self.members_of(self.members.keys().copied()),
@@ -653,11 +667,13 @@ impl Protocol for Ulml {
     fn load_state(&mut self, state: Bytes) -> Result<()> {
         let rest = self.p2p.load_prefix(&state)?;
         let (st, blobs, _): (SavedState, _, _) = take_with_blobs(&rest)?;
-        let listed: usize = st.results.iter().map(|(_, l)| l.len()).sum();
-        if listed != blobs.len() {
+        let listed: u64 = (st.results.iter().flat_map(|(_, l)| l))
+            .map(|&(_, n)| u64::from(n))
+            .sum();
+        if listed != blobs.len() as u64 {
             return Err(Error::Codec {
                 what: "a checkpoint piece's collective results".into(),
-                detail: format!("{listed} results listed, {} saved", blobs.len()),
+                detail: format!("{listed} segments listed, {} saved", blobs.len()),
             });
         }
         self.done = st.done.into_iter().collect();
@@ -676,7 +692,8 @@ impl Protocol for Ulml {
         for (context, list) in st.results {
             let trimmed = self.trimmed_upto(context);
             let log = self.results.entry(context).or_default();
-            for (index, result) in list.into_iter().zip(blobs.by_ref()) {
+            for (index, n) in list {
+                let result: Segments = blobs.by_ref().take(n as usize).collect();
                 if index > trimmed {
                     log.entry(index).or_insert(result);
                 }
@@ -786,8 +803,8 @@ impl Protocol for Ulml {
                 self.p2p.handle(Event::PeerFailed { epoch, dead }, cx);
                 // A survivor asks only for the collective the failure
                 // interrupted: at later ones, a member that takes a result
-                // from a log still sends it down its subtree, so nothing a
-                // survivor waits for is missing.
+                // from a log still sends what the algorithm has it send, so
+                // nothing a survivor waits for is missing.
                 for set in self.pending.values_mut() {
                     set.retain(|r| !dead.contains(r));
                 }
@@ -909,7 +926,7 @@ mod tests {
         p
     }
 
-    fn complete(rank: Rank, p: &mut Ulml, index: u64, result: &Bytes) -> Vec<Action> {
+    fn complete(rank: Rank, p: &mut Ulml, index: u64, result: &Segments) -> Vec<Action> {
         let mut a = begin(rank, p, index, Collective::AllReduce);
         a.extend(run(
             rank,
@@ -939,12 +956,12 @@ mod tests {
     #[test]
     fn one_record_per_collective_by_reference_and_no_request_without_failure() {
         let mut p = Ulml::new(0, None);
-        let r = Bytes::from(vec![7u8; 16]);
+        let r = Segments::from(vec![7u8; 16]);
         let a = complete(0, &mut p, 1, &r);
         assert!(requests(&a).is_empty());
         assert_eq!(
-            p.results[&1][&1].as_ptr(),
-            r.as_ptr(),
+            p.results[&1][&1].segments()[0].as_ptr(),
+            r.segments()[0].as_ptr(),
             "logged by reference"
         );
         assert_eq!(
@@ -979,7 +996,7 @@ mod tests {
             let mut p = substitute(2);
             let a = begin(2, &mut p, 1, Collective::AllReduce);
             assert_eq!(requests(&a), vec![0, 1, 3]);
-            let r = Bytes::from_static(b"r1");
+            let r = Segments::from(Bytes::from_static(b"r1"));
             control(
                 2,
                 &mut p,
@@ -1028,7 +1045,7 @@ mod tests {
                 .expect("a log record")
         }
         let mut p = Ulml::new(0, None);
-        let results = vec![Bytes::from_static(b"r1"), Bytes::from_static(b"r-2")];
+        let results: Vec<Segments> = vec![b"r1".to_vec().into(), b"r-2".to_vec().into()];
         control(
             2,
             &mut p,
@@ -1068,7 +1085,7 @@ mod tests {
         );
         assert!(a.contains(&Action::CollectiveRestart));
         assert_eq!(requests(&a), vec![0, 2], "the dead rank is not asked");
-        let r = Bytes::from_static(b"result");
+        let r = Segments::from(Bytes::from_static(b"result"));
         let a = control(
             1,
             &mut p,
@@ -1104,7 +1121,7 @@ mod tests {
     fn a_member_answers_with_its_results_from_the_index_on_or_when_it_has_it() {
         let mut p = Ulml::new(0, None);
         for i in 1..=3u64 {
-            complete(0, &mut p, i, &Bytes::from(vec![i as u8]));
+            complete(0, &mut p, i, &Segments::from(vec![i as u8]));
         }
         let a = control(
             0,
@@ -1122,7 +1139,7 @@ mod tests {
                 msg: Control::Collective(CollMsg::Results {
                     context: 1,
                     from: 2,
-                    results: vec![Bytes::from(vec![2u8]), Bytes::from(vec![3u8])],
+                    results: vec![vec![2u8].into(), vec![3u8].into()],
                     on_completion: false,
                 })
             }]
@@ -1140,13 +1157,13 @@ mod tests {
             )
             .is_empty()
         );
-        let a = complete(0, &mut p, 4, &Bytes::from(vec![4u8]));
+        let a = complete(0, &mut p, 4, &Segments::from(vec![4u8]));
         assert!(a.contains(&Action::Transmit {
             dest: 2,
             msg: Control::Collective(CollMsg::Results {
                 context: 1,
                 from: 4,
-                results: vec![Bytes::from(vec![4u8])],
+                results: vec![vec![4u8].into()],
                 on_completion: true,
             })
         }));
@@ -1157,7 +1174,7 @@ mod tests {
         let mut p = substitute(2);
         let a = begin(2, &mut p, 1, Collective::Barrier);
         assert_eq!(requests(&a), vec![0, 1, 3]);
-        let results: Vec<Bytes> = (1..=3u8).map(|i| Bytes::from(vec![i])).collect();
+        let results: Vec<Segments> = (1..=3u8).map(|i| Segments::from(vec![i])).collect();
         let a = control(
             2,
             &mut p,
@@ -1235,7 +1252,7 @@ mod tests {
     fn results_are_dropped_once_every_stored_checkpoint_passed_them() {
         let mut p = Ulml::new(0, None);
         for i in 1..=4u64 {
-            complete(0, &mut p, i, &Bytes::from(vec![0u8; 10]));
+            complete(0, &mut p, i, &Segments::from(vec![0u8; 10]));
         }
         for (r, n) in [(0, 3), (1, 2), (2, 3), (3, 4)] {
             control(
@@ -1255,7 +1272,7 @@ mod tests {
         // Another rank drops what the coordinator says.
         let mut q = Ulml::new(0, None);
         for i in 1..=4u64 {
-            complete(1, &mut q, i, &Bytes::from(vec![0u8; 10]));
+            complete(1, &mut q, i, &Segments::from(vec![0u8; 10]));
         }
         control(
             1,
@@ -1370,7 +1387,7 @@ mod tests {
     /// collective the replacement had already passed).
     #[test]
     fn a_request_parked_before_the_restore_is_answered_from_the_restored_results() {
-        let r = Bytes::from_static(b"result-1");
+        let r = Segments::from(Bytes::from_static(b"result-1"));
         let mut before = Ulml::new(0, None);
         complete(2, &mut before, 1, &r);
         let pool = crate::store::pool::BufferPool::new();
@@ -1412,15 +1429,19 @@ mod tests {
 
     /// Logged collective results are shared with a checkpoint piece, not
     /// copied into it (the large ones), and restored in their contexts and
-    /// indices; a piece whose list of results and saved results disagree is
-    /// refused.
+    /// indices, an all-gather's with its segments; a piece whose list of
+    /// results and saved results disagree is refused.
     #[test]
     fn logged_results_are_shared_with_the_piece_and_restored() {
         let big = Bytes::from(vec![3u8; 2 * crate::store::piece::SHARED_SEGMENT_MIN]);
         let small = Bytes::from_static(b"result-2");
+        let gathered: Segments = [Bytes::from_static(b"head"), big.clone(), small.clone()]
+            .into_iter()
+            .collect();
         let mut before = Ulml::new(0, None);
-        complete(2, &mut before, 1, &big);
-        complete(2, &mut before, 2, &small);
+        complete(2, &mut before, 1, &big.clone().into());
+        complete(2, &mut before, 2, &small.clone().into());
+        complete(2, &mut before, 3, &gathered);
         let pool = crate::store::pool::BufferPool::new();
         let mut w = PieceWriter::new(&pool, Vec::new());
         before.save_state(&mut w).expect("saved");
@@ -1436,6 +1457,7 @@ mod tests {
         let mut q = Ulml::new(0, None);
         q.load_state(piece.to_bytes()).expect("restored");
         assert_eq!(q.results, before.results);
+        assert_eq!(q.results[&1][&3].segments().len(), 3, "{:?}", q.results);
 
         // Cut inside the last result: refused.
         let flat = piece.to_bytes();
@@ -1445,7 +1467,7 @@ mod tests {
         let mut w = PieceWriter::new(&pool, Vec::new());
         Pessimistic::new(0, None).save_state(&mut w).expect("saved");
         let st = SavedState {
-            results: vec![(1, vec![1, 2])],
+            results: vec![(1, vec![(1, 1), (2, 1)])],
             ..SavedState::default()
         };
         append_with_blobs(&st, &[&small], &mut w).expect("saved");
@@ -1497,7 +1519,7 @@ mod tests {
     fn collective_numbers_at_the_end_of_the_range_do_not_overflow() {
         let mut q = Ulml::new(0, None);
         for i in 1..=2u64 {
-            complete(1, &mut q, i, &Bytes::from(vec![0u8; 10]));
+            complete(1, &mut q, i, &Segments::from(vec![0u8; 10]));
         }
         control(
             1,
@@ -1506,7 +1528,7 @@ mod tests {
             CollMsg::Results {
                 context: 1,
                 from: u64::MAX,
-                results: vec![Bytes::from(vec![1u8]), Bytes::from(vec![2u8])],
+                results: vec![vec![1u8].into(), vec![2u8].into()],
                 on_completion: false,
             },
         );

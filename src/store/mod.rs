@@ -31,12 +31,13 @@ pub mod partner;
 pub mod piece;
 pub mod pool;
 
-pub use piece::{PieceData, PieceWriter};
+pub use piece::PieceWriter;
 
 use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::segments::Segments;
 use crate::{Error, Rank, Result};
 
 /// One rank's checkpoint for one generation.
@@ -47,7 +48,7 @@ pub struct Piece {
     /// The rank whose state this is.
     pub owner: Rank,
     /// The encoded state.
-    pub data: PieceData,
+    pub data: Segments,
     /// CRC32C of `data`, computed when the piece was made.
     pub crc: u32,
     /// The memory `crc` was computed over in this process, if it was.
@@ -75,7 +76,7 @@ impl Eq for SummedHere {}
 
 impl Piece {
     /// Make a piece, computing its checksum.
-    pub fn new(generation: u64, owner: Rank, data: impl Into<PieceData>) -> Self {
+    pub fn new(generation: u64, owner: Rank, data: impl Into<Segments>) -> Self {
         let data = data.into();
         let crc = data.crc32c();
         Piece {

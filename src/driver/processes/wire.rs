@@ -36,7 +36,8 @@ use serde::{Deserialize, Serialize};
 use crate::Rank;
 use crate::driver::{RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
-use crate::store::{PieceData, StoreMsg};
+use crate::segments::Segments;
+use crate::store::StoreMsg;
 
 /// Version of the wire format; a peer speaking another one is refused.
 pub const WIRE_VERSION: u8 = 5;
@@ -464,7 +465,7 @@ fn detached_payload(body: &Body) -> Option<&[Bytes]> {
 fn detach(body: &mut Body) {
     match body {
         Body::App(app) => app.payload = Bytes::new(),
-        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => p.data = PieceData::default(),
+        Body::Store(StoreMsg::Put(p) | StoreMsg::Piece(p)) => p.data = Segments::default(),
         _ => {}
     }
 }
@@ -821,7 +822,7 @@ pub(super) mod tests {
         // a piece in segments (the head, then shared payloads): they follow
         // the header one after another and arrive as one buffer.
         let pool = crate::store::pool::BufferPool::new();
-        let mut datas: Vec<crate::store::PieceData> = [0, 5, 300_000]
+        let mut datas: Vec<Segments> = [0, 5, 300_000]
             .map(|n: usize| (0..n).map(|i| (i * 13) as u8).collect::<Vec<u8>>().into())
             .into();
         let mut w = crate::store::PieceWriter::new(&pool, b"head".to_vec());
