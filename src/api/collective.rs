@@ -148,12 +148,13 @@ impl Communicator {
     }
 
     fn begin(&self, kind: Collective) -> Result<CollStart> {
-        let mut engine = self.engine.borrow_mut();
-        if engine.logs_collective_results() && kind.same_result_everywhere() {
-            self.with_members(|group| engine.coll_begin(self.coll, kind, group))
+        let logged = self.engine.borrow().logs_collective_results();
+        let group: Vec<Rank> = if logged && kind.same_result_everywhere() {
+            self.members()
         } else {
-            engine.coll_begin(self.coll, kind, Some(&[]))
-        }
+            Vec::new()
+        };
+        self.engine.borrow_mut().coll_begin(self.coll, kind, &group)
     }
 
     /// A collective whose result (`run`'s) is the same at every member:

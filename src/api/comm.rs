@@ -185,16 +185,6 @@ impl Communicator {
         self.group.len()
     }
 
-    /// `f` of the world ranks of the members in communicator order, or of
-    /// `None` for the whole world (no list is built: this runs at every
-    /// collective under a protocol that logs their results).
-    pub(crate) fn with_members<R>(&self, f: impl FnOnce(Option<&[Rank]>) -> R) -> R {
-        match &self.group {
-            Group::World(_) => f(None),
-            Group::List(l) => f(Some(&l.0)),
-        }
-    }
-
     /// World ranks of the members, in communicator order.
     pub(crate) fn members(&self) -> Vec<Rank> {
         (0..self.size())

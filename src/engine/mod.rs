@@ -365,8 +365,6 @@ pub struct Engine {
     /// The collective in progress whose result is logged: `(context, index)`.
     coll_current: Option<(ContextId, u64)>,
     coll_outcome: Option<CollOutcome>,
-    /// World ranks `0..size`, the group of collectives on the world.
-    world_group: Vec<Rank>,
 
     /// ULFM: failures are reported to the program (FailureHandling::Return).
     ulfm: Option<Box<Ulfm>>,
@@ -498,7 +496,6 @@ impl Engine {
             coll_seq: BTreeMap::new(),
             coll_current: None,
             coll_outcome: None,
-            world_group: Vec::new(),
             ulfm: None,
         }
     }
@@ -1322,13 +1319,13 @@ impl Engine {
     }
 
     /// Begin a collective of `kind` on collective context `context` over
-    /// the world ranks `group` (`None`: every rank; needed only when
+    /// the world ranks `group` (needed only when
     /// [`Engine::logs_collective_results`]).
     pub fn coll_begin(
         &mut self,
         context: ContextId,
         kind: Collective,
-        group: Option<&[Rank]>,
+        group: &[Rank],
     ) -> Result<CollStart> {
         self.check()?;
         let index = {
@@ -1344,22 +1341,12 @@ impl Engine {
         }
         self.coll_current = Some((context, index));
         self.coll_outcome = None;
-        // The world's list is kept, not built at every collective.
-        let world = match group {
-            Some(_) => Vec::new(),
-            None if self.world_group.len() == self.size() => std::mem::take(&mut self.world_group),
-            None => (0..self.size()).collect(),
-        };
-        let handled = self.handle(Event::CollectiveBegin {
+        self.handle(Event::CollectiveBegin {
             context,
             index,
             kind,
-            group: group.unwrap_or(&world),
-        });
-        if group.is_none() {
-            self.world_group = world;
-        }
-        handled?;
+            group,
+        })?;
         if let Some(CollOutcome::Result(result)) = self.coll_outcome.take() {
             return Ok(CollStart::Logged { index, result });
         }

@@ -39,8 +39,9 @@
 //! send (the result down its broadcast subtree, its block of an
 //! all-gather to every member), so no other rank waits for a message the
 //! log replaced. An all-gather's result is logged as the blocks that
-//! arrived ([`Segments`]), not a copy of their concatenation. Unlogged messages to a dead rank wait until its substitute
-//! asks for its messages.
+//! arrived ([`Segments`]), not a copy of their concatenation. Unlogged
+//! messages to a dead rank wait until its substitute asks for its
+//! messages.
 //!
 //! Each rank's logged results are dropped once every member's stored
 //! checkpoint is past them: ranks announce their stored checkpoints'
