@@ -52,7 +52,7 @@
 //! context, and ranks outside a communicator never report it, so a minimum
 //! over all ranks would mix parts or hold results back for ever.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -117,6 +117,90 @@ fn or_world(group: Option<&Vec<Rank>>, size: usize) -> Vec<Rank> {
     group.cloned().unwrap_or_else(|| (0..size).collect())
 }
 
+/// Logged results of one context, by collective number, ascending.
+///
+/// A rank's own results come in number order and go at the back, and a
+/// collective looks for its result at the back first: the common case
+/// touches one entry, where a tree search walked several nodes the
+/// application had evicted from cache since the previous collective.
+/// Results a member sends ahead of this rank (recovery) are inserted in
+/// order; trims drop from the front.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct ResultLog(VecDeque<(u64, Segments)>);
+
+impl ResultLog {
+    /// Position of `index`, or where it would go.
+    fn position(&self, index: u64) -> std::result::Result<usize, usize> {
+        match self.0.back() {
+            None => Err(0),
+            Some(&(last, _)) if last < index => Err(self.0.len()),
+            Some(&(last, _)) if last == index => Ok(self.0.len() - 1),
+            _ => self.0.binary_search_by_key(&index, |&(i, _)| i),
+        }
+    }
+
+    fn get(&self, index: u64) -> Option<&Segments> {
+        let at = self.position(index).ok()?;
+        self.0.get(at).map(|(_, r)| r)
+    }
+
+    /// Keep `result` as number `index` unless one is kept already; whether
+    /// it was.
+    fn insert(&mut self, index: u64, result: &Segments) -> bool {
+        match self.position(index) {
+            Ok(_) => false,
+            Err(at) => {
+                self.0.insert(at, (index, result.clone()));
+                true
+            }
+        }
+    }
+
+    /// The results numbered `index` and after.
+    fn from(&self, index: u64) -> impl Iterator<Item = (u64, &Segments)> {
+        let at = self.position(index).unwrap_or_else(|at| at);
+        self.0.range(at..).map(|(i, r)| (*i, r))
+    }
+
+    /// Drop the results numbered up to `upto`: (records, bytes) dropped.
+    fn drop_upto(&mut self, upto: u64) -> (usize, usize) {
+        let (mut records, mut bytes) = (0, 0);
+        while let Some((_, r)) = self.0.pop_front_if(|(i, _)| *i <= upto) {
+            records += 1;
+            bytes += r.len();
+        }
+        (records, bytes)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Segments)> {
+        self.0.iter().map(|(i, r)| (*i, r))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Segments> {
+        self.0.iter().map(|(_, r)| r)
+    }
+}
+
+/// What a rank holds of one communicator's collectives (one record, so that
+/// a collective looks up one thing: its bookkeeping runs between the
+/// application's computations, with its data out of cache).
+#[derive(Debug, Default)]
+struct ContextLog {
+    /// Results by number: this rank's own, and those other members sent
+    /// for collectives it has not reached.
+    results: ResultLog,
+    /// Collectives with a logged result completed (numbers start at 1).
+    done: u64,
+    /// Results up to this number were dropped.
+    trimmed: u64,
+    /// A real attempt completed here since the last failure or restore:
+    /// no need to ask for results any more.
+    settled: bool,
+    /// World ranks, when this is a sub-communicator (learned at its
+    /// collectives); `None` for the world's.
+    members: Option<Vec<Rank>>,
+}
+
 /// The rank that collects stored checkpoints' collective counts and says
 /// how far everyone may drop results.
 const TRIM_COORDINATOR: Rank = 0;
@@ -126,7 +210,8 @@ const TRIM_COORDINATOR: Rank = 0;
 struct Current {
     context: ContextId,
     index: u64,
-    group: Vec<Rank>,
+    /// Its members; `None` for the world (every rank).
+    group: Option<Vec<Rank>>,
     /// A member died during it.
     disturbed: bool,
     /// Completed from a logged result.
@@ -160,16 +245,12 @@ struct SavedState {
 #[derive(Debug)]
 pub struct Ulml {
     p2p: Pessimistic,
-    /// Results of collectives by context and number: this rank's own, and
-    /// those other members sent for collectives it has not reached.
-    results: BTreeMap<ContextId, BTreeMap<u64, Segments>>,
-    /// Collectives with a logged result completed, per context.
-    done: BTreeMap<ContextId, u64>,
+    /// Logged results and counters, per communicator context.
+    contexts: BTreeMap<ContextId, ContextLog>,
     current: Option<Current>,
-    /// Asking for results at each collective (since a failure or restore)
-    /// except on these contexts, where a real attempt completed since.
+    /// Asking for results at each collective (since a failure or restore),
+    /// except on contexts [`ContextLog::settled`] since.
     asking: bool,
-    settled: BTreeSet<ContextId>,
     /// Requests for results this rank does not have yet.
     pending: BTreeMap<(ContextId, u64), BTreeSet<Rank>>,
     /// Unlogged messages to dead ranks, sent when the substitute asks.
@@ -181,11 +262,6 @@ pub struct Ulml {
     capturing: BTreeMap<u64, Vec<(ContextId, u64)>>,
     /// Each rank's newest stored checkpoint's collective counts.
     stored_counts: BTreeMap<Rank, BTreeMap<ContextId, u64>>,
-    /// Results up to this number were dropped, per context.
-    trimmed: BTreeMap<ContextId, u64>,
-    /// World ranks of this rank's sub-communicators (learned at their
-    /// collectives). A context not here is the world's.
-    members: BTreeMap<ContextId, Vec<Rank>>,
     /// Trim coordinator: each rank's sub-communicator of a context, as it
     /// reported it (the parts of a split share the context).
     groups: BTreeMap<(Rank, ContextId), Vec<Rank>>,
@@ -206,18 +282,14 @@ impl Ulml {
     pub fn new(every: u64, log_budget: Option<usize>) -> Self {
         Ulml {
             p2p: Pessimistic::new(every, log_budget),
-            results: BTreeMap::new(),
-            done: BTreeMap::new(),
+            contexts: BTreeMap::new(),
             current: None,
             asking: false,
-            settled: BTreeSet::new(),
             pending: BTreeMap::new(),
             withheld: BTreeMap::new(),
             per_kind: [0; 8],
             capturing: BTreeMap::new(),
             stored_counts: BTreeMap::new(),
-            trimmed: BTreeMap::new(),
-            members: BTreeMap::new(),
             groups: BTreeMap::new(),
             told: BTreeMap::new(),
             asked: BTreeSet::new(),
@@ -237,7 +309,7 @@ impl Ulml {
             self.ask_laggards(cx);
         } else if !self.pressed {
             self.pressed = true;
-            let members = self.members_of(self.results.keys().copied());
+            let members = self.members_of(self.contexts.keys().copied());
             Self::send(cx, TRIM_COORDINATOR, CollMsg::TrimPressure { members });
         }
     }
@@ -245,10 +317,9 @@ impl Ulml {
     /// Trim coordinator: ask the ranks whose stored checkpoint is oldest on
     /// some communicator (among its members) to checkpoint.
     fn ask_laggards(&mut self, cx: &mut ProtocolCx<'_>) {
-        let mut communicators: BTreeSet<(ContextId, Vec<Rank>)> = self
-            .done
-            .keys()
-            .map(|&c| (c, or_world(self.members.get(&c), cx.size)))
+        let mut communicators: BTreeSet<(ContextId, Vec<Rank>)> = (self.contexts.iter())
+            .filter(|(_, l)| l.done > 0)
+            .map(|(&c, l)| (c, or_world(l.members.as_ref(), cx.size)))
             .collect();
         communicators.extend(self.groups.iter().map(|(&(_, c), g)| (c, g.clone())));
         let mut laggards = BTreeSet::new();
@@ -343,7 +414,10 @@ impl Ulml {
     /// sub-communicators.
     fn members_of(&self, contexts: impl Iterator<Item = ContextId>) -> Vec<(ContextId, Vec<Rank>)> {
         contexts
-            .filter_map(|c| self.members.get(&c).map(|m| (c, m.clone())))
+            .filter_map(|c| {
+                let members = self.contexts.get(&c)?.members.as_ref()?;
+                Some((c, members.clone()))
+            })
             .collect()
     }
 
@@ -361,7 +435,12 @@ impl Ulml {
 
     /// Results of `context` up to this number were dropped.
     fn trimmed_upto(&self, context: ContextId) -> u64 {
-        self.trimmed.get(&context).copied().unwrap_or(0)
+        self.contexts.get(&context).map_or(0, |l| l.trimmed)
+    }
+
+    /// Every held result, in context and number order.
+    fn held(&self) -> impl Iterator<Item = &Segments> {
+        self.contexts.values().flat_map(|l| l.results.values())
     }
 
     /// Completed collectives by kind.
@@ -380,22 +459,31 @@ impl Ulml {
     /// just set to the channel logs alone (results kept before the restore
     /// are held still, and a later trim subtracts them).
     fn count_results(&mut self) {
-        let (records, bytes) = (self.results.values().flat_map(BTreeMap::values))
-            .fold((0, 0), |(n, b), r| (n + 1, b + r.len()));
+        let (records, bytes) = self.held().fold((0, 0), |(n, b), r| (n + 1, b + r.len()));
         self.p2p.count_restored(records, bytes);
     }
 
     /// Keep a result (counted as a log record).
     fn keep(&mut self, context: ContextId, index: u64, result: &Segments) {
-        if index <= self.trimmed_upto(context) {
+        let log = self.contexts.entry(context).or_default();
+        Self::keep_in(log, &mut self.p2p, index, result);
+    }
+
+    fn keep_in(log: &mut ContextLog, p2p: &mut Pessimistic, index: u64, result: &Segments) {
+        if index <= log.trimmed {
             return;
         }
-        if let std::collections::btree_map::Entry::Vacant(e) =
-            self.results.entry(context).or_default().entry(index)
-        {
-            e.insert(result.clone());
-            self.p2p.count_logged(result.len());
+        if log.results.insert(index, result) {
+            p2p.count_logged(result.len());
         }
+    }
+
+    /// The members of the current collective other than this rank.
+    fn others(cur: &Current, me: Rank, size: usize) -> impl Iterator<Item = Rank> + '_ {
+        let world = cur.group.is_none().then_some(0..size);
+        (cur.group.iter().flatten().copied())
+            .chain(world.into_iter().flatten())
+            .filter(move |&r| r != me)
     }
 
     /// Ask the members of the current collective (alive, or restored) for
@@ -407,11 +495,8 @@ impl Ulml {
         }
         cur.requested = true;
         let (context, index) = (cur.context, cur.index);
-        let dests: Vec<Rank> = cur
-            .group
-            .iter()
-            .copied()
-            .filter(|&r| r != cx.rank && !self.p2p.awaits(r))
+        let dests: Vec<Rank> = Self::others(cur, cx.rank, cx.size)
+            .filter(|&r| !self.p2p.awaits(r))
             .collect();
         for d in dests {
             Self::send(cx, d, CollMsg::ResultRequest { context, index });
@@ -424,7 +509,10 @@ impl Ulml {
     /// complete it.
     fn ask_recovered(&mut self, member: Rank, cx: &mut ProtocolCx<'_>) {
         let Some(cur) = &self.current else { return };
-        if cur.requested && !cur.from_log && cur.group.contains(&member) {
+        if cur.requested
+            && !cur.from_log
+            && Self::others(cur, cx.rank, cx.size).any(|r| r == member)
+        {
             let (context, index) = (cur.context, cur.index);
             Self::send(cx, member, CollMsg::ResultRequest { context, index });
         }
@@ -436,7 +524,7 @@ impl Ulml {
         if (cur.context, cur.index) != (context, index) || cur.from_log {
             return;
         }
-        let Some(result) = self.results.get(&context).and_then(|l| l.get(&index)) else {
+        let Some(result) = (self.contexts.get(&context)).and_then(|l| l.results.get(index)) else {
             return;
         };
         cur.from_log = true;
@@ -454,13 +542,16 @@ impl Ulml {
         group: &[Rank],
         cx: &mut ProtocolCx<'_>,
     ) {
-        if group.len() < cx.size && self.members.get(&context).map(Vec::as_slice) != Some(group) {
-            self.members.insert(context, group.to_vec());
+        let world = group.len() == cx.size;
+        let log = self.contexts.entry(context).or_default();
+        if !world && log.members.as_deref() != Some(group) {
+            log.members = Some(group.to_vec());
         }
+        let settled = log.settled;
         self.current = Some(Current {
             context,
             index,
-            group: group.to_vec(),
+            group: (!world).then(|| group.to_vec()),
             disturbed: false,
             from_log: false,
             caught_up: false,
@@ -468,7 +559,7 @@ impl Ulml {
         });
         self.offer(context, index, cx);
         let from_log = self.current.as_ref().is_some_and(|c| c.from_log);
-        if !from_log && self.asking && !self.settled.contains(&context) {
+        if !from_log && self.asking && !settled {
             self.request(cx);
         }
     }
@@ -489,18 +580,16 @@ impl Ulml {
         // told so may stop asking. A result taken from a log says nothing
         // about the other members, which may be far ahead and never take
         // part in this collective again.
-        let mut with_members = false;
-        if let Some(c) = &cur {
-            if c.from_log {
-                self.p2p.count_collective_from_log();
-            }
-            if c.caught_up || (!c.from_log && !c.disturbed) {
-                self.settled.insert(context);
-                with_members = true;
-            }
+        let with_members = cur
+            .as_ref()
+            .is_some_and(|c| c.caught_up || (!c.from_log && !c.disturbed));
+        if cur.as_ref().is_some_and(|c| c.from_log) {
+            self.p2p.count_collective_from_log();
         }
-        self.done.insert(context, index);
-        self.keep(context, index, result);
+        let log = self.contexts.entry(context).or_default();
+        log.settled |= with_members;
+        log.done = index;
+        Self::keep_in(log, &mut self.p2p, index, result);
         self.enforce_budget(cx);
         if let Some(requesters) = self.pending.remove(&(context, index)) {
             for r in requesters {
@@ -534,12 +623,12 @@ impl Ulml {
             return;
         }
         // The results from `index` on, up to the first gap.
-        let run: Vec<Segments> = match self.results.get(&context) {
+        let run: Vec<Segments> = match self.contexts.get(&context) {
             // Inclusive ranges: a number from the network near u64::MAX
             // ends the run instead of overflowing.
             Some(l) => (index..=u64::MAX)
-                .zip(l.range(index..))
-                .take_while(|(next, (i, _))| *i == next)
+                .zip(l.results.from(index))
+                .take_while(|(next, (i, _))| i == next)
                 .map(|(_, (_, b))| b.clone())
                 .collect(),
             _ => Vec::new(),
@@ -571,7 +660,7 @@ impl Ulml {
         on_completion: bool,
         cx: &mut ProtocolCx<'_>,
     ) {
-        let done = self.done.get(&context).copied().unwrap_or(0);
+        let done = self.contexts.get(&context).map_or(0, |l| l.done);
         if let Some(cur) = &mut self.current
             && on_completion
             && (cur.context, cur.index) == (context, from)
@@ -593,23 +682,18 @@ impl Ulml {
     /// passed them).
     fn trim(&mut self, upto: &[(ContextId, u64)]) {
         for &(context, upto) in upto {
-            let t = self.trimmed.entry(context).or_insert(0);
-            *t = (*t).max(upto);
-            let Some(log) = self.results.get_mut(&context) else {
-                continue;
-            };
-            let keep = match upto.checked_add(1) {
-                Some(first_kept) => log.split_off(&first_kept),
-                None => BTreeMap::new(),
-            };
-            let dropped = std::mem::replace(log, keep);
-            let bytes = dropped.values().map(Segments::len).sum();
-            self.p2p.count_dropped(dropped.len(), bytes);
+            let log = self.contexts.entry(context).or_default();
+            log.trimmed = log.trimmed.max(upto);
+            let (records, bytes) = log.results.drop_upto(upto);
+            self.p2p.count_dropped(records, bytes);
         }
     }
 
     fn counts(&self) -> Vec<(ContextId, u64)> {
-        self.done.iter().map(|(&c, &n)| (c, n)).collect()
+        (self.contexts.iter())
+            .filter(|(_, l)| l.done > 0)
+            .map(|(&c, l)| (c, l.done))
+            .collect()
     }
 }
 
@@ -635,32 +719,32 @@ impl Protocol for Ulml {
     }
 
     fn state_size_hint(&self) -> usize {
-        let (records, copied) =
-            (self.results.values().flat_map(BTreeMap::values)).fold((0, 0), |(n, b), r| {
-                (
-                    n + 1,
-                    b + r.segments().iter().map(copied_len).sum::<usize>(),
-                )
-            });
+        let (records, copied) = self.held().fold((0, 0), |(n, b), r| {
+            (
+                n + 1,
+                b + r.segments().iter().map(copied_len).sum::<usize>(),
+            )
+        });
         self.p2p.state_size_hint() + copied + records * 20 + 64
     }
 
     fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         self.p2p.save_state(piece)?;
-        let blobs: Vec<&Bytes> = (self.results.values().flat_map(BTreeMap::values))
-            .flat_map(Segments::segments)
-            .collect();
+        let blobs: Vec<&Bytes> = self.held().flat_map(Segments::segments).collect();
         let st = SavedState {
             done: self.counts(),
             per_kind: self.per_kind.to_vec(),
-            results: (self.results.iter())
+            results: (self.contexts.iter())
                 .map(|(&c, l)| {
-                    let list = l.iter().map(|(&i, r)| (i, r.segments().len() as u32));
+                    let list = (l.results.iter()).map(|(i, r)| (i, r.segments().len() as u32));
                     (c, list.collect())
                 })
                 .collect(),
-            trimmed: self.trimmed.iter().map(|(&c, &n)| (c, n)).collect(),
-            members: self.members_of(self.members.keys().copied()),
+            trimmed: (self.contexts.iter())
+                .filter(|(_, l)| l.trimmed > 0)
+                .map(|(&c, l)| (c, l.trimmed))
+                .collect(),
+            members: self.members_of(self.contexts.keys().copied()),
         };
         append_with_blobs(&st, &blobs, piece)
     }
@@ -677,8 +761,15 @@ impl Protocol for Ulml {
                 detail: format!("{listed} segments listed, {} saved", blobs.len()),
             });
         }
-        self.done = st.done.into_iter().collect();
-        self.members.extend(st.members);
+        for log in self.contexts.values_mut() {
+            log.done = 0;
+        }
+        for (context, done) in st.done {
+            self.contexts.entry(context).or_default().done = done;
+        }
+        for (context, members) in st.members {
+            self.contexts.entry(context).or_default().members = Some(members);
+        }
         for (slot, n) in self.per_kind.iter_mut().zip(st.per_kind) {
             *slot = n;
         }
@@ -686,17 +777,16 @@ impl Protocol for Ulml {
         // a trim it heard of meanwhile (the coordinator re-sends its last
         // one to a dead rank) applies to the restored results.
         for (context, upto) in st.trimmed {
-            let t = self.trimmed.entry(context).or_insert(0);
-            *t = (*t).max(upto);
+            let log = self.contexts.entry(context).or_default();
+            log.trimmed = log.trimmed.max(upto);
         }
         let mut blobs = blobs.into_iter();
         for (context, list) in st.results {
-            let trimmed = self.trimmed_upto(context);
-            let log = self.results.entry(context).or_default();
+            let log = self.contexts.entry(context).or_default();
             for (index, n) in list {
                 let result: Segments = blobs.by_ref().take(n as usize).collect();
-                if index > trimmed {
-                    log.entry(index).or_insert(result);
+                if index > log.trimmed {
+                    log.results.insert(index, &result);
                 }
             }
         }
@@ -828,7 +918,7 @@ impl Protocol for Ulml {
                 self.pending.retain(|_, s| !s.is_empty());
                 if let Some(cur) = &mut self.current
                     && !cur.from_log
-                    && cur.group.iter().any(|r| dead.contains(r))
+                    && Self::others(cur, cx.rank, cx.size).any(|r| dead.contains(&r))
                 {
                     // Messages owed to this attempt may have died with the
                     // member: start again, and ask whoever completed it.
@@ -845,7 +935,9 @@ impl Protocol for Ulml {
                     self.count_results();
                 }
                 self.asking = true;
-                self.settled.clear();
+                for log in self.contexts.values_mut() {
+                    log.settled = false;
+                }
                 // Requests that came before the restore: the restored
                 // results may answer them (else they wait for this rank's
                 // completion, as before).
@@ -942,6 +1034,11 @@ mod tests {
         a
     }
 
+    /// Numbers of the results `p` holds on context 1.
+    fn held_numbers(p: &Ulml) -> Vec<u64> {
+        p.contexts[&1].results.iter().map(|(i, _)| i).collect()
+    }
+
     fn requests(a: &[Action]) -> Vec<Rank> {
         a.iter()
             .filter_map(|x| match x {
@@ -961,7 +1058,7 @@ mod tests {
         let a = complete(0, &mut p, 1, &r);
         assert!(requests(&a).is_empty());
         assert_eq!(
-            p.results[&1][&1].segments()[0].as_ptr(),
+            p.contexts[&1].results.get(1).expect("kept").segments()[0].as_ptr(),
             r.segments()[0].as_ptr(),
             "logged by reference"
         );
@@ -1266,10 +1363,7 @@ mod tests {
                 },
             );
         }
-        assert_eq!(
-            p.results[&1].keys().copied().collect::<Vec<_>>(),
-            vec![3, 4]
-        );
+        assert_eq!(held_numbers(&p), vec![3, 4]);
         // Another rank drops what the coordinator says.
         let mut q = Ulml::new(0, None);
         for i in 1..=4u64 {
@@ -1283,7 +1377,7 @@ mod tests {
                 counts: vec![(1, 3)],
             },
         );
-        assert_eq!(q.results[&1].keys().copied().collect::<Vec<_>>(), vec![4]);
+        assert_eq!(held_numbers(&q), vec![4]);
         let a = control(
             0,
             &mut p,
@@ -1457,8 +1551,16 @@ mod tests {
         );
         let mut q = Ulml::new(0, None);
         q.load_state(piece.to_bytes()).expect("restored");
-        assert_eq!(q.results, before.results);
-        assert_eq!(q.results[&1][&3].segments().len(), 3, "{:?}", q.results);
+        assert_eq!(q.contexts[&1].results, before.contexts[&1].results);
+        assert_eq!(
+            q.contexts[&1]
+                .results
+                .get(3)
+                .expect("restored")
+                .segments()
+                .len(),
+            3
+        );
 
         // Cut inside the last result: refused.
         let flat = piece.to_bytes();
@@ -1514,6 +1616,36 @@ mod tests {
         assert!(requests(&a).is_empty(), "{a:?}");
     }
 
+    /// The result log answers by number wherever a result was inserted:
+    /// at the back (a rank's own, in order), or before results it holds
+    /// (a member's, sent during a recovery), and keeps the first of two.
+    #[test]
+    fn the_result_log_is_ordered_by_number_wherever_results_come_in() {
+        let r = |b: u8| Segments::from(vec![b; usize::from(b)]);
+        let mut log = ResultLog::default();
+        for i in [5, 6, 9] {
+            assert!(log.insert(i, &r(i as u8)));
+        }
+        assert!(log.insert(2, &r(2)), "before all");
+        assert!(log.insert(7, &r(7)), "in the middle");
+        assert!(!log.insert(6, &r(1)), "a second result for 6");
+        assert_eq!(log.get(6).map(Segments::len), Some(6), "the first kept");
+        assert_eq!(log.get(8), None);
+        assert_eq!(log.get(10), None);
+        assert_eq!(log.get(1), None);
+        let numbers = |it: &mut dyn Iterator<Item = (u64, &Segments)>| -> Vec<u64> {
+            it.map(|(i, _)| i).collect()
+        };
+        assert_eq!(numbers(&mut log.iter()), vec![2, 5, 6, 7, 9]);
+        assert_eq!(numbers(&mut log.from(6)), vec![6, 7, 9]);
+        assert_eq!(numbers(&mut log.from(3)), vec![5, 6, 7, 9]);
+        assert_eq!(numbers(&mut log.from(10)), Vec::<u64>::new());
+        assert_eq!(log.drop_upto(5), (2, 2 + 5));
+        assert_eq!(numbers(&mut log.iter()), vec![6, 7, 9]);
+        assert_eq!(log.drop_upto(u64::MAX), (3, 6 + 7 + 9));
+        assert_eq!(log.get(9), None);
+    }
+
     /// Collective numbers come from other ranks: the largest do not
     /// overflow (a trim to the end drops everything).
     #[test]
@@ -1533,10 +1665,7 @@ mod tests {
                 on_completion: false,
             },
         );
-        assert_eq!(
-            q.results[&1].keys().copied().collect::<Vec<_>>(),
-            vec![1, 2, u64::MAX]
-        );
+        assert_eq!(held_numbers(&q), vec![1, 2, u64::MAX]);
         let a = control(
             1,
             &mut q,
@@ -1562,6 +1691,6 @@ mod tests {
                 counts: vec![(1, u64::MAX)],
             },
         );
-        assert!(q.results[&1].is_empty());
+        assert!(q.contexts[&1].results.0.is_empty());
     }
 }
