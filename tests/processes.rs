@@ -1077,3 +1077,32 @@ fn a_rank_reporting_a_large_value_is_not_taken_for_dead() {
         report.stats.failure_detections
     );
 }
+
+/// Kills of either rank of a ping-pong while it moves payloads of 64 KiB
+/// to 1 MiB: those cross between processes as remote records (the
+/// receiver copies them out of the sender's memory), so a sender may die
+/// in the middle of a copy, which the receiver sees as the sender gone.
+/// Under both logging protocols every run ends intact and rolls back only
+/// the dead rank.
+#[test]
+fn kills_while_payloads_are_copied_between_processes_are_survived() {
+    let app: &[&str] = &["pingpong", "--size", "1048576"];
+    let (want, _) = reference(app);
+    let dir = tmp("remote-copy-kills");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut mid_copy = 0;
+    for protocol in ["pessimistic", "ulml"] {
+        for kill in ["0@70%", "1@80%", "0@90%", "1@95%"] {
+            let what = format!("pingpong under {protocol}, kill {kill}");
+            let sum = dir.join(format!("{protocol}-{kill}.json"));
+            let sum_arg = sum.to_string_lossy().into_owned();
+            let extra = ["--ranks", "2", "--kill", kill, "--json", &sum_arg];
+            let err = run_to_the_same_value_env(app, protocol, &extra, &[], &want, &what);
+            let s = json(&sum);
+            assert_eq!(s["ranks_rolled_back"].as_u64(), Some(1), "{what}: {s}");
+            mid_copy += usize::from(err.contains("ended while its"));
+        }
+    }
+    eprintln!("{mid_copy} of 8 kills landed inside a remote copy");
+    let _ = std::fs::remove_dir_all(&dir);
+}

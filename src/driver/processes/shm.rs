@@ -771,9 +771,13 @@ impl RingReader {
                 })?;
             let mut payload = self.pool.take_idle(n).unwrap_or_default();
             read_remote(pid, addr, n, &mut payload).map_err(|e| {
-                WireError::Malformed(format!(
-                    "cannot read a {n}-byte payload from process {pid}: {e}"
-                ))
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    WireError::SenderGone { pid, len: n }
+                } else {
+                    WireError::Malformed(format!(
+                        "cannot read a {n}-byte payload from process {pid}: {e}"
+                    ))
+                }
             })?;
             Ok(Record::App(fixed, self.pool.freeze(payload)))
         };
@@ -1124,6 +1128,35 @@ mod tests {
             unmapped(u64::MAX, usize::MAX),
             Err(WireError::Oversized { .. })
         ));
+    }
+
+    /// A sender that dies while its receiver copies a payload out of its
+    /// memory is reported as gone (its failure is handled as any other),
+    /// not as a malformed ring.
+    #[test]
+    fn a_sender_gone_during_a_remote_copy_is_reported_as_gone() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
+        assert!(r.reads_remote());
+        let payload = Bytes::from(vec![5u8; REMOTE_MIN]);
+        let (_, head) = app(&payload);
+        assert!(w.write_remote(&head, &payload));
+        // The record now names a process that has ended (and been reaped).
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("start a child process");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+        child.kill().expect("kill the child");
+        child.wait().expect("reap the child");
+        r.sender = Some(pid);
+        match r.pull(usize::MAX) {
+            Err(WireError::SenderGone { pid: p, len }) => {
+                assert_eq!((p, len), (pid, payload.len()));
+            }
+            other => panic!("not reported as a sender gone: {other:?}"),
+        }
     }
 
     /// A ring file's pages are allocated when it is made (where it fails

@@ -100,6 +100,16 @@ pub enum WireError {
     /// The frame's structure is wrong.
     #[error("malformed frame: {0}")]
     Malformed(String),
+    /// The sender's process ended while this process was copying a payload
+    /// out of its memory (a remote record): the message is lost with its
+    /// sender, whose failure is then handled as any other.
+    #[error("the sending process {pid} ended while its {len}-byte payload was being read")]
+    SenderGone {
+        /// The sender's process id.
+        pid: i32,
+        /// The payload's length.
+        len: usize,
+    },
     /// The socket failed.
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
