@@ -175,10 +175,6 @@ impl ResultLog {
     fn iter(&self) -> impl Iterator<Item = (u64, &Segments)> {
         self.0.iter().map(|(i, r)| (*i, r))
     }
-
-    fn values(&self) -> impl Iterator<Item = &Segments> {
-        self.0.iter().map(|(_, r)| r)
-    }
 }
 
 /// What a rank holds of one communicator's collectives (one record, so that
@@ -440,7 +436,7 @@ impl Ulml {
 
     /// Every held result, in context and number order.
     fn held(&self) -> impl Iterator<Item = &Segments> {
-        self.contexts.values().flat_map(|l| l.results.values())
+        (self.contexts.values()).flat_map(|l| l.results.iter().map(|(_, r)| r))
     }
 
     /// Completed collectives by kind.
@@ -463,12 +459,8 @@ impl Ulml {
         self.p2p.count_restored(records, bytes);
     }
 
-    /// Keep a result (counted as a log record).
-    fn keep(&mut self, context: ContextId, index: u64, result: &Segments) {
-        let log = self.contexts.entry(context).or_default();
-        Self::keep_in(log, &mut self.p2p, index, result);
-    }
-
+    /// Keep a result in `log` unless trimmed or held already (counted as a
+    /// log record).
     fn keep_in(log: &mut ContextLog, p2p: &mut Pessimistic, index: u64, result: &Segments) {
         if index <= log.trimmed {
             return;
@@ -660,7 +652,6 @@ impl Ulml {
         on_completion: bool,
         cx: &mut ProtocolCx<'_>,
     ) {
-        let done = self.contexts.get(&context).map_or(0, |l| l.done);
         if let Some(cur) = &mut self.current
             && on_completion
             && (cur.context, cur.index) == (context, from)
@@ -668,9 +659,10 @@ impl Ulml {
         {
             cur.caught_up = true;
         }
+        let log = self.contexts.entry(context).or_default();
         for (i, b) in (from..=u64::MAX).zip(results) {
-            if i > done {
-                self.keep(context, i, &b);
+            if i > log.done {
+                Self::keep_in(log, &mut self.p2p, i, &b);
             }
         }
         if let Some((c, i)) = self.current.as_ref().map(|c| (c.context, c.index)) {
