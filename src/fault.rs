@@ -190,6 +190,8 @@ pub struct FaultPlan {
     kills: Vec<Armed>,
     rng: ChaCha8Rng,
     placement: Placement,
+    /// The job's outcome is decided ([`FaultPlan::conclude`]).
+    concluded: bool,
 }
 
 impl FaultPlan {
@@ -206,7 +208,19 @@ impl FaultPlan {
                 .collect(),
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6b69_6c6c),
             placement,
+            concluded: false,
         }
+    }
+
+    /// The job's outcome is decided: finalize's leader has every live
+    /// rank's `Done` and no failure happened since, or the job is aborted.
+    /// No kill fires any more (those left stay unfired): after finalize
+    /// every rank's value is known, and a rank killed then would be
+    /// replaced to re-execute against ranks that have already left (issue
+    /// 33, defect 6); after an abort, its replacement would never be told
+    /// (defect 5).
+    pub fn conclude(&mut self) {
+        self.concluded = true;
     }
 
     /// Called at each fault point of `rank`; returns the victims of a kill
@@ -219,6 +233,9 @@ impl FaultPlan {
     /// (its index in the job's list), for drivers whose ranks each hold a
     /// copy of the plan and must agree on which kills already fired.
     pub fn check_indexed(&mut self, rank: Rank, at: &FaultPoint) -> Option<(usize, Vec<Rank>)> {
+        if self.concluded {
+            return None;
+        }
         for i in 0..self.kills.len() {
             let k = &self.kills[i];
             if k.fired {

@@ -232,4 +232,9 @@ pub trait Endpoint {
     /// ULFM respawn: `rank` is being started again; frames for it wait for
     /// the new incarnation instead of being dropped.
     fn await_respawn(&mut self, rank: Rank);
+    /// Finalize's leader has every live rank's `Done` as of world epoch
+    /// `epoch`: conclude the job if no failure happened since (no fault
+    /// plan kill fires any more) and return true; return false if one did
+    /// (its notice is on the way, and it may void a `Done`).
+    fn conclude(&mut self, epoch: u64) -> bool;
 }

@@ -554,7 +554,9 @@ pub(crate) fn rank_body<T>(
 /// The final outcome of every rank.
 pub(crate) struct Finals<T> {
     finals: Vec<Option<Result<T>>>,
-    aborted: bool,
+    /// The abort (the rank whose error ended the job, and the error), once
+    /// the job is aborted.
+    aborted: Option<(Rank, String)>,
     /// Ranks that died for good (not replaced).
     dead: Vec<bool>,
     /// Failures are reported to the program (ULFM): a rank that died and
@@ -574,7 +576,7 @@ impl<T> Finals<T> {
     pub fn new(size: usize) -> Self {
         Finals {
             finals: (0..size).map(|_| None).collect(),
-            aborted: false,
+            aborted: None,
             dead: vec![false; size],
             reporting: false,
         }
@@ -623,16 +625,26 @@ impl<T> Finals<T> {
         let mut action = ExitAction::None;
         if let Err(e) = &outcome
             && !killed
-            && !self.aborted
+            && self.aborted.is_none()
             && !matches!(e, Error::ProcessFailed { .. } | Error::Aborted { .. })
         {
             // An application error ends the job: everyone must be told.
-            self.aborted = true;
+            self.aborted = Some((rank, e.to_string()));
             action = ExitAction::Abort {
                 rank,
                 reason: e.to_string(),
             };
         }
+        // A rank that dies once the job is aborted is not replaced; its
+        // death is a consequence, not the job's cause (which `finish`
+        // reports: an unrecoverable rank makes the job start again).
+        let outcome = match (&self.aborted, outcome) {
+            (Some((r, why)), Err(Error::Killed)) => Err(Error::Aborted {
+                rank: *r,
+                reason: why.clone(),
+            }),
+            (_, o) => o,
+        };
         if let Some(d) = self.dead.get_mut(rank) {
             *d = killed;
         }

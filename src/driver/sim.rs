@@ -302,6 +302,7 @@ impl<T: Send + 'static> SimWorld<T> {
                     // Every rank blocked, nothing pending: a hang. End it
                     // deterministically by aborting every rank.
                     s.hung = true;
+                    s.plan.conclude();
                     let why = format!(
                         "simulated hang at t = {:.6} s: every rank is blocked and nothing is in flight",
                         s.now as f64 * 1e-9
@@ -380,6 +381,9 @@ impl<T: Send + 'static> SimWorld<T> {
             s.finals
                 .on_exit(rank, outcome, superseded, self.cfg.protocol.name())
         {
+            // No kill fires once the job is aborted: a replacement started
+            // after this would never be told (issue 33, defect 5).
+            s.plan.conclude();
             for e in 0..s.entities.len() {
                 if s.entities[e].st != St::Exited {
                     s.entities[e].inbox.push_back(Incoming::Abort {
@@ -567,6 +571,15 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         }
         drop(s);
         self.slot.alive()
+    }
+
+    fn conclude(&mut self, epoch: u64) -> bool {
+        let mut s = self.world.sched();
+        if s.epoch != epoch {
+            return false;
+        }
+        s.plan.conclude();
+        true
     }
 
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {

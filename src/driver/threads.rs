@@ -236,6 +236,16 @@ impl Endpoint for ThreadEndpoint {
         Ok(())
     }
 
+    fn conclude(&mut self, epoch: u64) -> bool {
+        let mut ks = lock(&self.world.kills);
+        if ks.epoch != epoch {
+            return false;
+        }
+        ks.plan.conclude();
+        self.world.armed.store(false, Ordering::Relaxed);
+        true
+    }
+
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
         self.slot.alive()?;
         if !self.world.armed.load(Ordering::Relaxed) {
@@ -402,6 +412,12 @@ pub(crate) fn run<T: Send + 'static>(
                 if let ExitAction::Abort { rank, reason } =
                     finals.on_exit(rank, outcome, superseded, cfg.protocol.name())
                 {
+                    // No kill fires once the job is aborted: a replacement
+                    // started after this broadcast would never be told,
+                    // and would wait for ever (issue 33, defect 5). One
+                    // started before it has its inbox in the list already.
+                    lock(&world.kills).plan.conclude();
+                    world.armed.store(false, Ordering::Relaxed);
                     let inboxes = world.inboxes.read().unwrap_or_else(|e| e.into_inner());
                     for tx in inboxes.iter() {
                         let _ = tx.send(Some(Incoming::Abort {

@@ -1560,7 +1560,14 @@ impl Engine {
         self.posted.clear();
         self.completed.clear();
         self.exit_received = false;
-        self.done_from.clear();
+        // Under message logging the survivors' `Done`s still stand: only
+        // the ranks rolled back with this one lost theirs, and the failure
+        // notice took those out already. A leader that rolls back with its
+        // correlated set (not dead, so nobody sends again) would otherwise
+        // wait for ever for ranks that finished (issue 33, defect 2).
+        if !self.logging {
+            self.done_from.clear();
+        }
         self.sent_done = false;
         self.ssn_in.clear();
         self.rsn = 0;
@@ -1765,14 +1772,16 @@ impl Engine {
                 self.transmit(leader, Body::Runtime(RuntimeMsg::Done))?;
             }
             if self.rank == leader {
-                let alive = |r: &Rank| !self.is_failed(*r);
-                if (0..self.size)
-                    .filter(alive)
-                    .all(|r| self.done_from.contains(&r))
+                let others: Vec<Rank> = (0..self.size)
+                    .filter(|&r| !self.is_failed(r) && r != self.rank)
+                    .collect();
+                // A rank may have died since it said `Done` (its notice is
+                // on the way): conclude only if the world is still in the
+                // epoch this leader knows.
+                if self.done_from.contains(&self.rank)
+                    && others.iter().all(|r| self.done_from.contains(r))
+                    && self.ep.conclude(self.epoch)
                 {
-                    let others: Vec<Rank> = (0..self.size)
-                        .filter(|r| alive(r) && *r != self.rank)
-                        .collect();
                     for d in others {
                         self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
                     }

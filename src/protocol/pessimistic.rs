@@ -571,13 +571,18 @@ impl Pessimistic {
             return; // a re-replicated older piece
         };
         self.pending.retain(|&g, _| g > generation);
+        // Holders first: a rank killed between the two must not leave
+        // senders that dropped what this checkpoint covers while its
+        // holders still name an older one as stored for good (a set
+        // restoring that one would find those messages gone; issue 33,
+        // defect 9). The other way round, senders merely keep more.
+        for h in Self::holders(cx) {
+            Self::send(cx, h, LogMsg::TrimHeld { generation, rsn });
+        }
         for (src, upto) in hsr {
             if src != cx.rank && !self.internal.contains(&src) {
                 Self::send(cx, src, LogMsg::Trim { upto });
             }
-        }
-        for h in Self::holders(cx) {
-            Self::send(cx, h, LogMsg::TrimHeld { generation, rsn });
         }
         cx.emit(Action::DropOlderPieces {
             owner: cx.rank,
@@ -659,6 +664,14 @@ impl Pessimistic {
             );
             if let Some(generation) = self.stored {
                 cx.emit(Action::Replicate { generation });
+                // And that it is stored for good, as `commit_stored` told
+                // its predecessor: a holder's `Located` answer names the
+                // committed generation, and a set deciding what to restore
+                // from re-provisioned holders alone would otherwise know of
+                // none and restart the job from the beginning (issue 33,
+                // defect 4).
+                let rsn = self.stability.floor;
+                Self::send(cx, r, LogMsg::TrimHeld { generation, rsn });
             }
         }
         if self.awaiting.is_empty() {

@@ -88,6 +88,18 @@ pub enum CollMsg {
         /// history).
         on_completion: bool,
     },
+    /// Answer to a `ResultRequest` for a collective whose result the
+    /// sender dropped: every member's stored checkpoint had passed it.
+    /// Only a requester still waiting in that collective needs it (its
+    /// restored checkpoint is older than the one it stored last); to any
+    /// other, the request was stale (it completed the collective otherwise
+    /// and checkpointed past it since asking).
+    Dropped {
+        /// Collective context.
+        context: ContextId,
+        /// Collective number.
+        index: u64,
+    },
     /// To the trim coordinator (rank 0): the sender's stored checkpoint
     /// holds its collectives up to these numbers.
     Checkpointed {
@@ -604,14 +616,9 @@ impl Ulml {
 
     fn on_request(&mut self, src: Rank, context: ContextId, index: u64, cx: &mut ProtocolCx<'_>) {
         if index <= self.trimmed_upto(context) {
-            cx.emit(Action::Fail(Error::Unrecoverable(
-                format!(
-                    "rank {src} re-executes collective {index} of context {context}, but every \
-                     rank's stored checkpoint had passed it, so its result was dropped: the \
-                     checkpoint rank {src} restored from is older than the one it stored last"
-                )
-                .into(),
-            )));
+            // Not fatal here: the request may be stale (issue 33, defect
+            // 7). The requester knows whether it still needs the result.
+            Self::send(cx, src, CollMsg::Dropped { context, index });
             return;
         }
         // The results from `index` on, up to the first gap.
@@ -822,6 +829,24 @@ impl Protocol for Ulml {
                     results,
                     on_completion,
                 } => self.on_results(context, from, results, on_completion, cx),
+                CollMsg::Dropped { context, index } => {
+                    let waiting = self
+                        .current
+                        .as_ref()
+                        .is_some_and(|c| (c.context, c.index) == (context, index) && !c.from_log);
+                    if waiting {
+                        cx.emit(Action::Fail(Error::Unrecoverable(
+                            format!(
+                                "rank {} re-executes collective {index} of context {context}, \
+                                 but every rank's stored checkpoint had passed it, so rank {src} \
+                                 dropped its result: the checkpoint rank {} restored from is \
+                                 older than the one it stored last",
+                                cx.rank, cx.rank
+                            )
+                            .into(),
+                        )));
+                    }
+                }
                 CollMsg::Checkpointed { counts, members } => {
                     self.on_checkpointed(src, counts, members, cx)
                 }
@@ -1370,6 +1395,8 @@ mod tests {
             },
         );
         assert_eq!(held_numbers(&q), vec![4]);
+        // A request behind the trim is answered, not fatal: it may be
+        // stale (issue 33, defect 7).
         let a = control(
             0,
             &mut p,
@@ -1379,10 +1406,28 @@ mod tests {
                 index: 2,
             },
         );
-        assert!(matches!(
-            a.as_slice(),
-            [Action::Fail(Error::Unrecoverable(_))]
-        ));
+        let dropped = CollMsg::Dropped {
+            context: 1,
+            index: 2,
+        };
+        assert_eq!(
+            a,
+            vec![Action::Transmit {
+                dest: 1,
+                msg: Control::Collective(dropped.clone()),
+            }]
+        );
+        // The requester completed collective 2 since it asked: stale.
+        assert!(control(1, &mut q, 0, dropped.clone()).is_empty());
+        // A requester still waiting in collective 2 restored a checkpoint
+        // older than the one it stored last: that is unrecoverable.
+        let mut r = substitute(1);
+        begin(1, &mut r, 2, Collective::AllReduce);
+        let a = control(1, &mut r, 0, dropped);
+        assert!(
+            matches!(a.as_slice(), [Action::Fail(Error::Unrecoverable(_))]),
+            "{a:?}"
+        );
     }
 
     /// A sub-communicator's results are dropped once its members' stored

@@ -26,8 +26,12 @@ pub struct PartnerStore {
     committed: Option<u64>,
     /// Per generation: partner copies not yet acknowledged.
     awaiting_ack: BTreeMap<u64, usize>,
-    /// Generation of our own piece being fetched back.
-    fetching: Option<u64>,
+    /// Our own piece being fetched back: its generation and the holder
+    /// asked. Only that holder's answer counts: an answer another holder
+    /// sent to an earlier fetch (of a predecessor killed during recovery,
+    /// or before the protocol moved to the next holder) must neither
+    /// cancel this one nor be taken for it.
+    fetching: Option<(u64, Rank)>,
     /// Fault injection: damage every copy of another rank's piece stored
     /// here.
     damage: bool,
@@ -152,7 +156,7 @@ impl CheckpointStore for PartnerStore {
                 out.sends.push((src, answer));
             }
             StoreMsg::Piece(piece) => {
-                if piece.owner == self.rank && self.fetching == Some(piece.generation) {
+                if piece.owner == self.rank && self.fetching == Some((piece.generation, src)) {
                     let generation = piece.generation;
                     self.fetching = None;
                     match piece.verify() {
@@ -170,7 +174,7 @@ impl CheckpointStore for PartnerStore {
                 }
             }
             StoreMsg::NotHeld { generation, owner } => {
-                if owner == self.rank && self.fetching == Some(generation) {
+                if owner == self.rank && self.fetching == Some((generation, src)) {
                     self.fetching = None;
                     out.events.push(StoreEvent::FetchFailed {
                         generation,
@@ -189,7 +193,7 @@ impl CheckpointStore for PartnerStore {
         if self.pieces.contains_key(&(generation, self.rank)) {
             out.events.push(StoreEvent::Restored { generation });
         } else {
-            self.fetching = Some(generation);
+            self.fetching = Some((generation, holder));
             out.sends.push((
                 holder,
                 StoreMsg::Fetch {
@@ -351,6 +355,43 @@ mod tests {
             )
             .expect("restored");
         assert_eq!(out.events, vec![StoreEvent::Restored { generation: 3 }]);
+    }
+
+    /// Answers to a fetch count only from the holder asked: a stale
+    /// `NotHeld` or `Piece` another holder sent to an earlier fetch (a
+    /// predecessor killed during its recovery asked it) neither cancels the
+    /// fetch under way nor completes it (defect 1 of issue 33: the real
+    /// answer was then ignored and the replacement waited for ever).
+    #[test]
+    fn only_the_holder_asked_answers_a_fetch() {
+        let pl = Placement::block(6, 3).expect("valid");
+        let mut owner = PartnerStore::new(0, &pl);
+        let mut out = StoreOut::default();
+        owner.fetch(4, 2, &mut out).expect("asks");
+        assert_eq!(
+            out.sends,
+            vec![(
+                2,
+                StoreMsg::Fetch {
+                    generation: 4,
+                    owner: 0
+                }
+            )]
+        );
+        let mut out = StoreOut::default();
+        let stale = StoreMsg::NotHeld {
+            generation: 4,
+            owner: 0,
+        };
+        owner.on_msg(4, stale, &mut out).expect("ignored");
+        let stale_piece = StoreMsg::Piece(Piece::new(4, 0, Bytes::from_static(b"state")));
+        owner.on_msg(5, stale_piece, &mut out).expect("ignored");
+        assert!(out.events.is_empty(), "{:?}", out.events);
+        assert!(owner.get(4, 0).is_none());
+        let mut out = StoreOut::default();
+        let answer = StoreMsg::Piece(Piece::new(4, 0, Bytes::from_static(b"state")));
+        owner.on_msg(2, answer, &mut out).expect("restored");
+        assert_eq!(out.events, vec![StoreEvent::Restored { generation: 4 }]);
     }
 
     #[test]

@@ -370,6 +370,9 @@ struct Launcher<'a> {
     /// `LAZARUS_DEBUG` set: narrate events on stderr.
     debug: bool,
     bar: Option<indicatif::ProgressBar>,
+    /// Finalize's leader concluded the job (`WireMsg::Conclude`): no fault
+    /// plan kill fires any more.
+    concluded: bool,
     /// The abort, once the job is aborted (for ranks that become ready later).
     abort: Option<WireMsg>,
     /// Per rank: incarnations in a row that died before they were ready.
@@ -585,6 +588,7 @@ impl<'a> Launcher<'a> {
             debug: std::env::var_os("LAZARUS_DEBUG").is_some(),
             bar: progress_bar(spec.progress_bar),
             abort: None,
+            concluded: false,
             early_deaths: vec![0; spec.ranks],
             agents,
             stash: Default::default(),
@@ -1021,7 +1025,10 @@ impl<'a> Launcher<'a> {
                 }
             }
             WireMsg::KillRequest { index, victims } => {
-                let granted = self.fired.insert(index);
+                // No kill fires once the job is aborted (nobody would be
+                // replaced, and the victim's death would hide the cause) or
+                // concluded (its ranks are leaving).
+                let granted = self.abort.is_none() && !self.concluded && self.fired.insert(index);
                 self.send_to(rank, &WireMsg::KillAnswer { granted });
                 if granted {
                     let spec = self.spec.kills.get(index).map(|k| k.to_string());
@@ -1033,6 +1040,11 @@ impl<'a> Launcher<'a> {
                         ),
                     );
                 }
+            }
+            WireMsg::Conclude { epoch } => {
+                let granted = epoch == self.epoch && self.abort.is_none();
+                self.concluded |= granted;
+                self.send_to(rank, &WireMsg::Concluded { granted });
             }
             WireMsg::Respawn { rank: r } => {
                 if self.procs.get(r).is_some_and(|p| p.status == Status::Dead) {

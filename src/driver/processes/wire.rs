@@ -237,6 +237,18 @@ pub enum WireMsg {
         /// True: the kill fires (the victims are being killed).
         granted: bool,
     },
+    /// Worker → launcher: finalize's leader has every live rank's `Done`
+    /// as of world epoch `epoch` (see `Endpoint::conclude`).
+    Conclude {
+        /// The leader's world epoch.
+        epoch: u64,
+    },
+    /// Launcher → worker: answer to `Conclude`.
+    Concluded {
+        /// True: no failure happened since that epoch, and no fault plan
+        /// kill fires any more.
+        granted: bool,
+    },
     /// Rank → rank: every later frame of this channel travels in the
     /// shared-memory ring `name` of the job's shared-memory directory (see
     /// `shm`).

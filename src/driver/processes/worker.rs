@@ -1142,6 +1142,26 @@ impl Endpoint for ProcessEndpoint {
         Ok(())
     }
 
+    fn conclude(&mut self, epoch: u64) -> bool {
+        let req = WireMsg::Conclude { epoch };
+        if send_ctl(&self.ctl, &req, self.sh.max_frame).is_err() {
+            return false; // the launcher is gone: the job ends anyway
+        }
+        // Wait for the launcher's answer; keep other control messages.
+        loop {
+            match self.ctl_rx.rx.recv() {
+                Ok(WireMsg::Concluded { granted }) => {
+                    if granted {
+                        self.armed = false;
+                    }
+                    return granted;
+                }
+                Ok(other) => self.stashed.push_back(other),
+                Err(_) => return false,
+            }
+        }
+    }
+
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
         // Called at every operation: the check stays small, the rest apart.
         if !self.armed {
