@@ -137,8 +137,8 @@ impl PeerState {
 const RMA_RECHECK: Duration = Duration::from_millis(50);
 
 /// How long a live peer may stay unreachable (no connection, no handshake)
-/// before a send fails (a dead one is declared by the launcher well within
-/// its heartbeat timeout).
+/// before a send fails (the launcher declares a dead one at once on its
+/// host, and within the failure detector's timeout on another).
 const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// After this long without room in a live receiver's ring, a waiting send
@@ -1495,9 +1495,7 @@ pub(crate) fn run_worker<T: Serialize>(
     spawn_control_reader(ctl_rd, ctl_tx, finished.clone(), env.max_frame)?;
     spawn_heartbeat(
         ctl.clone(),
-        // At least 1 ms: a zero timeout from the environment must not make
-        // this a busy loop (the launcher refuses one under 10 ms).
-        (env.heartbeat / 4).max(Duration::from_millis(1)),
+        super::heartbeat_period(env.heartbeat),
         reported.clone(),
         env.max_frame,
     )?;
