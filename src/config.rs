@@ -181,8 +181,10 @@ pub struct Config {
     /// every node of the allocation starts them; needs `listen` TCP on an
     /// address the nodes reach).
     pub hosts: crate::driver::processes::agent::Hosts,
-    /// Processes backend: a rank whose heartbeats stop for this long is
-    /// declared dead (and killed).
+    /// Processes backend: the failure detector's shortest timeout. No rank
+    /// is suspected before this much silence; the timeout grows with the
+    /// observed heartbeat jitter, and only a rank on another host is
+    /// declared dead (and killed) for silence.
     pub heartbeat_timeout: std::time::Duration,
     /// Processes backend: largest frame a connection accepts; a bigger one
     /// closes the connection.

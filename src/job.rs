@@ -109,6 +109,12 @@ pub struct JobStats {
     /// Failures as the processes backend's launcher detected them.
     #[serde(default)]
     pub failure_detections: Vec<FailureDetection>,
+    /// Suspicions of the processes backend's failure detector that turned
+    /// out false: a rank silent past the adaptive timeout was heard from
+    /// again. Counted for every rank, though only ranks on other hosts are
+    /// ever declared dead for silence (see `driver::processes::detector`).
+    #[serde(default)]
+    pub false_suspicions: u64,
     /// Times the whole job started again from the beginning because the
     /// protocol could not rebuild a lost rank (message logging, when a rank
     /// died together with every holder of its checkpoint).
@@ -169,6 +175,7 @@ impl JobStats {
         self.set_sync_max_s = self.set_sync_max_s.max(e.set_sync_max_s);
         self.set_size = self.set_size.max(e.set_size);
         self.job_restarts += e.job_restarts + 1;
+        self.false_suspicions += e.false_suspicions;
         self.peak_rss_bytes = self.peak_rss_bytes.max(e.peak_rss_bytes);
         // The mean of this attempt's processes (or the earlier one's when
         // none of this attempt's reported).

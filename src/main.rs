@@ -132,7 +132,11 @@ struct LaunchArgs {
     /// several nodes, else local.
     #[arg(long)]
     hosts: Option<String>,
-    /// Declare a rank dead after this many milliseconds without a heartbeat.
+    /// The failure detector's shortest timeout, in milliseconds: no rank is
+    /// suspected before this much silence (the timeout grows with the
+    /// observed heartbeat jitter). Only ranks on other hosts (--hosts
+    /// slurm) are declared dead for silence; a rank on this host is dead
+    /// when its process is.
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
     /// Largest frame (one message, or one checkpoint piece) a connection
@@ -504,8 +508,9 @@ struct JobArgs {
     /// needs --listen tcp:IP).
     #[arg(long, default_value = "local")]
     hosts: String,
-    /// Processes backend: declare a rank dead after this many milliseconds
-    /// without a heartbeat.
+    /// Processes backend: the failure detector's shortest timeout, in
+    /// milliseconds (it grows with the observed heartbeat jitter; only
+    /// ranks on other hosts are declared dead for silence).
     #[arg(long, default_value_t = 200)]
     heartbeat_timeout: u64,
     /// Processes backend: largest frame (one message, or one checkpoint
@@ -826,6 +831,12 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.messages_resent,
             st.collectives_from_log,
             st.job_restarts
+        );
+    }
+    if st.false_suspicions > 0 {
+        println!(
+            "failure detector: {} false suspicion(s) (ranks silent past its timeout, heard from again)",
+            st.false_suspicions
         );
     }
     if let (Some(peak), Some(mean), Some(faults)) =

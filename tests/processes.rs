@@ -1,6 +1,6 @@
 //! The processes backend from the outside: real rank processes killed with
-//! `kill -9` by the test, a stopped (hung) rank found by its missing
-//! heartbeats, a launcher killed with its job (no orphans), a whole-job
+//! `kill -9` by the test, a stopped (hung) rank on another host found by its
+//! missing heartbeats and one on this host waited for, a launcher killed with its job (no orphans), a whole-job
 //! restart from disk after everything was killed, a stranger refused at
 //! a rank's socket, a rank not taken for dead while its large value
 //! crosses to the launcher, and the heap setting of `driver::heap` in the
@@ -316,56 +316,120 @@ fn external_kill_9_of_a_random_rank_is_survived() {
     );
 }
 
-/// A stopped rank (SIGSTOP: alive but silent) is declared dead when its
-/// heartbeats stop, killed, and replaced.
-#[test]
-fn a_hung_rank_is_found_by_its_missing_heartbeats() {
-    let (want, wall) = reference(&["cg", "--class", "W"]);
-    let dir = tmp("hb");
+/// Run `app` (its failure-free value `want`, wall time `wall`) under
+/// `protocol` with options `extra` (and `--json`) and environment `env`,
+/// and stop rank 1 with `SIGSTOP` at about 30% of `wall`; with `resume`,
+/// let it go on (`SIGCONT`) after that long. The run must print `want`
+/// and leave nothing behind. A run that ended before the stop took effect
+/// (`landed` says no from its summary) is tried again with an earlier stop,
+/// as `external_kill_9` does; returns the summary of the one that landed.
+fn stop_rank_1(
+    app: &[&str],
+    protocol: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    (want, wall): (&str, Duration),
+    resume: Option<Duration>,
+    landed: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let dir = tmp("stop");
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let sum = dir.join("run.json");
     let sum_s = sum.to_string_lossy().to_string();
-    // The stop aims at 30% of the reference's wall time; a run faster than
-    // the reference was (the suite loads the machine unevenly) may end
-    // first: then try earlier, as `external_kill_9` does.
+    let mut extra = extra.to_vec();
+    extra.extend_from_slice(&["--json", &sum_s]);
     let mut frac = 0.3;
-    let (launcher, s) = loop {
-        let child = start_job(
-            &["cg", "--class", "W"],
-            "coordinated",
-            &["--heartbeat-timeout", "150", "--json", &sum_s],
-        );
+    loop {
+        let child = start_job_env(app, protocol, &extra, env);
         let launcher = child.id();
         let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(10));
         std::thread::sleep(wall.mul_f64(frac));
-        let stopped = ranks
-            .get(&1)
-            .is_some_and(|&pid| signal(pid, nix::sys::signal::Signal::SIGSTOP));
+        let pid = ranks.get(&1).copied();
+        let stopped = pid.is_some_and(|pid| signal(pid, nix::sys::signal::Signal::SIGSTOP));
+        if let (Some(pid), Some(pause)) = (pid, resume) {
+            // How long it stays stopped: the scenario, not a wait for it.
+            std::thread::sleep(pause);
+            signal(pid, nix::sys::signal::Signal::SIGCONT);
+        }
         let (out, err, ok) = finish(child);
-        assert_no_orphans(launcher, "hung rank");
+        assert_no_orphans(launcher, "stopped rank");
         assert!(ok, "{out}\n{err}");
-        assert_eq!(verified(&out).as_deref(), Some(want.as_str()));
+        assert_eq!(verified(&out).as_deref(), Some(want));
         // (A signal to a rank that has ended but is not yet reaped is
-        // accepted too: such a run has no failure.)
+        // accepted too: such a run shows nothing.)
         let s = json(&sum);
-        if stopped && s["failures"].as_u64().is_some_and(|n| n > 0) {
-            break (launcher, s);
+        if stopped && landed(&s) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return s;
         }
         assert!(
             frac > 0.01,
             "rank 1 always ended before it could be stopped"
         );
         frac /= 3.0;
-    };
+    }
+}
+
+/// A stopped rank (SIGSTOP: alive but silent) on another host is declared
+/// dead when its heartbeats stop, killed, and replaced. Only there: a host
+/// that dies or is cut off closes no connection, so silence is all the
+/// launcher sees. (This test used to stop a rank on the launcher's own
+/// host; there the launcher now knows the process is alive and waits, see
+/// `a_stopped_rank_on_one_host_is_alive_and_waited_for`. The "other host"
+/// is an agent started by the stand-in `srun`, judged as a remote one.)
+#[test]
+fn a_hung_rank_on_another_host_is_found_by_its_missing_heartbeats() {
+    let app: &[&str] = &["cg", "--class", "W"];
+    let (want, wall) = reference(app);
+    let srun = fake_srun();
+    let extra = [
+        "--hosts",
+        "slurm",
+        "--listen",
+        "tcp",
+        "--nodes",
+        "2",
+        "--heartbeat-timeout",
+        "150",
+    ];
+    let s = stop_rank_1(
+        app,
+        "coordinated",
+        &extra,
+        &[("LAZARUS_SRUN", &srun.path)],
+        (&want, wall),
+        None,
+        |s| s["failures"].as_u64().is_some_and(|n| n > 0),
+    );
     let causes: Vec<String> = s["failure_detections"]
         .as_array()
         .map(|a| a.iter().map(|d| d["cause"].to_string()).collect())
         .unwrap_or_default();
     assert!(
         causes.iter().any(|c| c.contains("no heartbeat")),
-        "expected a heartbeat detection of rank 1 (launcher {launcher}), got {causes:?}"
+        "expected a heartbeat detection of rank 1, got {causes:?}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// On one host a rank is dead when its process is: a rank stopped for a
+/// second (seven heartbeat timeouts), as a loaded machine may deschedule
+/// it, is suspected but not declared dead, and the run under `none` (where
+/// any failure would end it) finishes with its failure-free value and no
+/// failure; the suspicion is counted as a false one.
+#[test]
+fn a_stopped_rank_on_one_host_is_alive_and_waited_for() {
+    let app: &[&str] = &["cg", "--class", "W"];
+    let (want, wall) = reference(app);
+    let s = stop_rank_1(
+        app,
+        "none",
+        &["--heartbeat-timeout", "150"],
+        &[],
+        (&want, wall),
+        Some(Duration::from_secs(1)),
+        |s| s["false_suspicions"].as_u64().is_some_and(|n| n > 0),
+    );
+    assert_eq!(s["failures"].as_u64(), Some(0), "{s}");
 }
 
 /// Killing the launcher takes every rank of its job with it.

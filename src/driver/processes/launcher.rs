@@ -1,11 +1,19 @@
 //! The launcher: starts one process per rank and is the job's failure
 //! detector and supervisor.
 //!
-//! A rank's death is noticed three ways, whichever comes first: its control
-//! connection closes (the kernel closes it when the process dies, so this is
-//! immediate), its exit status is collected, or its heartbeats stop for
-//! longer than the timeout (a hung or stopped process, which is then killed
-//! with `SIGKILL`). The launcher then raises the world epoch, tells every
+//! A rank's death is noticed when its control connection closes (the
+//! kernel closes it when the process dies, so this is immediate) or its
+//! exit status is collected. On this host that is the whole truth: a local
+//! rank is dead when its process is, and never for silence alone (on a
+//! loaded machine a live rank may be descheduled for seconds; a stopped
+//! one is alive too), though a long silence is reported on stderr. A rank
+//! on another host (`--hosts slurm`) whose host dies or is cut off closes
+//! nothing: there the heartbeats decide, judged by an adaptive detector
+//! ([`PhiAccrual`]) whose timeout grows with the jitter it observes and
+//! never falls under `--heartbeat-timeout`; such a rank is then killed
+//! with `SIGKILL` through its agent. A suspicion that a later heartbeat
+//! proves false is counted (`false_suspicions` in the job's statistics).
+//! The launcher then raises the world epoch, tells every
 //! survivor, and, when the protocol replaces failed ranks, starts a
 //! replacement with the dead rank's number and a new incarnation; once it is
 //! up, everyone learns its address. Kills of the fault plan are requested by
@@ -32,6 +40,7 @@ use rand::RngExt;
 
 use super::agent::{Hosts, srun_command};
 use super::auth::{Identity, Role, Secret, handshake};
+use super::detector::{PhiAccrual, Verdict};
 use super::net::{AcceptStop, Listen, Listener, Stream};
 use super::var;
 use super::wire::{WireMsg, decode, read_frame, write_msg};
@@ -57,7 +66,9 @@ pub struct LaunchSpec {
     pub kills: Vec<KillSpec>,
     /// Socket kind.
     pub listen: Listen,
-    /// A rank silent for this long is declared dead.
+    /// No rank is suspected before this much silence; a rank on another
+    /// host suspected and then silent for as long again is declared dead
+    /// (see [`PhiAccrual`]).
     pub heartbeat_timeout: Duration,
     /// Largest frame accepted on any connection.
     pub max_frame: usize,
@@ -314,18 +325,54 @@ struct RankProc {
     status: Status,
     /// Newest failure epoch this incarnation has been told of.
     told: u64,
-    /// When the launcher last heard from this incarnation: a whole
-    /// message, or (`activity`) bytes of one still arriving.
-    last_seen: Instant,
+    /// Its heartbeats and other signs of life (whole messages, or bytes
+    /// of one still arriving: `activity`), and the suspicion they raise.
+    detector: PhiAccrual,
+    /// The last sign of life before the latest silence reported on stderr
+    /// (one report per silence).
+    warned: Option<Duration>,
     /// Bytes arriving on the control connection, once it is up.
     activity: Option<Arc<Activity>>,
-    started: Instant,
+    /// When it was started (time since the launcher's start).
+    started: Duration,
     /// The value this incarnation reported on entering finalize (since the
     /// last failure event).
     finishing: Option<Vec<u8>>,
 }
 
 impl RankProc {
+    /// Incarnation `incarnation` of a rank, started at `now` (time since
+    /// the launcher's start) as `child`, told of failures up to `told`.
+    fn starting(
+        incarnation: u64,
+        child: Option<Process>,
+        told: u64,
+        detector: PhiAccrual,
+        now: Duration,
+    ) -> Self {
+        RankProc {
+            incarnation,
+            child,
+            ctl: None,
+            addr: None,
+            status: Status::Starting,
+            told,
+            detector,
+            warned: None,
+            activity: None,
+            started: now,
+            finishing: None,
+        }
+    }
+
+    /// The process's id, when it runs on this host.
+    fn pid(&self) -> Option<u32> {
+        match &self.child {
+            Some(Process::Local(c)) => Some(c.id()),
+            _ => None,
+        }
+    }
+
     /// The process was killed: collect it, close its control connection,
     /// and give it `status`.
     fn reap(&mut self, status: Status) {
@@ -390,6 +437,11 @@ struct Launcher<'a> {
 /// other ranks' reports of having entered it too (see
 /// `Launcher::died_after_the_end`).
 const AFTER_THE_END_WAIT: Duration = Duration::from_millis(100);
+
+/// A local rank silent this long is reported on stderr (once per
+/// silence); it is not killed: its process is alive, and a false suspicion
+/// must not end a run.
+const LOCAL_SILENCE_WARNING: Duration = Duration::from_secs(10);
 
 /// A rank whose processes die this many times in a row before connecting
 /// fails the job instead of being restarted again.
@@ -600,19 +652,9 @@ impl<'a> Launcher<'a> {
         self.await_agents()?;
         for rank in 0..self.spec.ranks {
             let child = self.spawn(rank, 0, 0)?;
-            let now = Instant::now();
-            self.procs.push(RankProc {
-                incarnation: 0,
-                child: Some(child),
-                ctl: None,
-                addr: None,
-                status: Status::Starting,
-                told: 0,
-                last_seen: now,
-                activity: None,
-                started: now,
-                finishing: None,
-            });
+            let now = self.now();
+            let p = RankProc::starting(0, Some(child), 0, self.detector(now), now);
+            self.procs.push(p);
         }
         Ok(())
     }
@@ -760,6 +802,33 @@ impl<'a> Launcher<'a> {
         self.start.elapsed()
     }
 
+    /// A failure detector for a rank first heard of at `now`.
+    fn detector(&self, now: Duration) -> PhiAccrual {
+        let t = self.spec.heartbeat_timeout;
+        PhiAccrual::new(super::heartbeat_period(t), t, now)
+    }
+
+    /// `rank` showed at `now` that it is alive (by a heartbeat when
+    /// `beat`); a suspicion this ends was false, and is counted.
+    fn heard(&mut self, rank: Rank, now: Duration, beat: bool) {
+        let p = &mut self.procs[rank];
+        let silent_since = p.detector.last_sign();
+        let ended = if beat {
+            p.detector.heartbeat(now)
+        } else {
+            p.detector.sign_of_life(now)
+        };
+        if ended {
+            self.stats.stats.false_suspicions += 1;
+            if self.debug || p.warned == Some(silent_since) {
+                eprintln!(
+                    "lazarus launcher: rank {rank} is heard of again after {:.3} s of silence",
+                    now.saturating_sub(silent_since).as_secs_f64()
+                );
+            }
+        }
+    }
+
     fn send_to(&mut self, rank: Rank, msg: &WireMsg) {
         let max = self.spec.max_frame;
         if let Some(ctl) = self.procs.get_mut(rank).and_then(|p| p.ctl.as_mut()) {
@@ -882,13 +951,15 @@ impl<'a> Launcher<'a> {
         };
         match conn {
             Conn::Up(stream, activity) => {
+                let detector = self.detector(self.now());
                 if let Some(p) = self.procs.get_mut(rank)
                     && p.incarnation == incarnation
                     && p.status == Status::Starting
                 {
                     p.ctl = Some(stream);
                     p.activity = Some(activity);
-                    p.last_seen = Instant::now();
+                    // Silence counts from the connection on.
+                    p.detector = detector;
                 } else {
                     stream.shutdown();
                 }
@@ -897,7 +968,8 @@ impl<'a> Launcher<'a> {
                 if !self.is_live(rank, incarnation) {
                     return;
                 }
-                self.procs[rank].last_seen = Instant::now();
+                let now = self.now();
+                self.heard(rank, now, matches!(msg, WireMsg::Heartbeat));
                 self.on_msg(rank, msg);
             }
             Conn::Lost(why) => {
@@ -1067,36 +1139,63 @@ impl<'a> Launcher<'a> {
         }
     }
 
-    /// Collect exit statuses; enforce heartbeats.
+    /// Collect exit statuses; judge silences (`trust_heartbeats`: this
+    /// check is on time, see [`heartbeats_trusted`]).
     fn check_children(&mut self, trust_heartbeats: bool) {
         let timeout = self.spec.heartbeat_timeout;
+        // Ranks on other hosts die unseen with their host; here the
+        // process's end is seen, and silence alone proves nothing.
+        let remote = self.agents.is_some();
+        let now = self.now();
         for r in 0..self.procs.len() {
             let p = &mut self.procs[r];
             let exited = p.child.as_mut().and_then(Process::try_exit);
             if exited.is_some() {
                 p.child = None;
             }
-            match p.status {
-                Status::Starting | Status::Ready => {
-                    if let Some(a) = &p.activity {
-                        p.last_seen = p.last_seen.max(a.last());
-                    }
-                    // With a control connection, its end (after every message
-                    // the rank sent, such as its outcome) tells the story.
-                    if let Some(status) = exited.filter(|_| p.ctl.is_none()) {
-                        self.failure(&[r], &format!("process exited ({status})"));
-                    } else if !trust_heartbeats {
-                        if let Some(grace) = Instant::now().checked_sub(timeout / 2) {
-                            p.last_seen = p.last_seen.max(grace);
-                        }
-                    } else if p.ctl.is_some() && p.last_seen.elapsed() > timeout {
-                        let ms = p.last_seen.elapsed().as_millis();
-                        self.failure(&[r], &format!("no heartbeat for {ms} ms"));
-                    } else if p.ctl.is_none() && p.started.elapsed() > Duration::from_secs(60) {
-                        self.failure(&[r], "did not connect within 60 s");
-                    }
+            if !matches!(p.status, Status::Starting | Status::Ready) {
+                continue;
+            }
+            if let Some(a) = &p.activity {
+                let at = a.last().saturating_duration_since(self.start);
+                self.heard(r, at, false);
+            }
+            let p = &mut self.procs[r];
+            // With a control connection, its end (after every message the
+            // rank sent, such as its outcome) tells the story.
+            if let Some(status) = exited.filter(|_| p.ctl.is_none()) {
+                self.failure(&[r], &format!("process exited ({status})"));
+            } else if p.ctl.is_none() {
+                if now.saturating_sub(p.started) > Duration::from_secs(60) {
+                    self.failure(&[r], "did not connect within 60 s");
                 }
-                Status::Finished | Status::Dead => {}
+            } else if !trust_heartbeats {
+                p.detector.excuse(now, timeout / 2);
+            } else {
+                let verdict = p.detector.check(now);
+                let silence = p.detector.silence(now);
+                let phi = p.detector.phi(now);
+                if self.debug && verdict == Verdict::NewSuspicion {
+                    eprintln!(
+                        "launcher: rank {r} suspected: silent for {} ms (phi {phi:.1})",
+                        silence.as_millis()
+                    );
+                }
+                if remote && verdict == Verdict::Dead {
+                    let ms = silence.as_millis();
+                    self.failure(&[r], &format!("no heartbeat for {ms} ms (phi {phi:.1})"));
+                } else if !remote
+                    && silence >= LOCAL_SILENCE_WARNING
+                    && p.warned != Some(p.detector.last_sign())
+                {
+                    p.warned = Some(p.detector.last_sign());
+                    eprintln!(
+                        "lazarus launcher: rank {r} (pid {}) has sent nothing for {:.1} s; its \
+                         process is alive (stopped, or hung?), so the job waits for it",
+                        p.pid().map_or_else(|| "?".into(), |pid| pid.to_string()),
+                        silence.as_secs_f64()
+                    );
+                }
             }
         }
     }
@@ -1342,19 +1441,10 @@ impl<'a> Launcher<'a> {
     fn start_replacement(&mut self, r: Rank, incarnation: u64) {
         match self.spawn(r, incarnation, self.epoch) {
             Ok(child) => {
-                let now = Instant::now();
-                self.procs[r] = RankProc {
-                    incarnation,
-                    child: Some(child),
-                    ctl: None,
-                    addr: None,
-                    status: Status::Starting,
-                    told: self.epoch,
-                    last_seen: now,
-                    activity: None,
-                    started: now,
-                    finishing: None,
-                };
+                let now = self.now();
+                let detector = self.detector(now);
+                self.procs[r] =
+                    RankProc::starting(incarnation, Some(child), self.epoch, detector, now);
             }
             Err(e) => self.settle(r, Err(e)),
         }
@@ -1799,19 +1889,11 @@ mod tests {
             if r == 1 {
                 survivor = Some(theirs);
             }
-            let now = Instant::now();
-            l.procs.push(RankProc {
-                incarnation: 0,
-                child: None,
-                ctl: Some(Stream::Unix(ours)),
-                addr: None,
-                status,
-                told: 0,
-                last_seen: now,
-                activity: None,
-                started: now,
-                finishing: None,
-            });
+            let now = l.now();
+            let mut p = RankProc::starting(0, None, 0, l.detector(now), now);
+            p.ctl = Some(Stream::Unix(ours));
+            p.status = status;
+            l.procs.push(p);
         }
         l.failure(&[2], "test");
         let mut survivor = survivor.expect("rank 1's end");

@@ -3,13 +3,15 @@
 //!
 //! - [`launcher`]: starts the rank processes (`lazarus run --backend
 //!   processes`, or `lazarus launch -n N -- PROGRAM` for a user's own
-//!   program), detects deaths by exit status, lost control connection and
-//!   missed heartbeats, tells the survivors, starts replacements with the
+//!   program), detects deaths by exit status and lost control connection
+//!   (and, for ranks on other hosts, missed heartbeats), tells the survivors, starts replacements with the
 //!   dead rank's number, and fires the fault plan's kills with `SIGKILL`.
 //! - [`agent`]: with ranks on several hosts (`--hosts slurm`), one agent per
 //!   host, started by `srun`, starts, kills and reaps that host's ranks.
 //! - `worker`: a rank process's endpoint, its connections and the threads
 //!   serving them (frame delivery, RMA progress, heartbeats).
+//! - [`detector`]: the adaptive (phi accrual) heartbeat failure detector
+//!   the launcher runs for each rank.
 //! - [`wire`]: the length-prefixed, versioned frame format.
 //! - [`auth`]: mutual HMAC challenge–response with the per-job secret.
 //! - [`net`]: Unix domain sockets on one host, TCP between hosts.
@@ -29,6 +31,7 @@
 
 pub mod agent;
 pub mod auth;
+pub mod detector;
 pub mod launcher;
 pub mod net;
 pub(crate) mod shm;
@@ -43,6 +46,14 @@ use std::time::{Duration, SystemTime};
 use crate::fault::KillSpec;
 use crate::{Error, Rank, Result};
 use net::{Addr, Listen};
+
+/// How often a rank heartbeats for a heartbeat timeout of `timeout`: four
+/// times per timeout, and at least every millisecond apart (a zero timeout
+/// from the environment must not make a busy loop; the launcher refuses
+/// one under 10 ms).
+pub(crate) fn heartbeat_period(timeout: Duration) -> Duration {
+    (timeout / 4).max(Duration::from_millis(1))
+}
 
 /// Environment variable names (the launcher's handover to a rank process).
 pub(crate) mod var {

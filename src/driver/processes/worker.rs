@@ -136,9 +136,11 @@ impl PeerState {
 /// is the sure one).
 const RMA_RECHECK: Duration = Duration::from_millis(50);
 
-/// How long a live peer may stay unreachable (no connection, no handshake)
-/// before a send fails (a dead one is declared by the launcher well within
-/// its heartbeat timeout).
+/// How long a live peer on another host may stay unreachable (no
+/// connection, no handshake) before a send fails (the launcher declares a
+/// dead one within its failure detector's timeout). A peer on this host is
+/// dead only when its process is, which the launcher sees at once: one
+/// still unreachable after this long is reported, and waited for.
 const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// After this long without room in a live receiver's ring, a waiting send
@@ -146,27 +148,43 @@ const UNREACHABLE_LIMIT: Duration = Duration::from_secs(30);
 const RING_STALL_REPORT: Duration = Duration::from_secs(30);
 
 /// Attempts at reaching a peer, with exponential backoff, until
-/// [`UNREACHABLE_LIMIT`] has passed.
+/// [`UNREACHABLE_LIMIT`] has passed (for a peer on another host).
 struct Retry {
     /// Set at the first failed attempt (reading the clock costs, and most
     /// sends never retry).
     deadline: Option<Instant>,
     backoff: Duration,
+    /// The peer runs on this host: past the limit, say so once and go on.
+    patient: bool,
+    /// The limit has been reported.
+    reported: bool,
 }
 
 impl Retry {
-    fn new() -> Self {
+    fn new(patient: bool) -> Self {
         Retry {
             deadline: None,
             backoff: Duration::from_micros(500),
+            patient,
+            reported: false,
         }
     }
 
-    /// Wait before the next attempt; `false` once the limit has passed.
-    fn wait(&mut self) -> bool {
+    /// Wait before the next attempt at reaching `peer`; `false` once the
+    /// limit has passed, unless the peer is on this host (then the limit
+    /// is reported on stderr, once).
+    fn wait(&mut self, peer: Rank) -> bool {
         let now = Instant::now();
-        if now >= *self.deadline.get_or_insert(now + UNREACHABLE_LIMIT) {
-            return false;
+        if now >= *self.deadline.get_or_insert(now + UNREACHABLE_LIMIT) && !self.reported {
+            if !self.patient {
+                return false;
+            }
+            self.reported = true;
+            eprintln!(
+                "lazarus: rank {peer} has been unreachable for {} s; it runs on this host and \
+                 the launcher has not declared it dead (stopped, or hung?): still trying",
+                UNREACHABLE_LIMIT.as_secs()
+            );
         }
         std::thread::sleep(self.backoff);
         self.backoff = (self.backoff * 2).min(Duration::from_millis(20));
@@ -316,6 +334,9 @@ struct ProcessEndpoint {
     /// Peers' shared-memory windows this rank has mapped, by `(target,
     /// window)`.
     mapped_windows: HashMap<(Rank, WinId), MappedWindow>,
+    /// Every peer runs on this host: one unreachable is waited for as
+    /// long as the launcher has not declared it dead (see [`Retry`]).
+    peers_here: bool,
 }
 
 /// A peer's window mapped by this rank, for one incarnation and window
@@ -994,7 +1015,7 @@ impl Endpoint for ProcessEndpoint {
         // the notice says it died (then the frame waits for the replacement).
         let max = self.sh.max_frame;
         let msg = WireMsg::Frame(frame);
-        let mut retry = Retry::new();
+        let mut retry = Retry::new(self.peers_here);
         loop {
             self.drain_control();
             match self.peers.get_mut(dest) {
@@ -1026,7 +1047,7 @@ impl Endpoint for ProcessEndpoint {
             if let Some(e) = self.aborted() {
                 return Err(e);
             }
-            if !retry.wait() {
+            if !retry.wait(dest) {
                 return Err(Error::Driver(format!(
                     "rank {dest} has been unreachable for {} s and the launcher has not \
                      declared it dead",
@@ -1246,11 +1267,11 @@ impl Endpoint for ProcessEndpoint {
         });
         // Opening the connection is retried while the peer may be alive; a
         // request is never written twice (operations are not idempotent).
-        let mut retry = Retry::new();
+        let mut retry = Retry::new(self.peers_here);
         let (conn, sent) = loop {
             match self.out(target) {
                 Ok(o) => break (o.conn, write_msg(&mut o.stream, &msg, max)),
-                Err(false) if retry.wait() => {
+                Err(false) if retry.wait(target) => {
                     self.drain_control();
                     if !matches!(self.peers.get(target), Some(PeerState::Up { incarnation: i, .. }) if *i == incarnation)
                     {
@@ -1515,9 +1536,7 @@ pub(crate) fn run_worker<T: Serialize>(
     spawn_control_reader(ctl_rd, ctl_tx, finished.clone(), env.max_frame)?;
     spawn_heartbeat(
         ctl.clone(),
-        // At least 1 ms: a zero timeout from the environment must not make
-        // this a busy loop (the launcher refuses one under 10 ms).
-        (env.heartbeat / 4).max(Duration::from_millis(1)),
+        super::heartbeat_period(env.heartbeat),
         reported.clone(),
         env.max_frame,
     )?;
@@ -1583,6 +1602,7 @@ pub(crate) fn run_worker<T: Serialize>(
         last_progress: -1.0,
         spin: core_per_rank(env.host_ranks),
         mapped_windows: HashMap::new(),
+        peers_here: env.host_ranks >= env.size,
     };
     ep.set_peers(peers);
     // The value goes to the launcher before finalize too: a process killed
