@@ -497,7 +497,7 @@ where
 /// generation, and when the same directory is also written, the unusable
 /// generations newer than that one are removed first, so that this run's
 /// generations replace them cleanly. A restart directory's manifest must
-/// match the job (`disk::check_manifest`), and each disk level's directory
+/// match the job (`disk::plan_restart`), and each disk level's directory
 /// is given the job's manifest, which also proves it writable.
 fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
     use crate::store::disk;
@@ -505,13 +505,12 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
     let mut manifest = disk::Manifest::of(cfg);
     let restart = match &cfg.restart {
         Some(dir) => {
-            let recorded = disk::check_manifest(dir, &manifest)?;
+            let (recorded, plan) = disk::plan_restart(dir, cfg)?;
             // Restarted by a job that does not name its program, a
             // directory keeps the name it had.
             if manifest.program.is_none() {
                 manifest.program = recorded.and_then(|m| m.program);
             }
-            let plan = disk::restart_plan(dir, cfg.ranks)?;
             let g = plan.generation.ok_or_else(|| {
                 Error::config(
                     "--restart",

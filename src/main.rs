@@ -147,6 +147,24 @@ struct LaunchArgs {
     command: Vec<String>,
 }
 
+/// Says on stderr which kills never fired and why they may not have, and
+/// returns what the summary line adds about them ("" when all fired): a
+/// kill that cannot fire (`R@P%` in a program that reports no progress)
+/// must not pass for a run that survived it.
+fn unfired_kills(stats: &lazarus::JobStats) -> String {
+    if stats.unfired_kills.is_empty() {
+        return String::new();
+    }
+    for k in &stats.unfired_kills {
+        let why = k.parse::<KillSpec>().map(|k| k.why_unfired());
+        eprintln!(
+            "warning: kill {k} never fired{}",
+            why.map(|w| format!(": {w}")).unwrap_or_default()
+        );
+    }
+    format!("; kill never fired: {}", stats.unfired_kills.join(", "))
+}
+
 /// Bytes in a mebibyte, for printing.
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -210,8 +228,9 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         earlier: Vec::new(),
     };
     let (outcome, stats) = launch(&spec);
+    let unfired = unfired_kills(&stats);
     eprintln!(
-        "lazarus launch: {} ranks; wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s",
+        "lazarus launch: {} ranks; wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s{unfired}",
         ranks,
         stats.wall_s,
         stats.failures,
@@ -838,13 +857,15 @@ fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<(
 fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     let protocol: ProtocolKind = args.protocol.parse().map_err(usage)?;
     let (app, params, cfg) = build(&args.job, protocol)?;
-    check_output_opt("--json", &args.json)?;
     if launched() {
         // A rank process of `--backend processes`: run the rank and leave
         // the printing to the launcher.
         run_app(app, &params, &cfg);
         return Ok(true);
     }
+    // Not in rank processes: they would create and remove the file at the
+    // same time as one another.
+    check_output_opt("--json", &args.json)?;
     println!(
         "lazarus run {app}: {} ranks on {} node(s), backend {}, protocol {}, checkpoint every {} of {} safe points, kills [{}]",
         cfg.ranks,
@@ -856,9 +877,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         args.job.kills.join(", ")
     );
     if let Some(dir) = &cfg.restart {
-        use lazarus::store::disk;
-        disk::check_manifest(dir, &disk::Manifest::of(&cfg)).map_err(usage)?;
-        let plan = disk::restart_plan(dir, cfg.ranks).map_err(usage)?;
+        let plan = lazarus::store::disk::plan_restart(dir, &cfg)
+            .map_err(usage)?
+            .1;
         for s in &plan.skipped {
             eprintln!("warning: skipping {s}");
         }
@@ -883,8 +904,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     let summary = RunSummary::new(app, &params, &cfg, &run);
     let st = &summary.stats;
+    let unfired = unfired_kills(st);
     println!(
-        "wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s; checkpoints {} ({} bytes, longest {:.4} s)",
+        "wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s; checkpoints {} ({} bytes, longest {:.4} s){unfired}",
         st.wall_s,
         st.failures,
         st.ranks_killed,
@@ -944,12 +966,6 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         eprintln!(
             "warning: {} rank restart(s) began from the beginning: no complete committed checkpoint survived (or none existed yet)",
             st.ranks_restarted_from_scratch
-        );
-    }
-    if !st.unfired_kills.is_empty() {
-        eprintln!(
-            "warning: these kills never fired (their moment never came): {}",
-            st.unfired_kills.join(", ")
         );
     }
     if let Some(path) = &args.json {

@@ -898,3 +898,65 @@ fn restart_refuses_a_directory_written_by_another_job() {
     assert!(last_line(&o).starts_with("VERIFIED"), "{}", stdout(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A kill whose moment never comes is said on stderr with its reason and
+/// in the summary line, not only in the JSON's `unfired_kills`: above all a
+/// `R@P%` kill in a program that never reports progress, which cannot fire
+/// (the example `launched_solver`, built by `cargo test`, with
+/// `no-progress`).
+#[test]
+fn a_kill_that_never_fired_says_so() {
+    let o = lazarus(&[
+        "run",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "2",
+        "--protocol",
+        "coordinated",
+        "--kill",
+        "1@recovery:2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o)
+            .lines()
+            .any(|l| l.starts_with("wall ") && l.contains("kill never fired: 1@recovery:2")),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("kill 1@recovery:2 never fired: the job had fewer recoveries"),
+        "{}",
+        stderr(&o)
+    );
+    let example = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .map(|d| d.join("examples").join("launched_solver"))
+        .expect("target directory");
+    assert!(example.exists(), "{} not built", example.display());
+    let example = example.to_str().expect("utf-8");
+    let o = lazarus(&[
+        "launch",
+        "-n",
+        "2",
+        "--kill",
+        "1@50%",
+        "--",
+        example,
+        "20",
+        "no-progress",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("warning: kill 1@50% never fired") && err.contains("ctx.set_progress"),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("lazarus launch:") && l.contains("kill never fired: 1@50%")),
+        "{err}"
+    );
+}

@@ -1134,6 +1134,20 @@ pub fn restart_plan(dir: &Path, ranks: usize) -> Result<RestartPlan> {
     })
 }
 
+/// The restart of the job `cfg` from `dir`: checks the directory's manifest
+/// against the job ([`check_manifest`]) and chooses the generation
+/// ([`restart_plan`]). Returns the manifest found and the plan; an error
+/// (a mismatch, an unreadable directory) is [`Error::Config`] naming
+/// `--restart`.
+pub fn plan_restart(dir: &Path, cfg: &crate::Config) -> Result<(Option<Manifest>, RestartPlan)> {
+    let recorded = check_manifest(dir, &Manifest::of(cfg))?;
+    let plan = restart_plan(dir, cfg.ranks).map_err(|e| match e {
+        e @ Error::Config { .. } => e,
+        e => Error::config("--restart", problem_text(&e)),
+    })?;
+    Ok((recorded, plan))
+}
+
 /// The newest committed generation a job of `ranks` ranks can restart from:
 /// [`restart_plan`] without the list of what was skipped (call that to
 /// report the warnings).
