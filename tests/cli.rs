@@ -358,7 +358,8 @@ fn bench_reports_ratios_to_none() {
         "plot",
         dir.join("missing.json").to_str().expect("utf-8 path"),
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // A report that cannot be read is bad usage, as every other input.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("cannot read"), "{}", stderr(&o));
     let not_a_report = dir.join("other.json");
     std::fs::write(&not_a_report, "{}").expect("written");
