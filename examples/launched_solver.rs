@@ -6,6 +6,10 @@
 //! lazarus launch -n 4 --kill 2@50% -- target/release/examples/launched_solver 200
 //! ```
 //!
+//! With `no-progress` after the step count, the solver does not report its
+//! progress (`ctx.set_progress`), as many programs do not: a `R@P%` kill
+//! then never fires, and the launcher says so.
+//!
 //! Each rank process calls `lazarus::run` once; the launcher decides the
 //! size, the failure domains and the failures. The rank function is a
 //! small iterative solver: every step all-reduces a sum and checkpoints its
@@ -25,6 +29,7 @@ fn main() -> std::process::ExitCode {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
+    let progress = std::env::args().nth(2).as_deref() != Some("no-progress");
     let cfg = Config::new(4).protocol(ProtocolKind::Coordinated);
     let report = lazarus::run(&cfg, move |ctx| {
         let world = ctx.world();
@@ -35,7 +40,9 @@ fn main() -> std::process::ExitCode {
             world.all_reduce_into(&[mine], &mut sum, ReduceOp::Sum)?;
             x = 0.5 * x + 1.0 / (1.0 + sum[0]);
             step += 1;
-            ctx.set_progress(step as f64 / steps as f64);
+            if progress {
+                ctx.set_progress(step as f64 / steps as f64);
+            }
             ctx.checkpoint(&(step, x))?;
         }
         Ok(x)

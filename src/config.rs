@@ -37,6 +37,48 @@ impl Backend {
     }
 }
 
+/// Most ranks of a job on `threads` (one thread per rank, in one process):
+/// a few thousand threads is what an ordinary Linux account gets
+/// (`ulimit -u`) and far more than the machine has cores.
+pub const MAX_THREAD_RANKS: usize = 4096;
+
+/// Most ranks of a job on `processes` (one OS process per rank, each with a
+/// socket and a connection to every peer it talks to): as many as
+/// `threads`, for the same per-user limits, and file descriptors.
+pub const MAX_PROCESS_RANKS: usize = 4096;
+
+/// Most ranks of a simulated job: a million (the scale the simulator is
+/// built to study); each rank is a parked thread, so memory and the
+/// kernel's mapping limit (checked when the simulator starts) may refuse
+/// fewer.
+pub const MAX_SIM_RANKS: usize = 1_000_000;
+
+impl Backend {
+    /// Most ranks a job may have on this backend ([`MAX_THREAD_RANKS`],
+    /// [`MAX_PROCESS_RANKS`], [`MAX_SIM_RANKS`]).
+    pub fn max_ranks(self) -> usize {
+        match self {
+            Backend::Threads => MAX_THREAD_RANKS,
+            Backend::Processes => MAX_PROCESS_RANKS,
+            Backend::Sim => MAX_SIM_RANKS,
+        }
+    }
+}
+
+/// Check a rank count (`--ranks`, `-n`) against the backend's bound, before
+/// anything is allocated per rank: a count from the user must never reach
+/// an allocator that aborts on it.
+pub fn check_ranks(backend: Backend, ranks: usize) -> Result<()> {
+    let max = backend.max_ranks();
+    if ranks > max {
+        return Err(Error::config(
+            "--ranks",
+            format!("{ranks} ranks: backend {backend} runs at most {max}"),
+        ));
+    }
+    Ok(())
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -120,6 +162,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
 /// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
+/// | `program` | the app and its class or size (`lazarus run`) | none |
 /// | `log_budget` | `--log-budget BYTES` (message logging) | none |
 /// | `sets` | `--sets N` (protocol `correlated`) | one set per failure domain |
 /// | `failure_handling` | (set by the program) | fatal |
@@ -156,6 +199,12 @@ pub struct Config {
     /// The generation a restart resumes from (set by [`crate::run`] from the
     /// restart directory before any rank starts).
     pub restart_generation: Option<u64>,
+    /// What the job runs, with the parameters that shape its checkpointed
+    /// state (`cg class S`): recorded in the manifest of a disk level's
+    /// directory, and a restart from a directory that records another
+    /// program is refused. `None` (a library job that does not say): not
+    /// recorded, and not compared.
+    pub program: Option<String>,
     /// Message logging: a sender whose log passes half of this many bytes
     /// asks its largest receiver to checkpoint (trimming the log).
     pub log_budget: Option<usize>,
@@ -209,6 +258,7 @@ impl Default for Config {
             storage: vec![LevelSpec::Partner],
             restart: None,
             restart_generation: None,
+            program: None,
             log_budget: None,
             sets: Default::default(),
             failure_handling: FailureHandling::Fatal,
@@ -242,11 +292,15 @@ impl Config {
 
     /// This configuration as one protocol of a comparison (`lazarus bench`,
     /// `chaos`, `scale`): options only protocol `correlated` takes
-    /// (`--sets`) are kept for it and dropped for the others.
+    /// (`--sets`) are kept for it and dropped for the others, and likewise
+    /// the log budget for protocols that keep no message log.
     pub fn compared_under(mut self, p: ProtocolKind) -> Self {
         self.protocol = p;
         if p != ProtocolKind::Correlated {
             self.sets = crate::protocol::correlated::SetRule::default();
+        }
+        if !p.logs_messages() {
+            self.log_budget = None;
         }
         self
     }
@@ -294,6 +348,7 @@ impl Config {
 
     /// Check the configuration as a whole.
     pub fn validate(&self) -> Result<Placement> {
+        check_ranks(self.backend, self.ranks)?;
         let pl = self.placement()?;
         if self.backend == Backend::Processes {
             self.hosts.check_listen(self.listen)?;
@@ -327,6 +382,25 @@ impl Config {
                     self.protocol
                 ),
             ));
+        }
+        match self.log_budget {
+            Some(0) => {
+                return Err(Error::config(
+                    "--log-budget",
+                    "a budget of 0 bytes holds no message; give a positive number of bytes",
+                ));
+            }
+            Some(_) if !self.protocol.logs_messages() => {
+                return Err(Error::config(
+                    "--log-budget",
+                    format!(
+                        "protocol `{}` keeps no message log to bound (a log budget is for \
+                         pessimistic, ulml and correlated)",
+                        self.protocol
+                    ),
+                ));
+            }
+            _ => {}
         }
         if self.restart.is_some() && self.protocol == ProtocolKind::None {
             return Err(Error::config(

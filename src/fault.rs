@@ -151,6 +151,21 @@ impl KillSpec {
         Ok(())
     }
 
+    /// Why this kill may not have fired by the end of a job, for the
+    /// warning that says it never did.
+    pub fn why_unfired(&self) -> &'static str {
+        match self.moment {
+            Moment::Progress(_) => {
+                "the progress the program reports never reached it (a program that never calls \
+                 ctx.set_progress stays at 0%; R@iI kills after I safe points instead)"
+            }
+            Moment::Iteration(_) => "the victim never passed that many safe points",
+            Moment::Recovery(_) => "the job had fewer recoveries",
+            Moment::Checkpoint(_) => "the victim took part in fewer checkpoints",
+            Moment::Finalize => "the victim never reached finalize",
+        }
+    }
+
     /// The ranks this kill takes down.
     pub fn victims(&self, placement: &Placement) -> Vec<Rank> {
         match self.victim {

@@ -503,13 +503,21 @@ where
 /// them at a recovery). A restart uses the newest intact committed
 /// generation, and when the same directory is also written, the unusable
 /// generations newer than that one are removed first, so that this run's
-/// generations replace them cleanly.
+/// generations replace them cleanly. A restart directory's manifest must
+/// match the job (`disk::plan_restart`), and each disk level's directory
+/// is given the job's manifest, which also proves it writable.
 fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
     use crate::store::disk;
     use crate::store::levels::LevelSpec;
+    let mut manifest = disk::Manifest::of(cfg);
     let restart = match &cfg.restart {
         Some(dir) => {
-            let plan = disk::restart_plan(dir, cfg.ranks)?;
+            let (recorded, plan) = disk::plan_restart(dir, cfg)?;
+            // Restarted by a job that does not name its program, a
+            // directory keeps the name it had.
+            if manifest.program.is_none() {
+                manifest.program = recorded.and_then(|m| m.program);
+            }
             let g = plan.generation.ok_or_else(|| {
                 Error::config(
                     "--restart",
@@ -528,8 +536,21 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
         let LevelSpec::Disk { dir, .. } = level else {
             continue;
         };
+        let unusable = |e: Error| {
+            Error::config(
+                "--storage",
+                format!(
+                    "cannot write checkpoints to {}: {}",
+                    dir.display(),
+                    match e {
+                        Error::Driver(m) => m,
+                        e => e.to_string(),
+                    }
+                ),
+            )
+        };
         let existing = if dir.exists() {
-            disk::committed_generations(dir)?
+            disk::committed_generations(dir).map_err(unusable)?
         } else {
             Vec::new()
         };
@@ -548,6 +569,10 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
             }
             _ => {}
         }
+        // Written before any rank starts: it records what the directory
+        // will hold, and a directory that cannot be written is refused now
+        // rather than at the first checkpoint.
+        disk::write_manifest(dir, &manifest).map_err(unusable)?;
     }
     Ok(restart.map(|(_, g)| g))
 }

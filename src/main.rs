@@ -112,7 +112,7 @@ Exit status: 0 when every rank succeeded, 1 otherwise, 2 bad usage.";
 
 #[derive(Args, Debug)]
 struct LaunchArgs {
-    /// Number of ranks (default: SLURM_NTASKS under Slurm).
+    /// Number of ranks, at most 4096 (default: SLURM_NTASKS under Slurm).
     #[arg(short = 'n', long = "ranks")]
     ranks: Option<usize>,
     /// Failure domains (default: SLURM_NNODES under Slurm, else 1).
@@ -151,6 +151,24 @@ struct LaunchArgs {
     command: Vec<String>,
 }
 
+/// Says on stderr which kills never fired and why they may not have, and
+/// returns what the summary line adds about them ("" when all fired): a
+/// kill that cannot fire (`R@P%` in a program that reports no progress)
+/// must not pass for a run that survived it.
+fn unfired_kills(stats: &lazarus::JobStats) -> String {
+    if stats.unfired_kills.is_empty() {
+        return String::new();
+    }
+    for k in &stats.unfired_kills {
+        let why = k.parse::<KillSpec>().map(|k| k.why_unfired());
+        eprintln!(
+            "warning: kill {k} never fired{}",
+            why.map(|w| format!(": {w}")).unwrap_or_default()
+        );
+    }
+    format!("; kill never fired: {}", stats.unfired_kills.join(", "))
+}
+
 /// Bytes in a mebibyte, for printing.
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -170,6 +188,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
             "how many ranks? (-n N, or run inside a Slurm allocation)",
         ))
     })?;
+    lazarus::config::check_ranks(Backend::Processes, ranks).map_err(usage)?;
     let nodes = slurm_default(args.nodes, "SLURM_NNODES").unwrap_or(1);
     let placement = lazarus::topology::Placement::block(ranks, nodes).map_err(usage)?;
     let hosts = match &args.hosts {
@@ -182,10 +201,12 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
     for k in &kills {
         k.validate(&placement, u64::MAX).map_err(usage)?;
     }
+    check_output_opt("--json", &args.json)?;
     let (program, rest) = args
         .command
         .split_first()
         .ok_or_else(|| usage(lazarus::Error::config("PROGRAM", "missing")))?;
+    check_program(program)?;
     let spec = LaunchSpec {
         program: program.into(),
         args: rest.iter().map(Into::into).collect(),
@@ -211,8 +232,9 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         earlier: Vec::new(),
     };
     let (outcome, stats) = launch(&spec);
+    let unfired = unfired_kills(&stats);
     eprintln!(
-        "lazarus launch: {} ranks; wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s",
+        "lazarus launch: {} ranks; wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s{unfired}",
         ranks,
         stats.wall_s,
         stats.failures,
@@ -230,6 +252,29 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
             Ok(false)
         }
     }
+}
+
+/// `lazarus launch`'s PROGRAM must be an executable file (found on `PATH`
+/// when it names no directory), checked before any rank starts: a typo is
+/// bad usage, not a job whose every rank failed.
+fn check_program(program: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.contains('/') {
+        executable(std::path::Path::new(program))
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| executable(&d.join(program))))
+    };
+    if found {
+        return Ok(());
+    }
+    Err(usage(lazarus::Error::config(
+        "PROGRAM",
+        format!("`{program}` is not an executable file (nor one on PATH)"),
+    )))
 }
 
 #[derive(Args, Debug)]
@@ -251,6 +296,7 @@ struct BenchCodecArgs {
 }
 
 fn cmd_bench_codec(args: &BenchCodecArgs) -> anyhow::Result<bool> {
+    check_output_opt("--json", &args.json)?;
     let mut all = Vec::with_capacity(args.bytes.len());
     for &bytes in &args.bytes {
         let f =
@@ -300,12 +346,17 @@ struct PlotArgs {
 }
 
 fn cmd_plot(args: &PlotArgs) -> anyhow::Result<bool> {
-    let text = std::fs::read_to_string(&args.report)
-        .with_context(|| format!("cannot read {}", args.report.display()))?;
+    let text = std::fs::read_to_string(&args.report).map_err(|e| {
+        usage(lazarus::Error::config(
+            "REPORT",
+            format!("cannot read {}: {e}", args.report.display()),
+        ))
+    })?;
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| args.report.with_extension("svg"));
+    check_output("--out", &out)?;
     lazarus::tools::plot::plot_bench(&text, &out).map_err(usage)?;
     println!("plot written to {}", out.display());
     Ok(true)
@@ -321,6 +372,7 @@ struct InspectArgs {
 }
 
 fn cmd_inspect(args: &InspectArgs) -> anyhow::Result<bool> {
+    check_output_opt("--json", &args.json)?;
     let report = lazarus::store::disk::inspect(&args.dir).map_err(usage)?;
     print!("{}", lazarus::store::disk::render(&report));
     if let Some(path) = &args.json {
@@ -392,7 +444,8 @@ struct SimArgs {
     /// The pattern: stencil, allreduce.
     #[arg(long)]
     app: String,
-    /// Number of simulated ranks.
+    /// Number of simulated ranks (at most 1000000, and what the kernel's
+    /// vm.max_map_count holds).
     #[arg(long, default_value_t = 1024)]
     ranks: usize,
     /// Failure domains.
@@ -490,7 +543,8 @@ struct JobArgs {
     /// Iterations (stencil: sweeps; dht: insert batches; pingpong: round trips per size).
     #[arg(long)]
     iterations: Option<u64>,
-    /// Number of ranks.
+    /// Number of ranks (at most 4096 on threads and processes, 1000000 on
+    /// sim).
     #[arg(long, default_value_t = 4)]
     ranks: usize,
     /// Failure domains (nodes) ranks are placed on, in blocks.
@@ -548,8 +602,9 @@ struct JobArgs {
     /// Restart the whole job from the newest committed generation in DIR.
     #[arg(long, value_name = "DIR")]
     restart: Option<PathBuf>,
-    /// Message logging: a sender whose log passes half of this many bytes
-    /// asks its largest receiver to checkpoint, which trims the log.
+    /// Message logging (pessimistic, ulml, correlated): a sender whose log
+    /// passes half of this many bytes (at least 1) asks its largest
+    /// receiver to checkpoint, which trims the log.
     #[arg(long, value_name = "BYTES")]
     log_budget: Option<usize>,
     /// Protocol correlated: sets of N consecutive ranks checkpoint and roll
@@ -685,6 +740,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         },
         restart: job.restart.clone(),
         restart_generation: None,
+        program: Some(lazarus::apps::program(app, &params).map_err(usage)?),
         log_budget: job.log_budget,
         sets: match job.sets {
             Some(n) => lazarus::protocol::correlated::SetRule::Consecutive(n),
@@ -760,6 +816,44 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, lazarus::Error> {
         })
 }
 
+/// Check before any work that the file `option` names can be written: a
+/// run of minutes must not end in "cannot write" with its results lost.
+/// An existing file is opened for writing without truncating it (a FIFO
+/// without a reader is refused rather than waited for); a new one is
+/// created and removed again.
+fn check_output(option: &str, path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |why: String| {
+        usage(lazarus::Error::config(
+            option,
+            format!("cannot write {}: {why}", path.display()),
+        ))
+    };
+    if path.is_dir() {
+        return Err(refuse("it is a directory".into()));
+    }
+    let open = |create| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(create)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+    };
+    match open(false) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match open(true) {
+            Ok(_) => std::fs::remove_file(path).map_err(|e| refuse(e.to_string())),
+            Err(e) => Err(refuse(e.to_string())),
+        },
+        Err(e) => Err(refuse(e.to_string())),
+    }
+}
+
+/// [`check_output`] for an optional path.
+fn check_output_opt(option: &str, path: &Option<PathBuf>) -> anyhow::Result<()> {
+    path.as_deref().map_or(Ok(()), |p| check_output(option, p))
+}
+
 fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
@@ -774,6 +868,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         run_app(app, &params, &cfg);
         return Ok(true);
     }
+    // Not in rank processes: they would create and remove the file at the
+    // same time as one another.
+    check_output_opt("--json", &args.json)?;
     println!(
         "lazarus run {app}: {} ranks on {} node(s), backend {}, protocol {}, checkpoint every {} of {} safe points, kills [{}]",
         cfg.ranks,
@@ -785,7 +882,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         args.job.kills.join(", ")
     );
     if let Some(dir) = &cfg.restart {
-        let plan = lazarus::store::disk::restart_plan(dir, cfg.ranks).map_err(usage)?;
+        let plan = lazarus::store::disk::plan_restart(dir, &cfg)
+            .map_err(usage)?
+            .1;
         for s in &plan.skipped {
             eprintln!("warning: skipping {s}");
         }
@@ -810,8 +909,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     let summary = RunSummary::new(app, &params, &cfg, &run);
     let st = &summary.stats;
+    let unfired = unfired_kills(st);
     println!(
-        "wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s; checkpoints {} ({} bytes, longest {:.4} s)",
+        "wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s; checkpoints {} ({} bytes, longest {:.4} s){unfired}",
         st.wall_s,
         st.failures,
         st.ranks_killed,
@@ -879,12 +979,6 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.ranks_restarted_from_scratch
         );
     }
-    if !st.unfired_kills.is_empty() {
-        eprintln!(
-            "warning: these kills never fired (their moment never came): {}",
-            st.unfired_kills.join(", ")
-        );
-    }
     if let Some(path) = &args.json {
         write_json(path, &summary)?;
     }
@@ -908,14 +1002,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
 
 fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     let protocols = protocols(&args.protocols)?;
-    // Validated as the protocol that takes every option given (`--sets`:
-    // `correlated`); each run then drops what its protocol does not take.
-    let base = if protocols.contains(&ProtocolKind::Correlated) {
-        ProtocolKind::Correlated
-    } else {
-        ProtocolKind::None
-    };
-    let (app, params, cfg) = build(&args.job, base)?;
+    let (app, params, cfg) = build(&args.job, validated_as(&protocols))?;
+    check_output_opt("--json", &args.json)?;
+    check_output_opt("--plot", &args.plot)?;
     let cfg = Config {
         progress_bar: false,
         ..cfg
@@ -923,10 +1012,11 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     if !cfg.kills.is_empty() {
         // The failure-free runs are the baseline of every ratio: a kill
         // there would fail `none` and inflate the others.
-        anyhow::bail!(
+        return Err(usage(lazarus::Error::config(
+            "--kill",
             "lazarus bench runs failure-free: give kills with --failure SPEC (each recovering \
-             protocol is then also run with them), not --kill"
-        );
+             protocol is then also run with them), not --kill",
+        )));
     }
     let failure = parse_kills(&args.failure)?;
     for k in &failure {
@@ -1136,6 +1226,19 @@ fn protocols(list: &str) -> anyhow::Result<Vec<ProtocolKind>> {
         .map_err(usage)
 }
 
+/// The protocol a comparison's options are validated as: one that takes
+/// every option given (`--sets`: `correlated`; `--log-budget`: a logging
+/// protocol) when one is chosen; each run then drops what its protocol
+/// does not take (`Config::compared_under`).
+fn validated_as(chosen: &[ProtocolKind]) -> ProtocolKind {
+    if chosen.contains(&ProtocolKind::Correlated) {
+        return ProtocolKind::Correlated;
+    }
+    (chosen.iter().copied())
+        .find(|p| p.logs_messages())
+        .unwrap_or(ProtocolKind::None)
+}
+
 fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     use lazarus::tools::chaos::{ChaosPlan, Verdict, chaos};
     let job = JobArgs {
@@ -1160,15 +1263,9 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         sets: args.sets,
         seed: args.from,
     };
-    // Validated as the protocol that takes every option given (as `bench`
-    // does); each case then drops what its protocol does not take.
     let chosen = protocols(&args.protocols)?;
-    let as_protocol = if chosen.contains(&ProtocolKind::Correlated) {
-        ProtocolKind::Correlated
-    } else {
-        ProtocolKind::None
-    };
-    let (app, params, base) = build(&job, as_protocol)?;
+    let (app, params, base) = build(&job, validated_as(&chosen))?;
+    check_output_opt("--json", &args.json)?;
     if base
         .storage
         .iter()
@@ -1245,12 +1342,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         halo_bytes: args.halo_bytes,
         reduce_len: args.reduce_len,
     };
-    let kills = args
-        .kills
-        .iter()
-        .map(|k| k.parse::<KillSpec>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
+    let kills = parse_kills(&args.kills)?;
     let base = Config {
         backend: Backend::Sim,
         ranks: args.ranks,
@@ -1262,6 +1354,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         ..Config::default()
     };
     base.validate().map_err(usage)?;
+    check_output_opt("--json", &args.json)?;
     let rows = scale_study(pattern, &params, &base, &protocols(&args.protocols)?).map_err(usage)?;
     print!("{}", render(&rows));
     if let Some(path) = &args.json {
@@ -1275,6 +1368,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
 }
 
 fn cmd_model(args: &ModelArgs) -> anyhow::Result<bool> {
+    check_output_opt("--plot", &args.plot)?;
     use lazarus::tools::model::{
         FIG10C_FRACTIONS, daly_interval, fig10c_table, plot_svg, render_table,
     };

@@ -358,7 +358,8 @@ fn bench_reports_ratios_to_none() {
         "plot",
         dir.join("missing.json").to_str().expect("utf-8 path"),
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // A report that cannot be read is bad usage, as every other input.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("cannot read"), "{}", stderr(&o));
     let not_a_report = dir.join("other.json");
     std::fs::write(&not_a_report, "{}").expect("written");
@@ -667,4 +668,296 @@ fn bench_codec_reports_every_figure() {
         Some(2)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Hostile values never reach an allocator or a blocking call: each is a
+/// usage error (exit 2) naming its option, before any work. A rank count
+/// has a bound per backend (`18446744073709551615` panicked with "capacity
+/// overflow", 10^8 aborted in the allocator); bench's `--kill`, an
+/// unreadable `plot` report and too many simulated ranks exited 1.
+#[test]
+fn hostile_inputs_are_usage_errors_naming_the_option() {
+    let huge = "18446744073709551615";
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "cg", "--ranks", huge], "at most 4096"),
+        (&["run", "cg", "--ranks", "100000000"], "at most 4096"),
+        (
+            &["run", "cg", "--backend", "processes", "--ranks", "5000"],
+            "at most 4096",
+        ),
+        (
+            &["run", "cg", "--backend", "sim", "--ranks", "2000000"],
+            "at most 1000000",
+        ),
+        (&["bench", "cg", "--ranks", huge], "--ranks"),
+        (&["chaos", "--app", "cg", "--ranks", huge], "--ranks"),
+        (&["sim", "--app", "stencil", "--ranks", huge], "--ranks"),
+        (&["launch", "-n", huge, "--", "/bin/true"], "--ranks"),
+        (
+            &[
+                "sim",
+                "--app",
+                "stencil",
+                "--ranks",
+                "16",
+                "--halo-bytes",
+                huge,
+            ],
+            "--halo-bytes",
+        ),
+        (
+            &["run", "pingpong", "--ranks", "2", "--size", huge],
+            "--size",
+        ),
+        (
+            &[
+                "bench", "cg", "--class", "S", "--ranks", "2", "--kill", "1@50%",
+            ],
+            "--kill",
+        ),
+        (&["plot", "nosuch.json"], "nosuch.json"),
+        (
+            &["launch", "-n", "2", "--", "/nonexistent/program"],
+            "PROGRAM",
+        ),
+        (
+            &["run", "cg", "--ranks", "2", "--json", "/nonexistent/x.json"],
+            "--json",
+        ),
+        (&["run", "cg", "--ranks", "2", "--json", "/tmp"], "--json"),
+        (
+            &[
+                "bench",
+                "cg",
+                "--ranks",
+                "2",
+                "--plot",
+                "/nonexistent/x.svg",
+            ],
+            "--plot",
+        ),
+        (&["model", "--plot", "/nonexistent/x.svg"], "--plot"),
+        (
+            &[
+                "run",
+                "cg",
+                "--ranks",
+                "2",
+                "--protocol",
+                "coordinated",
+                "--storage",
+                "disk:/proc/no/such/dir",
+            ],
+            "--storage",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--ranks",
+                "2",
+                "--protocol",
+                "coordinated",
+                "--storage",
+                "disk:/etc/passwd",
+            ],
+            "--storage",
+        ),
+        (
+            &["run", "cg", "--ranks", "2", "--log-budget", "100000"],
+            "--log-budget",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--ranks",
+                "2",
+                "--protocol",
+                "coordinated",
+                "--log-budget",
+                "100000",
+            ],
+            "--log-budget",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--ranks",
+                "2",
+                "--protocol",
+                "pessimistic",
+                "--log-budget",
+                "0",
+            ],
+            "--log-budget",
+        ),
+        (
+            &[
+                "bench",
+                "cg",
+                "--ranks",
+                "2",
+                "--protocols",
+                "none,coordinated",
+                "--log-budget",
+                "100000",
+            ],
+            "--log-budget",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = lazarus(args);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: stdout {} stderr {}",
+            stdout(&o),
+            stderr(&o)
+        );
+        assert!(
+            stderr(&o).contains(needle) && !stderr(&o).contains("panicked"),
+            "{args:?}: `{}` lacks `{needle}`",
+            stderr(&o)
+        );
+        assert!(!stdout(&o).contains("VERIFIED"), "{args:?}: the job ran");
+    }
+    // More simulated ranks than the kernel's mapping limit holds: a usage
+    // error too, where the limit is below what the bound allows.
+    let limit: Option<usize> = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    if limit.is_some_and(|l| l < 4 * 900_000) {
+        let o = lazarus(&["sim", "--app", "stencil", "--ranks", "900000"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("--ranks"), "{}", stderr(&o));
+    }
+}
+
+/// A checkpoint directory records what wrote it, and `--restart` refuses
+/// another app, class, rank count or protocol with exit 2 naming
+/// `--restart` (a cg directory restarted as dht used to run and print
+/// `NOT VERIFIED 0 of 16384 keys found`).
+#[test]
+fn restart_refuses_a_directory_written_by_another_job() {
+    let dir = std::env::temp_dir().join(format!("lazarus-cli-manifest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().expect("utf-8");
+    let storage = format!("disk:{d}");
+    let job = [
+        "--ranks",
+        "2",
+        "--protocol",
+        "coordinated",
+        "--checkpoint-every",
+        "3",
+    ];
+    let mut args = vec!["run", "cg", "--class", "S"];
+    args.extend_from_slice(&job);
+    args.extend_from_slice(&["--storage", &storage]);
+    let o = lazarus(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let manifest = std::fs::read_to_string(dir.join("MANIFEST")).expect("manifest written");
+    assert!(manifest.contains("cg class S"), "{manifest}");
+    let o = lazarus(&["inspect", d]);
+    assert!(
+        stdout(&o).contains("written by `cg class S` on 2 ranks, protocol coordinated"),
+        "{}",
+        stdout(&o)
+    );
+    let restart = |app: &[&str], ranks: &str| {
+        let mut args = vec!["run"];
+        args.extend_from_slice(app);
+        args.extend_from_slice(&[
+            "--ranks",
+            ranks,
+            "--protocol",
+            "coordinated",
+            "--restart",
+            d,
+        ]);
+        lazarus(&args)
+    };
+    for (app, ranks) in [
+        (&["dht"][..], "2"),
+        (&["cg", "--class", "W"][..], "2"),
+        (&["stencil"][..], "2"),
+        (&["cg", "--class", "S"][..], "3"),
+    ] {
+        let o = restart(app, ranks);
+        assert_eq!(o.status.code(), Some(2), "{app:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("`--restart`") && stderr(&o).contains("cg class S"),
+            "{app:?}: {}",
+            stderr(&o)
+        );
+        assert!(!stdout(&o).contains("VERIFIED"), "{app:?}: the job ran");
+    }
+    let o = restart(&["cg", "--class", "S"], "2");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(last_line(&o).starts_with("VERIFIED"), "{}", stdout(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A kill whose moment never comes is said on stderr with its reason and
+/// in the summary line, not only in the JSON's `unfired_kills`: above all a
+/// `R@P%` kill in a program that never reports progress, which cannot fire
+/// (the example `launched_solver`, built by `cargo test`, with
+/// `no-progress`).
+#[test]
+fn a_kill_that_never_fired_says_so() {
+    let o = lazarus(&[
+        "run",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "2",
+        "--protocol",
+        "coordinated",
+        "--kill",
+        "1@recovery:2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o)
+            .lines()
+            .any(|l| l.starts_with("wall ") && l.contains("kill never fired: 1@recovery:2")),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("kill 1@recovery:2 never fired: the job had fewer recoveries"),
+        "{}",
+        stderr(&o)
+    );
+    let example = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .map(|d| d.join("examples").join("launched_solver"))
+        .expect("target directory");
+    assert!(example.exists(), "{} not built", example.display());
+    let example = example.to_str().expect("utf-8");
+    let o = lazarus(&[
+        "launch",
+        "-n",
+        "2",
+        "--kill",
+        "1@50%",
+        "--",
+        example,
+        "20",
+        "no-progress",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("warning: kill 1@50% never fired") && err.contains("ctx.set_progress"),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("lazarus launch:") && l.contains("kill never fired: 1@50%")),
+        "{err}"
+    );
 }

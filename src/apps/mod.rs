@@ -150,7 +150,29 @@ pub fn iterations(app: AppKind, p: &AppParams) -> Result<u64> {
     }
 }
 
-/// Run `app` under `cfg` (its `iterations` is filled in here).
+/// `app` with the parameters that shape its checkpointed state (the
+/// problem, not how long it runs): what a checkpoint directory records
+/// (`Config::program`) so that a restart of another problem is refused.
+pub fn program(app: AppKind, p: &AppParams) -> Result<String> {
+    Ok(match app {
+        AppKind::Stencil => format!("stencil grid {}", stencil::Params::from_app(p)?.n),
+        AppKind::Cg => format!("cg class {}", cg::Params::from_app(p)?.class.class),
+        AppKind::Dht => {
+            let d = dht::Params::from_app(p)?;
+            format!(
+                "dht {} keys per rank in {} slots",
+                d.keys_per_rank, d.table_slots
+            )
+        }
+        AppKind::Pingpong => format!(
+            "pingpong messages up to {} bytes",
+            pingpong::Params::from_app(p)?.max_bytes
+        ),
+    })
+}
+
+/// Run `app` under `cfg` (its `iterations` and `program` are filled in
+/// here).
 pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
     let iterations = match self::iterations(app, p) {
         Ok(n) => n,
@@ -165,6 +187,10 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
     };
     let mut cfg = cfg.clone();
     cfg.iterations = Some(iterations);
+    match program(app, p) {
+        Ok(name) => cfg.program = Some(name),
+        Err(e) => return failed(e),
+    }
     let report = match app {
         AppKind::Stencil => match stencil::Params::from_app(p) {
             Ok(params) => crate::run(&cfg, move |ctx| stencil::rank_main(ctx, &params)),

@@ -106,6 +106,11 @@ impl Default for PatternParams {
 /// Largest value an allreduce element may reach while staying exact in `f64`.
 const F64_EXACT: u128 = 1 << 53;
 
+/// Largest stencil halo message (`--halo-bytes`): every simulated rank
+/// allocates its messages for real, so the bound keeps a study of many
+/// ranks from asking the allocator for the impossible.
+pub const MAX_HALO_BYTES: usize = 64 << 20;
+
 impl PatternParams {
     /// Check the parameters for `pattern` on `ranks` ranks.
     pub fn validate(&self, pattern: Pattern, ranks: usize) -> Result<()> {
@@ -114,7 +119,7 @@ impl PatternParams {
         }
         if !self.compute_s.is_finite() || self.compute_s < 0.0 || self.compute_s > 1e6 {
             return Err(Error::config(
-                "--compute",
+                "--compute-s",
                 format!(
                     "compute time per iteration must be in [0, 1e6] seconds, not {}",
                     self.compute_s
@@ -122,6 +127,14 @@ impl PatternParams {
             ));
         }
         match pattern {
+            Pattern::Stencil if self.halo_bytes > MAX_HALO_BYTES => Err(Error::config(
+                "--halo-bytes",
+                format!(
+                    "a halo message is at most {MAX_HALO_BYTES} bytes (each rank holds four \
+                     of them at once), not {}",
+                    self.halo_bytes
+                ),
+            )),
             Pattern::Stencil if self.halo_bytes < 8 => Err(Error::config(
                 "--halo-bytes",
                 format!(

@@ -30,6 +30,11 @@ pub struct Params {
     pub reps: Option<u64>,
 }
 
+/// Largest message measured (`--size`, 1 GiB): far past where bandwidth
+/// stops changing, and a size that the sender, the receiver and a logging
+/// protocol's copy can all hold.
+pub const MAX_MESSAGE: usize = 1 << 30;
+
 impl Params {
     /// From the common app parameters (`--size` = largest message, default 4 MiB;
     /// `--iterations` = round trips per size).
@@ -41,10 +46,10 @@ impl Params {
             ));
         }
         let max_bytes = p.size.unwrap_or(4 << 20);
-        if max_bytes == 0 {
+        if !(1..=MAX_MESSAGE).contains(&max_bytes) {
             return Err(Error::config(
                 "--size",
-                "the largest message must be at least 1 byte",
+                format!("the largest message must be 1 to {MAX_MESSAGE} bytes, not {max_bytes}"),
             ));
         }
         Ok(Params {

@@ -8,6 +8,7 @@
 //! DIR/gen-0000000012/rank-000000.piece
 //! DIR/gen-0000000012/rank-000001.piece
 //! DIR/gen-0000000012/COMMIT
+//! DIR/MANIFEST
 //! ```
 //!
 //! Generation numbers are zero-padded to 10 digits and ranks to 6 (wider
@@ -43,6 +44,15 @@
 //! |        36 | 20·`k`| per rank 0, 1, …: rank `u64`, length `u64`, CRC32C `u32` |
 //! | 36 + 20·`k` |   4 | CRC32C of every preceding byte                 |
 //!
+//! # Manifest `MANIFEST` (JSON)
+//!
+//! What wrote the directory: `{"program": "cg class S", "ranks": 4,
+//! "protocol": "coordinated"}` ([`Manifest`]; `program` is `null` for a
+//! library job that does not name it). Written when a job that stores to
+//! the directory starts; a `--restart` whose job differs is refused
+//! ([`check_manifest`]). A directory without one (written before manifests
+//! existed) is restarted on the commit records' rank count alone.
+//!
 //! # Crash consistency
 //!
 //! Every file is written under a unique temporary name (`*.tmp`) in its final
@@ -62,7 +72,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Piece;
 use crate::{Error, Rank, Result};
@@ -84,6 +94,10 @@ const COMMIT_FIXED_LEN: usize = 36;
 const COMMIT_ENTRY_LEN: usize = 20;
 const COMMIT_CRC_LEN: usize = 4;
 const COMMIT_NAME: &str = "COMMIT";
+const MANIFEST_NAME: &str = "MANIFEST";
+/// Largest manifest read: a few hundred bytes are written, and a larger
+/// file is not one.
+const MAX_MANIFEST_BYTES: u64 = 64 << 10;
 /// Suffix of a generation directory being deleted by [`retain`]: renaming
 /// first makes the deletion atomic for readers (a half-deleted generation
 /// would otherwise look like a corrupted one).
@@ -162,6 +176,55 @@ fn problem_text(e: &Error) -> String {
         Error::Driver(message) => message.clone(),
         other => other.to_string(),
     }
+}
+
+// ---------------------------------------------------------------------------
+// Reading only regular files
+
+/// Opens `path` for reading if it is a regular file, and refuses anything
+/// else with an error that says what it is: opening a FIFO blocks until a
+/// writer comes (hence `O_NONBLOCK`, which changes nothing for a regular
+/// file), and reading a device or a symbolic link to one (`/dev/zero`)
+/// never ends (hence `O_NOFOLLOW` and the type check on the opened file).
+fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let refused = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what}, not a regular file: refused, not read"),
+        )
+    };
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused("a symbolic link"),
+            _ => e,
+        })?;
+    let kind = f.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(f);
+    }
+    Err(refused(if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a file"
+    }))
+}
+
+/// The whole content of the regular file `path` ([`open_regular`]).
+fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = open_regular(path)?;
+    let mut buf = Vec::with_capacity(f.metadata().map_or(0, |m| m.len() as usize));
+    f.read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 // ---------------------------------------------------------------------------
@@ -451,7 +514,7 @@ pub fn write_piece(dir: &Path, piece: &Piece) -> Result<()> {
 /// file, the rank and the generation.
 pub fn read_piece(dir: &Path, generation: u64, rank: Rank) -> Result<Piece> {
     let path = piece_path(dir, generation, rank);
-    let buf = fs::read(&path).map_err(|e| {
+    let buf = read_regular(&path).map_err(|e| {
         Error::Driver(format!(
             "checkpoint directory: cannot read the piece of rank {rank}, generation \
              {generation} at {}: {e}",
@@ -488,7 +551,7 @@ pub fn commit_from_headers(dir: &Path, generation: u64, ranks: usize) -> Result<
 /// matches it (cheap: used before committing, when the data was just
 /// checksummed by its writer).
 fn read_piece_header(path: &Path) -> io::Result<(PieceHeader, u64)> {
-    let f = File::open(path)?;
+    let f = open_regular(path)?;
     let size = f.metadata()?.len();
     let mut buf = Vec::with_capacity(PIECE_HEADER_LEN);
     f.take(PIECE_HEADER_LEN as u64).read_to_end(&mut buf)?;
@@ -710,7 +773,7 @@ enum CommitState {
 
 fn load_commit(dir: &Path, generation: u64) -> CommitState {
     let path = commit_path(dir, generation);
-    match fs::read(&path) {
+    match read_regular(&path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => CommitState::Missing,
         Err(e) => CommitState::Invalid(format!("cannot read {}: {e}", path.display())),
         Ok(buf) => match parse_commit(&buf, generation) {
@@ -851,6 +914,106 @@ pub fn committed_generations(dir: &Path) -> Result<Vec<u64>> {
 }
 
 // ---------------------------------------------------------------------------
+// Manifest
+
+/// What wrote a checkpoint directory (`DIR/MANIFEST`): a restart of another
+/// job from it is refused instead of restoring state that is not its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The program and the parameters that shape its state
+    /// (`Config::program`, e.g. `cg class S`); `None` when the job did not
+    /// say.
+    pub program: Option<String>,
+    /// Ranks of the job.
+    pub ranks: usize,
+    /// Its protocol.
+    pub protocol: String,
+}
+
+impl Manifest {
+    /// The manifest of the job `cfg` describes.
+    pub fn of(cfg: &crate::Config) -> Self {
+        Manifest {
+            program: cfg.program.clone(),
+            ranks: cfg.ranks,
+            protocol: cfg.protocol.name().to_string(),
+        }
+    }
+}
+
+impl fmt::Display for Manifest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.program {
+            Some(p) => write!(f, "`{p}`")?,
+            None => f.write_str("an unnamed program")?,
+        }
+        write!(f, " on {} ranks, protocol {}", self.ranks, self.protocol)
+    }
+}
+
+/// Writes `manifest` into `dir` (created if missing), atomically and
+/// durably like a piece. I/O failures are [`Error::Driver`] naming the path.
+pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
+    ensure_dir(dir)?;
+    let text = serde_json::to_vec_pretty(manifest).map_err(|e| Error::Codec {
+        what: "checkpoint manifest".into(),
+        detail: e.to_string(),
+    })?;
+    write_atomic(dir, MANIFEST_NAME, &[&text, b"\n"])
+}
+
+/// The manifest of `dir`, `None` if it has none. A manifest that is not a
+/// regular file, is too large, or does not parse is [`Error::Driver`]
+/// naming it.
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
+    let path = dir.join(MANIFEST_NAME);
+    let mut buf = Vec::new();
+    match open_regular(&path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("read", &path, &e)),
+        Ok(f) => f
+            .take(MAX_MANIFEST_BYTES + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| io_error("read", &path, &e))?,
+    };
+    let bad = |why: String| {
+        Error::Driver(format!(
+            "checkpoint directory: {} is not a manifest: {why}",
+            path.display()
+        ))
+    };
+    if buf.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(bad(format!("larger than {MAX_MANIFEST_BYTES} bytes")));
+    }
+    serde_json::from_slice(&buf)
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// Checks that `dir` was written by the job `job` describes, before a
+/// restart from it: the program (when both name one), the rank count and
+/// the protocol must agree. A mismatch, or a manifest that cannot be read,
+/// is [`Error::Config`] naming `--restart`. Returns the manifest found
+/// (`None`: a directory written before manifests, accepted).
+pub fn check_manifest(dir: &Path, job: &Manifest) -> Result<Option<Manifest>> {
+    let refuse = |why: String| Error::config("--restart", why);
+    let Some(recorded) = read_manifest(dir).map_err(|e| refuse(problem_text(&e)))? else {
+        return Ok(None);
+    };
+    let same_program = match (&recorded.program, &job.program) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    };
+    if !same_program || recorded.ranks != job.ranks || recorded.protocol != job.protocol {
+        return Err(refuse(format!(
+            "{} holds the checkpoints of {recorded}; this job is {job}",
+            dir.display()
+        )));
+    }
+    Ok(Some(recorded))
+}
+
+// ---------------------------------------------------------------------------
 // Restart
 
 /// A generation that a restart passed over, and why.
@@ -969,6 +1132,20 @@ pub fn restart_plan(dir: &Path, ranks: usize) -> Result<RestartPlan> {
         generation: None,
         skipped,
     })
+}
+
+/// The restart of the job `cfg` from `dir`: checks the directory's manifest
+/// against the job ([`check_manifest`]) and chooses the generation
+/// ([`restart_plan`]). Returns the manifest found and the plan; an error
+/// (a mismatch, an unreadable directory) is [`Error::Config`] naming
+/// `--restart`.
+pub fn plan_restart(dir: &Path, cfg: &crate::Config) -> Result<(Option<Manifest>, RestartPlan)> {
+    let recorded = check_manifest(dir, &Manifest::of(cfg))?;
+    let plan = restart_plan(dir, cfg.ranks).map_err(|e| match e {
+        e @ Error::Config { .. } => e,
+        e => Error::config("--restart", problem_text(&e)),
+    })?;
+    Ok((recorded, plan))
 }
 
 /// The newest committed generation a job of `ranks` ranks can restart from:
@@ -1109,6 +1286,8 @@ pub struct InspectReport {
     pub restart_from: Option<u64>,
     /// Top-level entries that are not generation directories (ignored).
     pub ignored: Vec<String>,
+    /// What wrote the directory (its `MANIFEST`), if it says.
+    pub manifest: Option<Manifest>,
 }
 
 fn inspect_generation(dir: &Path, generation: u64, path: &Path) -> GenerationReport {
@@ -1190,13 +1369,21 @@ fn inspect_generation(dir: &Path, generation: u64, path: &Path) -> GenerationRep
 /// never as an error; only an unreadable `dir` is [`Error::Driver`].
 pub fn inspect(dir: &Path) -> Result<InspectReport> {
     let s = scan(dir)?;
+    let mut ignored = s.ignored;
+    let manifest = match read_manifest(dir) {
+        Ok(m) => m,
+        Err(e) => {
+            ignored.push(problem_text(&e));
+            None
+        }
+    };
+    ignored.retain(|name| name != MANIFEST_NAME);
     let generations: Vec<GenerationReport> = s
         .generations
         .iter()
         .map(|(g, path)| inspect_generation(dir, *g, path))
         .collect();
     let restart_from = generations.iter().find(|g| g.usable).map(|g| g.generation);
-    let mut ignored = s.ignored;
     ignored.extend(s.leftovers.iter().map(|p| {
         format!(
             "{} (deletion interrupted)",
@@ -1208,6 +1395,7 @@ pub fn inspect(dir: &Path) -> Result<InspectReport> {
         generations,
         restart_from,
         ignored,
+        manifest,
     })
 }
 
@@ -1234,6 +1422,9 @@ fn human_bytes(b: u64) -> String {
 impl fmt::Display for InspectReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "Checkpoint directory {}", self.dir.display())?;
+        if let Some(m) = &self.manifest {
+            writeln!(f, "  written by {m}")?;
+        }
         if self.generations.is_empty() {
             writeln!(f, "  no checkpoint generations")?;
         } else {
@@ -1668,6 +1859,122 @@ mod tests {
             generation_dir(dir, 8).exists(),
             "newer uncommitted generations stay"
         );
+    }
+
+    /// Runs `f` on another thread and fails if it does not return within
+    /// 20 s: a read that blocks (a FIFO) must fail the test, not hang it.
+    fn within_seconds<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("blocked on a file that is not a regular one")
+    }
+
+    /// A FIFO, a device and a symbolic link to `/dev/zero` in place of a
+    /// piece or a commit record are refused by name, never opened for a
+    /// blocking read nor read without end; the restart falls back past them.
+    #[test]
+    fn fifos_devices_and_links_are_refused_not_read() {
+        let t = TempDir::new("special");
+        let dir = t.path().to_path_buf();
+        write_generation(&dir, 1, 2, true);
+        for g in 2..=5 {
+            write_generation(&dir, g, 2, true);
+        }
+        let fifo = |path: &Path| {
+            let _ = fs::remove_file(path);
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: a valid NUL-terminated path; mkfifo only reads it.
+            #[allow(unsafe_code)]
+            let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+            assert_eq!(rc, 0, "mkfifo {}", path.display());
+        };
+        let link = |target: &str, path: &Path| {
+            let _ = fs::remove_file(path);
+            std::os::unix::fs::symlink(target, path).expect("symlink");
+        };
+        fifo(&piece_path(&dir, 5, 1));
+        fifo(&commit_path(&dir, 4));
+        link("/dev/zero", &piece_path(&dir, 3, 0));
+        link("/dev/null", &commit_path(&dir, 2));
+        let d = dir.clone();
+        let plan = within_seconds(move || restart_plan(&d, 2)).expect("plan");
+        assert_eq!(plan.generation, Some(1), "{plan:?}");
+        let reasons: Vec<&str> = plan.skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert_eq!(reasons.len(), 4, "{reasons:?}");
+        for (reason, (path, what)) in reasons.iter().zip([
+            (piece_path(&dir, 5, 1), "a FIFO"),
+            (commit_path(&dir, 4), "a FIFO"),
+            (piece_path(&dir, 3, 0), "a symbolic link"),
+            (commit_path(&dir, 2), "a symbolic link"),
+        ]) {
+            assert!(
+                reason.contains(&path.display().to_string()) && reason.contains(what),
+                "{reason}"
+            );
+        }
+        let d = dir.clone();
+        let e = within_seconds(move || read_committed_piece(&d, 5, 1)).expect_err("a FIFO");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let d = dir.clone();
+        let report = within_seconds(move || inspect(&d)).expect("inspect");
+        assert_eq!(report.restart_from, Some(1));
+        // A device itself, not through a link (an unprivileged test cannot
+        // make one in the directory).
+        let e = open_regular(Path::new("/dev/zero")).expect_err("a device");
+        assert!(e.to_string().contains("a device"), "{e}");
+    }
+
+    /// A manifest is compared on what both sides know: a job that does not
+    /// name its program (a library user) restarts a named directory and a
+    /// named job an unnamed one; another program, rank count or protocol,
+    /// or a manifest that is not one, is refused naming `--restart`.
+    #[test]
+    fn a_manifest_is_compared_on_what_is_known() {
+        let t = TempDir::new("manifest");
+        let dir = t.path();
+        let named = Manifest {
+            program: Some("cg class S".into()),
+            ranks: 4,
+            protocol: "coordinated".into(),
+        };
+        assert_eq!(check_manifest(dir, &named).expect("none yet"), None);
+        write_manifest(dir, &named).expect("write");
+        assert_eq!(read_manifest(dir).expect("read"), Some(named.clone()));
+        let unnamed = Manifest {
+            program: None,
+            ..named.clone()
+        };
+        assert!(check_manifest(dir, &unnamed).is_ok());
+        let refused = |job: Manifest| match check_manifest(dir, &job) {
+            Err(Error::Config { option, detail }) => {
+                assert_eq!(option, "--restart");
+                assert!(detail.contains("cg class S"), "{detail}");
+            }
+            other => panic!("{job:?}: {other:?}"),
+        };
+        refused(Manifest {
+            program: Some("dht 4096 keys per rank in 1024 slots".into()),
+            ..named.clone()
+        });
+        refused(Manifest {
+            ranks: 3,
+            ..unnamed.clone()
+        });
+        refused(Manifest {
+            protocol: "pessimistic".into(),
+            ..unnamed.clone()
+        });
+        write_manifest(dir, &unnamed).expect("write");
+        assert!(check_manifest(dir, &named).is_ok());
+        fs::write(dir.join(MANIFEST_NAME), b"not json").expect("write");
+        assert!(matches!(
+            check_manifest(dir, &named),
+            Err(Error::Config { option, .. }) if option == "--restart"
+        ));
+        assert!(inspect(dir).expect("inspect").manifest.is_none());
     }
 
     #[test]

@@ -340,6 +340,11 @@ pub fn bench(
     if reps == 0 {
         return Err(Error::config("--reps", "at least one repetition"));
     }
+    // A protocol that cannot run this configuration is a usage error, not
+    // a row of failed runs.
+    for &p in protocols {
+        base.clone().compared_under(p).validate()?;
+    }
     let mut runs: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut failed: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     // Failure-free and failure runs alternate too, so noise hits both alike.

@@ -106,6 +106,12 @@ pub fn scale_study(
         reset_peak_rss();
         let report = run_pattern(pattern, params, &cfg);
         let peak_rss_mib = peak_rss_mib();
+        // A configuration the simulator refuses at its start (more ranks
+        // than the kernel's mapping limit holds) is a usage error, not a
+        // row that failed.
+        if let Err(e @ Error::Config { .. }) = &report.outcome {
+            return Err(e.clone());
+        }
         let Some(sim) = report.sim else {
             // The job did not start: its configuration is invalid.
             return Err(match report.outcome {

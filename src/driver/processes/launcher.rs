@@ -575,6 +575,8 @@ fn driver_err(what: &str, e: impl std::fmt::Display) -> Error {
 
 impl<'a> Launcher<'a> {
     fn new(spec: &'a LaunchSpec) -> Result<Self> {
+        // Before the per-rank tables below are sized by it.
+        crate::config::check_ranks(crate::Backend::Processes, spec.ranks)?;
         let job: u64 = rand::rng().random();
         let tmp = std::env::temp_dir();
         sweep_stale_jobs(&[&tmp, Path::new(SHM_ROOT)]);
