@@ -41,6 +41,14 @@ pub struct JobStats {
     /// Of those, restarts from the very beginning because no complete
     /// committed generation survived (or none existed yet).
     pub ranks_restarted_from_scratch: u64,
+    /// Of those, restarts from the beginning of a rank that had a stored
+    /// checkpoint with a holder alive since it was stored (message
+    /// logging): a restart that recovery should not have needed. The
+    /// driver counts them from what it saw (stored pieces, kills,
+    /// placement), not from what the protocol decided; `lazarus chaos`
+    /// fails such a case.
+    #[serde(default)]
+    pub needless_restarts: u64,
     /// Time from a failure until every rank resumed, summed over recoveries.
     pub recovery_s: f64,
     /// Checkpoint generations committed.
@@ -151,6 +159,7 @@ impl JobStats {
         self.ranks_killed += e.ranks_killed;
         self.ranks_rolled_back += e.ranks_rolled_back;
         self.ranks_restarted_from_scratch += e.ranks_restarted_from_scratch;
+        self.needless_restarts += e.needless_restarts;
         self.recovery_s += e.recovery_s;
         self.checkpoints += e.checkpoints;
         self.checkpoint_bytes += e.checkpoint_bytes;

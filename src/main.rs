@@ -434,6 +434,12 @@ struct ChaosArgs {
     /// Wall-clock bound per case, seconds.
     #[arg(long, default_value_t = 120.0)]
     bound_s: f64,
+    /// How kill schedules are drawn: mixed (one to three kills at any
+    /// moment) or cascade (a first kill, then kills during its recovery:
+    /// of its holders, its replacement, a set peer, another node, at
+    /// finalize).
+    #[arg(long, default_value = "mixed")]
+    schedules: String,
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -979,6 +985,13 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.ranks_restarted_from_scratch
         );
     }
+    if st.needless_restarts > 0 {
+        eprintln!(
+            "warning: {} of those rank(s) had a stored checkpoint with a holder alive: recovery \
+             should have restored it",
+            st.needless_restarts
+        );
+    }
     if let Some(path) = &args.json {
         write_json(path, &summary)?;
     }
@@ -1283,6 +1296,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
             "must be a positive number of seconds",
         )));
     }
+    let schedules = args.schedules.parse().map_err(usage)?;
     let plan = ChaosPlan {
         app,
         params,
@@ -1292,6 +1306,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         from: args.from,
         seeds: args.seeds,
         bound: std::time::Duration::from_secs_f64(args.bound_s),
+        schedules,
     };
     let report = chaos(&plan, |c| {
         if c.verdict != Verdict::Pass {
@@ -1309,20 +1324,27 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
             } else {
                 format!(", trace {}", c.trace_hash)
             };
+            let restarts = if c.job_restarts > 0 {
+                format!(", {} necessary job restart(s)", c.job_restarts)
+            } else {
+                String::new()
+            };
             eprintln!(
-                "seed {} {}: pass ({} failures{trace}, {:.2} s)",
+                "seed {} {}: pass ({} failures{restarts}{trace}, {:.2} s)",
                 c.seed, c.protocol, c.failures, c.wall_s
             );
         }
     })
     .map_err(usage)?;
     println!(
-        "chaos {}: {} cases, {} failed ({} declared unrecoverable by the protocol), {:.1} s; \
-         every case must print {}",
+        "chaos {}: {} cases, {} failed ({} declared unrecoverable by the protocol, {} hung or \
+         timed out), {} passed after a necessary job restart, {:.1} s; every case must print {}",
         report.app,
         report.cases,
         report.failed,
         report.unrecoverable,
+        report.hangs,
+        report.necessary_restarts,
         report.wall_s,
         report.expected
     );

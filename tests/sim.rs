@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lazarus::apps::{AppKind, AppParams, AppRun, run_app};
-use lazarus::tools::chaos::{ChaosPlan, Verdict, chaos, scenario};
+use lazarus::tools::chaos::{ChaosPlan, Schedules, Verdict, chaos, scenario};
 use lazarus::{Backend, Config, Error, ProtocolKind};
 
 fn cg_s() -> AppParams {
@@ -133,9 +133,48 @@ fn small_chaos_sweeps_pass() {
             from: 1,
             seeds,
             bound: Duration::from_secs(120),
+            schedules: Schedules::Mixed,
         };
         let report = chaos(&plan, |_| {}).expect("sweep runs");
         assert_eq!(report.cases as u64, seeds);
+        assert!(report.failures.is_empty(), "{app}: {:#?}", report.failures);
+    }
+}
+
+/// Issue 33: failures that cascade into recovery (holders, replacements,
+/// set peers, finalize, node after node) under every logging protocol, on
+/// odd rank counts that are not multiples of the node count: no hang, no
+/// wrong answer, no restart from the beginning that a surviving checkpoint
+/// made needless. (The closing note's sweeps are `lazarus chaos
+/// --schedules cascade` with 2,000 seeds.)
+#[test]
+fn cascade_sweeps_pass_under_every_logging_protocol() {
+    let stencil = AppParams {
+        size: Some(64),
+        iterations: Some(30),
+        ..AppParams::default()
+    };
+    for (app, params, ranks, nodes) in [
+        (AppKind::Stencil, stencil, 5, 2),
+        (AppKind::Cg, cg_s(), 7, 3),
+    ] {
+        let plan = ChaosPlan {
+            backend: Backend::Sim,
+            app,
+            params,
+            base: Config::new(ranks).nodes(nodes).checkpoint_every(2),
+            protocols: vec![
+                ProtocolKind::Pessimistic,
+                ProtocolKind::Ulml,
+                ProtocolKind::Correlated,
+            ],
+            from: 1,
+            seeds: 25,
+            bound: Duration::from_secs(120),
+            schedules: Schedules::Cascade,
+        };
+        let report = chaos(&plan, |_| {}).expect("sweep runs");
+        assert_eq!(report.cases, 75);
         assert!(report.failures.is_empty(), "{app}: {:#?}", report.failures);
     }
 }
@@ -153,6 +192,7 @@ fn chaos_catches_a_protocol_that_cannot_recover() {
         from: 1,
         seeds: 3,
         bound: Duration::from_secs(60),
+        schedules: Schedules::Mixed,
     };
     let report = chaos(&plan, |_| {}).expect("sweep runs");
     assert_eq!(report.failed, 3);

@@ -113,6 +113,13 @@ pub enum Stat {
         /// Seconds this rank spent inside the checkpoint.
         seconds: f64,
     },
+    /// Under message logging: this rank's checkpoint `generation` is
+    /// stored for good (at every holder, and under `correlated` committed
+    /// by its set).
+    PieceStored {
+        /// Generation.
+        generation: u64,
+    },
     /// This rank resumed computation after recovering from the failure event
     /// `epoch`.
     Resumed {

@@ -341,6 +341,12 @@ pub(crate) struct StatsBook {
     /// `Stat::Usage` reports so far and their summed peak resident sets.
     memory_reports: u64,
     peak_rss_sum: u64,
+    /// Under message logging, per rank: the holders of its newest stored
+    /// checkpoint that have not died since it was stored (`None`: none
+    /// stored, or every holder died). A rank restarting from the
+    /// beginning while this is `Some` had a checkpoint to restore
+    /// (`JobStats::needless_restarts`).
+    protected: Vec<Option<std::collections::BTreeSet<Rank>>>,
 }
 
 impl StatsBook {
@@ -362,6 +368,7 @@ impl StatsBook {
             rolling_back: std::collections::BTreeSet::new(),
             memory_reports: 0,
             peak_rss_sum: 0,
+            protected: vec![None; ranks],
         }
     }
 
@@ -376,6 +383,14 @@ impl StatsBook {
         }
         if self.recovery_open.is_none() {
             self.recovery_open = Some(now);
+        }
+        for holders in self.protected.iter_mut() {
+            if let Some(h) = holders {
+                h.retain(|r| !victims.contains(r));
+                if h.is_empty() {
+                    *holders = None;
+                }
+            }
         }
     }
 
@@ -415,6 +430,9 @@ impl StatsBook {
                 }
                 if from_scratch {
                     st.ranks_restarted_from_scratch += 1;
+                    if self.protected.get(rank).is_some_and(Option::is_some) {
+                        st.needless_restarts += 1;
+                    }
                 }
                 let n = self.resumed.entry(epoch).or_insert(0);
                 *n += 1;
@@ -461,6 +479,16 @@ impl StatsBook {
                 st.daly_every = Some(every);
                 st.daly_interval_s = Some(tau_s);
                 st.daly_cost_s = Some(cost_s);
+            }
+            Stat::PieceStored { .. } => {
+                if let (Some(pl), Some(p)) = (&self.placement, self.protected.get_mut(rank)) {
+                    let holders: std::collections::BTreeSet<Rank> = pl
+                        .partner(rank)
+                        .into_iter()
+                        .chain(pl.second_partner(rank))
+                        .collect();
+                    *p = (!holders.is_empty()).then_some(holders);
+                }
             }
             Stat::Usage {
                 peak_rss_bytes,

@@ -698,6 +698,7 @@ impl Protocol for Correlated {
         match event {
             Event::SafePoint { index } => self.on_safe_point(index, cx),
             Event::PieceStored { generation } => {
+                self.p2p.stored_again(generation, cx);
                 self.to_leader(cx, SetMsg::Stored { generation });
             }
             Event::Control {

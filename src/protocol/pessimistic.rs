@@ -568,7 +568,8 @@ impl Pessimistic {
     /// (Under set coordination, once the whole set stored it.)
     pub(crate) fn commit_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
         let Some((hsr, rsn)) = self.pending.remove(&generation) else {
-            return; // a re-replicated older piece
+            self.stored_again(generation, cx); // a re-replicated older piece
+            return;
         };
         self.pending.retain(|&g, _| g > generation);
         // Holders first: a rank killed between the two must not leave
@@ -592,6 +593,16 @@ impl Pessimistic {
         self.replay.retain(|d| d.rsn > rsn);
         self.stability.floor = self.stability.floor.max(rsn);
         self.stored = Some(generation);
+        cx.emit(Action::Record(Stat::PieceStored { generation }));
+    }
+
+    /// A piece stored for good was stored again (a replaced holder was
+    /// re-provisioned): every holder has it once more. Said to the driver,
+    /// whose statistics judge restarts from the beginning against it.
+    pub(crate) fn stored_again(&self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        if self.stored == Some(generation) {
+            cx.emit(Action::Record(Stat::PieceStored { generation }));
+        }
     }
 
     /// The other members of this rank's correlated set (none outside

@@ -29,7 +29,7 @@ use crate::fault::{KillSpec, Moment, Victim};
 use crate::protocol::ProtocolKind;
 use crate::protocol::correlated::SetRule;
 use crate::store::levels::LevelSpec;
-use crate::{Backend, Config, Error, Result};
+use crate::{Backend, Config, Error, Rank, Result};
 
 /// What a chaos sweep runs.
 #[derive(Debug, Clone)]
@@ -53,6 +53,35 @@ pub struct ChaosPlan {
     pub seeds: u64,
     /// Wall-clock bound per case.
     pub bound: Duration,
+    /// How kill schedules are drawn.
+    pub schedules: Schedules,
+}
+
+/// How `lazarus chaos` draws a case's kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Schedules {
+    /// One to three kills of ranks or nodes, at a fraction of progress, an
+    /// iteration, a checkpoint, or a recovery ([`scenario`]).
+    #[default]
+    Mixed,
+    /// Failures that cascade into recovery ([`cascade`]): a first kill,
+    /// then kills during its recovery of its holders, of its replacement,
+    /// of a set peer, at finalize, and of several nodes in a row.
+    Cascade,
+}
+
+impl std::str::FromStr for Schedules {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "mixed" => Ok(Schedules::Mixed),
+            "cascade" => Ok(Schedules::Cascade),
+            _ => Err(Error::config(
+                "--schedules",
+                format!("`{s}` is not one of mixed, cascade"),
+            )),
+        }
+    }
 }
 
 /// The verdict on one case.
@@ -60,6 +89,14 @@ pub struct ChaosPlan {
 pub enum Verdict {
     /// Verified, with the failure-free value.
     Pass,
+    /// The right value, but a rank restarted from the beginning although
+    /// a stored checkpoint of it had a holder alive
+    /// (`JobStats::needless_restarts`), or the job restarted although no
+    /// rank died together with every holder of its checkpoint.
+    NeedlessRestart {
+        /// What was restarted.
+        detail: String,
+    },
     /// Verified or not, the value differs.
     Mismatch {
         /// What the case printed.
@@ -101,6 +138,10 @@ pub struct ChaosCase {
     pub verdict: Verdict,
     /// Failure events that happened.
     pub failures: u64,
+    /// Times the job started again from the beginning because a rank died
+    /// together with every holder of its checkpoint (a restart the case
+    /// judged necessary; a needless one fails the case).
+    pub job_restarts: u64,
     /// The simulator's trace hash (empty on other backends).
     pub trace_hash: String,
     /// Wall time of the case, seconds.
@@ -122,6 +163,12 @@ pub struct ChaosReport {
     pub failed: usize,
     /// Of those, cases the protocol declared unrecoverable.
     pub unrecoverable: usize,
+    /// Of those, cases that ran out of time or hung (the simulator's hang
+    /// verdict is a `Failed` naming it).
+    pub hangs: usize,
+    /// Passing cases in which the job started again from the beginning,
+    /// necessarily (every holder of a rank's checkpoint died).
+    pub necessary_restarts: usize,
     /// Wall time of the sweep, seconds.
     pub wall_s: f64,
     /// The failing cases.
@@ -152,6 +199,91 @@ pub fn scenario(seed: u64, base: &Config, iterations: u64) -> Vec<KillSpec> {
         kills.push(KillSpec { victim, moment });
     }
     kills
+}
+
+/// The kills of the cascade scenario of `seed` (see
+/// [`Schedules::Cascade`]): a first kill of a rank or a node while the job
+/// computes, then one to three kills each aimed at a moment where an
+/// earlier failure is still being recovered from: a holder of the first
+/// victim's checkpoint, the replacement itself, a rank of its node (a set
+/// peer under `correlated`), another node, or a rank entering finalize.
+pub fn cascade(seed: u64, base: &Config, iterations: u64) -> Vec<KillSpec> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xca5c_ade5);
+    let Ok(pl) = base.placement() else {
+        return scenario(seed, base, iterations);
+    };
+    let first_rank = rng.random_range(0..base.ranks);
+    let first = if base.nodes > 1 && rng.random_range(0..10) < 3 {
+        Victim::Node(pl.node_of(first_rank))
+    } else {
+        Victim::Rank(first_rank)
+    };
+    let moment = if iterations >= 2 && rng.random_range(0..10) < 2 {
+        Moment::Checkpoint(rng.random_range(1..=2))
+    } else {
+        Moment::Progress(f64::from(rng.random_range(5..95u32)))
+    };
+    let mut kills = vec![KillSpec {
+        victim: first,
+        moment,
+    }];
+    let more = rng.random_range(1..=3u32);
+    for i in 1..=u64::from(more) {
+        let during = Moment::Recovery(rng.random_range(1..=i));
+        let holders: Vec<Rank> = pl
+            .partner(first_rank)
+            .into_iter()
+            .chain(pl.second_partner(first_rank))
+            .collect();
+        let peers: Vec<Rank> = (0..base.ranks)
+            .filter(|&r| r != first_rank && pl.node_of(r) == pl.node_of(first_rank))
+            .collect();
+        let (victim, moment) = match rng.random_range(0..6) {
+            0 if !holders.is_empty() => (
+                Victim::Rank(holders[rng.random_range(0..holders.len())]),
+                during,
+            ),
+            1 => (Victim::Rank(first_rank), during),
+            2 if !peers.is_empty() => (
+                Victim::Rank(peers[rng.random_range(0..peers.len())]),
+                during,
+            ),
+            3 if base.nodes > 1 => (Victim::Node(rng.random_range(0..base.nodes)), during),
+            4 => (
+                Victim::Rank(rng.random_range(0..base.ranks)),
+                Moment::Finalize,
+            ),
+            _ => (Victim::Rank(rng.random_range(0..base.ranks)), during),
+        };
+        kills.push(KillSpec { victim, moment });
+    }
+    kills
+}
+
+/// Whether some rank died together with every holder of its checkpoint
+/// (its partner and second partner, 004 §2.2) in `fired`: only then may a
+/// logging protocol start the job again from the beginning.
+fn holders_lost(cfg: &Config, fired: &[KillSpec]) -> bool {
+    let Ok(pl) = cfg.placement() else {
+        return false;
+    };
+    let mut dead = std::collections::BTreeSet::new();
+    for k in fired {
+        match k.victim {
+            Victim::Rank(r) => {
+                dead.insert(r);
+            }
+            Victim::Node(n) => dead.extend((0..cfg.ranks).filter(|&r| pl.node_of(r) == n)),
+        }
+    }
+    dead.iter().any(|&r| {
+        let holders: Vec<Rank> = pl
+            .partner(r)
+            .into_iter()
+            .chain(pl.second_partner(r))
+            .collect();
+        !holders.is_empty() && holders.iter().all(|h| dead.contains(h))
+    })
 }
 
 /// The `lazarus run` command that replays a case.
@@ -216,6 +348,7 @@ fn run_case(
         kills: cfg.kills.iter().map(|k| k.to_string()).collect(),
         verdict: Verdict::Timeout,
         failures: 0,
+        job_restarts: 0,
         trace_hash: String::new(),
         wall_s: 0.0,
         reproduce: reproduce_command(app, params, cfg),
@@ -227,6 +360,41 @@ fn run_case(
         },
         Ok(Ok(run)) => {
             case.failures = run.stats.failures;
+            case.job_restarts = run.stats.job_restarts;
+            // The kills that fired: each unfired one takes out one kill
+            // of the same spelling (a schedule may name one twice).
+            let mut unfired = run.stats.unfired_kills.clone();
+            let fired: Vec<KillSpec> = (cfg.kills.iter())
+                .filter(|k| {
+                    let s = k.to_string();
+                    match unfired.iter().position(|u| *u == s) {
+                        Some(i) => {
+                            unfired.swap_remove(i);
+                            false
+                        }
+                        None => true,
+                    }
+                })
+                .copied()
+                .collect();
+            let needless = if run.stats.needless_restarts > 0 {
+                Some(format!(
+                    "{} rank(s) restarted from the beginning with a stored checkpoint whose \
+                     holder was alive",
+                    run.stats.needless_restarts
+                ))
+            } else if run.stats.job_restarts > 0
+                && cfg.protocol.logs_messages()
+                && !holders_lost(cfg, &fired)
+            {
+                Some(format!(
+                    "the job started again from the beginning {} time(s), yet no rank died \
+                     with every holder of its checkpoint",
+                    run.stats.job_restarts
+                ))
+            } else {
+                None
+            };
             case.trace_hash = run
                 .sim
                 .map(|s| format!("{:016x}", s.trace_hash))
@@ -240,7 +408,10 @@ fn run_case(
                 },
                 Ok(v) if v.value != expected => Verdict::Mismatch { got: v.value },
                 Ok(v) if !v.verified => Verdict::NotVerified { detail: v.detail },
-                Ok(_) => Verdict::Pass,
+                Ok(_) => match needless {
+                    Some(detail) => Verdict::NeedlessRestart { detail },
+                    None => Verdict::Pass,
+                },
             }
         }
     };
@@ -286,16 +457,23 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
     };
     let mut failures = Vec::new();
     let mut cases = 0;
+    let mut necessary_restarts = 0;
     'sweep: for seed in plan.from..plan.from + plan.seeds {
         for &protocol in &plan.protocols {
             let mut cfg = base.clone().compared_under(protocol).seed(seed);
-            cfg.kills = scenario(seed, &cfg, n);
+            cfg.kills = match plan.schedules {
+                Schedules::Mixed => scenario(seed, &cfg, n),
+                Schedules::Cascade => cascade(seed, &cfg, n),
+            };
             let case = run_case(plan.app, &plan.params, &cfg, &expected, plan.bound);
             cases += 1;
             on_case(&case);
             // A hung job on a real backend still holds its processes and
             // cores: nothing after it would be measured fairly.
             let stop = case.verdict == Verdict::Timeout && base.backend != Backend::Sim;
+            if case.verdict == Verdict::Pass && case.job_restarts > 0 {
+                necessary_restarts += 1;
+            }
             if case.verdict != Verdict::Pass {
                 failures.push(case);
             }
@@ -313,6 +491,15 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
             .iter()
             .filter(|c| matches!(c.verdict, Verdict::Unrecoverable { .. }))
             .count(),
+        hangs: failures
+            .iter()
+            .filter(|c| match &c.verdict {
+                Verdict::Timeout => true,
+                Verdict::Failed { error } => error.contains("hang"),
+                _ => false,
+            })
+            .count(),
+        necessary_restarts,
         wall_s: t0.elapsed().as_secs_f64(),
         failures,
     })
@@ -356,6 +543,7 @@ mod tests {
             from: 1,
             seeds: 3,
             bound: Duration::from_secs(60),
+            schedules: Schedules::Mixed,
         };
         let mut seen = 0;
         let r = chaos(&plan, |_| seen += 1);
