@@ -112,6 +112,12 @@ fn run(cfg: Config, program: Program, what: String) -> lazarus::JobReport<u64> {
 /// the epoch counters; sim and threads never, `pessimistic` never). The
 /// case failed with "no access epoch" before epochs were saved, which hid
 /// it. Open: a wrong answer of `ulml`'s one-sided replay on processes.
+/// A guess, not checked: with both ranks 2 and 3 rolled back, rank 2
+/// completes the fence after rank 3's read from a logged barrier result
+/// (ulml only; under `pessimistic` it needs rank 3's regenerated barrier
+/// message, sent after the read), puts its next value, and rank 3, which
+/// has no determinant for that request and has regenerated every message
+/// its receivers had, applies it before re-executing its read.
 const ULML_NODE_KILL_ON_PROCESSES: (Backend, ProtocolKind, &str) =
     (Backend::Processes, ProtocolKind::Ulml, "node:1@i3");
 
