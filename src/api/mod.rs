@@ -79,8 +79,10 @@ impl Ctx {
     }
 
     /// A safe point: the protocol may checkpoint `state` here (with the
-    /// runtime's own state: unexpected messages, window memory, counters).
-    /// All ranks must call it the same number of times.
+    /// runtime's own state: unexpected messages, window memory and fence
+    /// epochs, counters). All ranks must call it the same number of times.
+    /// Called inside a passive-target epoch (`lock`, `lock_all` not yet
+    /// released) it returns `Error::NotSafePoint`, under every protocol.
     pub fn checkpoint<S: Serialize>(&mut self, state: &S) -> Result<()> {
         let mut ser = |buf: &mut Vec<u8>| crate::engine::frame::postcard_append(state, buf);
         self.engine.borrow_mut().safe_point(&mut ser)

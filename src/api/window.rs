@@ -202,13 +202,15 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// GSYNC: complete all operations of every rank and open a new epoch to
-    /// every target (collective).
+    /// every target (collective). A checkpoint between two fences saves the
+    /// open epoch, so a restored rank goes on putting without a new fence.
     pub fn fence(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_fence(self.id)?;
         self.comm.barrier()
     }
 
-    /// LOCK: open a passive-target epoch to `target`.
+    /// LOCK: open a passive-target epoch to `target`. Unlock it before the
+    /// next `Ctx::checkpoint`, which refuses a safe point inside the epoch.
     pub fn lock(&self, target: Rank, kind: LockType) -> Result<()> {
         let t = self.comm.world_rank(target)?;
         self.comm.engine.borrow_mut().window_lock(self.id, t, kind)
@@ -220,7 +222,8 @@ impl<T: Equivalence> Window<T> {
         self.comm.engine.borrow_mut().window_unlock(self.id, t)
     }
 
-    /// A shared lock on every target.
+    /// A shared lock on every target (released before the next
+    /// `Ctx::checkpoint`, as for `lock`).
     pub fn lock_all(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_lock_all(self.id)
     }

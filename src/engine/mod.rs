@@ -14,7 +14,7 @@ mod rma_logging;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -76,18 +76,54 @@ pub struct Snapshot {
     pub ssn_in: Vec<(Rank, u64)>,
     /// Wildcard receptions so far (the last RSN).
     pub rsn: u64,
-    /// Window memories by window id.
-    pub windows: Vec<(WinId, serde_bytes::ByteBuf)>,
+    /// Windows by id: memory, epochs and lock state.
+    pub windows: Vec<SavedWindow>,
     /// Collectives completed per collective context.
     pub collectives: Vec<(ContextId, u64)>,
     /// Operations that order accesses to this rank's windows (message
     /// logging; see `Engine::op_begin`).
     pub ops: u64,
-    /// Passive-target lock state of this rank's windows as a target
-    /// (message logging): `(window, shared holders, exclusive held)`.
-    pub window_locks: Vec<(WinId, u32, bool)>,
     /// Communicators created (split, duplicate), in creation order.
     pub communicators: Vec<CreatedCommunicator>,
+}
+
+/// A window as a checkpoint saves it (window memory is owned by the runtime
+/// and saved by it: DESIGN principle 3).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SavedWindow {
+    /// The window's id.
+    pub id: WinId,
+    /// This rank's part of the window.
+    pub memory: serde_bytes::ByteBuf,
+    /// Its epochs (as origin) and lock state (as target).
+    pub state: WindowState,
+}
+
+/// The state of one window that a checkpoint saves besides its memory.
+///
+/// A checkpoint between two fences is inside an access epoch (MPI-3.1
+/// §11.5.1: a fence ends one epoch and begins the next, so `fence; loop {
+/// put; fence; ...; checkpoint }` checkpoints inside one), so the epoch
+/// comes back with the memory; before it did, a restored rank's first put
+/// failed with "no access epoch". Passive-target epochs are not in it: a
+/// safe point inside one is refused (see [`Engine::safe_point`]).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct WindowState {
+    /// A fence has opened an access epoch to every target (GSYNC).
+    pub fence_open: bool,
+    /// E(p -> q) of 003 §2.2 is `all_targets + per_target[q]`: FLUSH/UNLOCK
+    /// to q increments q's term, GSYNC and the `_all` forms the common one
+    /// (sparse, so a window costs O(targets used), not O(ranks)).
+    pub all_targets: u64,
+    /// The per-target terms of E(p -> q).
+    pub per_target: BTreeMap<Rank, u64>,
+    /// Shared locks held on this rank's window by origins (message logging:
+    /// the engine applies lock requests itself, so the state is saved in
+    /// checkpoints and replayed like the memory; otherwise the driver
+    /// holds it, and no lock is held at a checkpoint).
+    pub readers: u32,
+    /// An exclusive lock is held on this rank's window (message logging).
+    pub writer: bool,
 }
 
 /// Bytes of the application state's length at the start of a piece.
@@ -206,22 +242,11 @@ fn coll_index_done(tag: Tag, done: u64) -> bool {
 struct WinLocal {
     /// World ranks of the window's group (`lock_all` locks exactly these).
     group: Vec<Rank>,
-    /// A fence has opened an access epoch to every target (GSYNC).
-    fence_open: bool,
-    /// Passive-target locks held, per target.
+    /// Passive-target locks held, per target (never at a safe point).
     locks: BTreeMap<Rank, LockType>,
     lock_all: bool,
-    /// E(p -> q) of 003 §2.2 is `all_targets + per_target[q]`: FLUSH/UNLOCK
-    /// to q increments q's term, GSYNC and the `_all` forms the common one
-    /// (sparse, so a window costs O(targets used), not O(ranks)).
-    all_targets: u64,
-    per_target: HashMap<Rank, u64>,
-    /// Shared locks held on this rank's window by origins (message logging:
-    /// the engine applies lock requests itself, so the state is saved in
-    /// checkpoints and replayed like the memory).
-    readers: u32,
-    /// An exclusive lock is held on this rank's window (message logging).
-    writer: bool,
+    /// What checkpoints save: epochs and, as target, lock state.
+    state: WindowState,
 }
 
 /// Owned events queued inside the engine.
@@ -338,14 +363,14 @@ pub struct Engine {
     safe_points: u64,
     progress: f64,
     restore_app: Option<Bytes>,
-    restore_windows: BTreeMap<WinId, Vec<u8>>,
+    /// Restored windows (memory, epochs, lock state), taken as each is
+    /// re-created.
+    restore_windows: BTreeMap<WinId, SavedWindow>,
     /// Communicators this execution created, in order (checkpointed).
     communicators: Vec<CreatedCommunicator>,
     /// Under message logging, the restored checkpoint's communicators not
     /// yet re-created (see [`Engine::recreated_communicator`]).
     restore_communicators: VecDeque<CreatedCommunicator>,
-    /// Lock state of restored windows, set when each is re-created.
-    restore_locks: BTreeMap<WinId, (u32, bool)>,
     restored_generation: Option<u64>,
 
     windows: BTreeMap<WinId, WinLocal>,
@@ -485,7 +510,6 @@ impl Engine {
             restore_windows: BTreeMap::new(),
             communicators: Vec::new(),
             restore_communicators: VecDeque::new(),
-            restore_locks: BTreeMap::new(),
             restored_generation: None,
             windows: BTreeMap::new(),
             next_context: FIRST_FREE_CONTEXT,
@@ -1418,13 +1442,29 @@ impl Engine {
                 self.posted.len() + self.completed.len()
             )));
         }
-        if let Some((id, _)) = self
+        // A passive-target epoch cannot span a safe point, under any
+        // protocol. Where checkpoints are coordinated (`coordinated`, a
+        // correlated set) a checkpoint ends only once every rank taking part
+        // reaches its safe point, and a rank waiting in `lock` for this lock
+        // never gets there (MPI-3.1 §11.5.3: a conflicting lock is granted
+        // only once its holder unlocks), so the program would hang where it
+        // runs without checkpoints; and the restored targets' lock tables
+        // (driver memory, which those protocols do not save since no lock
+        // is held at their cut) would not show the lock. Refusing it under
+        // every protocol keeps one program valid under all of them (DESIGN
+        // principle 1). Fence epochs are saved instead (`WindowState`).
+        if let Some((id, w)) = self
             .windows
             .iter()
             .find(|(_, w)| w.lock_all || !w.locks.is_empty())
         {
+            let held = match w.locks.keys().next() {
+                Some(t) if !w.lock_all => format!("a lock on rank {t}"),
+                _ => "lock_all".to_string(),
+            };
             return Err(Error::NotSafePoint(format!(
-                "window {id} has an open passive-target (lock) epoch"
+                "window {id}: a safe point inside a passive-target epoch ({held}) is refused; \
+                 unlock before the checkpoint and lock again after it"
             )));
         }
         // Under message logging, what arrived meanwhile is handled first:
@@ -1498,18 +1538,15 @@ impl Engine {
 
     fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Segments> {
         let mut windows = Vec::with_capacity(self.windows.len());
-        let ids: Vec<WinId> = self.windows.keys().copied().collect();
-        for id in ids {
+        for (&id, w) in &self.windows {
             let mut mem = Vec::new();
             self.ep.with_local_window(id, &mut |m| mem = m.to_vec())?;
-            windows.push((id, serde_bytes::ByteBuf::from(mem)));
+            windows.push(SavedWindow {
+                id,
+                memory: serde_bytes::ByteBuf::from(mem),
+                state: w.state.clone(),
+            });
         }
-        let window_locks = self
-            .windows
-            .iter()
-            .filter(|(_, w)| w.readers > 0 || w.writer)
-            .map(|(&id, w)| (id, w.readers, w.writer))
-            .collect();
         let snap = Snapshot {
             safe_points: self.safe_points,
             progress: self.progress,
@@ -1530,13 +1567,14 @@ impl Engine {
             windows,
             collectives: self.coll_seq.iter().map(|(&c, &n)| (c, n)).collect(),
             ops: self.ops,
-            window_locks,
             communicators: self.communicators.clone(),
         };
         let unexpected: usize = (snap.unexpected.iter())
             .map(|m| m.payload.len() + frame::ENCODED_MESSAGE_OVERHEAD)
             .sum();
-        let windows: usize = snap.windows.iter().map(|(_, m)| m.len() + 16).sum();
+        let windows: usize = (snap.windows.iter())
+            .map(|w| w.memory.len() + 32 + 16 * w.state.per_target.len())
+            .sum();
         // The application's state is as large as last time, most likely.
         let rest = unexpected + windows + 256 + self.proto.state_size_hint();
         let mut head = self.piece_pool.take(APP_LEN + self.last_app_len + rest);
@@ -1576,7 +1614,6 @@ impl Engine {
         self.ops = 0;
         self.rma_inbox.clear();
         self.serving_rma = false;
-        self.restore_locks.clear();
         self.capture_due = None;
         self.committed_now = None;
         self.released = false;
@@ -1681,11 +1718,6 @@ impl Engine {
         self.ssn_in = snap.ssn_in.into_iter().collect();
         self.unexpected.extend(arrived);
         self.ops = snap.ops;
-        self.restore_locks = snap
-            .window_locks
-            .into_iter()
-            .map(|(id, r, w)| (id, (r, w)))
-            .collect();
         self.ssn_out.fill(0);
         for (r, n) in snap.ssn_out {
             let Some(last) = self.ssn_out.get_mut(r) else {
@@ -1699,11 +1731,7 @@ impl Engine {
         self.rsn = snap.rsn;
         self.coll_seq = snap.collectives.into_iter().collect();
         self.proto.load_state(protocol_state)?;
-        self.restore_windows = snap
-            .windows
-            .into_iter()
-            .map(|(id, m)| (id, m.into_vec()))
-            .collect();
+        self.restore_windows = snap.windows.into_iter().map(|w| (w.id, w)).collect();
         if self.logging {
             self.restore_communicators = snap.communicators.iter().cloned().collect();
         }
@@ -2153,31 +2181,26 @@ impl Engine {
             // first execution.
             self.op_begin()?;
         }
-        let (readers, writer) = self.restore_locks.remove(&id).unwrap_or_default();
-        if let Some(m) = &init
-            && m.len() != bytes
+        if let Some(w) = &init
+            && w.memory.len() != bytes
         {
             return Err(Error::Rma {
                 window: id,
                 detail: format!(
                     "restored memory is {} bytes but the window is re-created with {bytes}",
-                    m.len()
+                    w.memory.len()
                 ),
             });
         }
         self.ep
-            .window_expose(id, self.epoch, bytes, init.as_deref())?;
+            .window_expose(id, self.epoch, bytes, init.as_ref().map(|w| &w.memory[..]))?;
         self.windows.insert(
             id,
             WinLocal {
                 group,
-                fence_open: false,
                 locks: BTreeMap::new(),
                 lock_all: false,
-                all_targets: 0,
-                per_target: HashMap::new(),
-                readers,
-                writer,
+                state: init.map(|w| w.state).unwrap_or_default(),
             },
         );
         // Requests that waited for this window (re-created after a restore).
@@ -2244,7 +2267,7 @@ impl Engine {
             });
         }
         let w = self.win(id)?;
-        if !(w.fence_open || w.lock_all || w.locks.contains_key(&target)) {
+        if !(w.state.fence_open || w.lock_all || w.locks.contains_key(&target)) {
             return Err(Error::Rma {
                 window: id,
                 detail: format!(
@@ -2290,8 +2313,8 @@ impl Engine {
                 detail: "fence inside a passive-target (lock) epoch".into(),
             });
         }
-        w.fence_open = true;
-        w.all_targets += 1;
+        w.state.fence_open = true;
+        w.state.all_targets += 1;
         Ok(())
     }
 
@@ -2330,7 +2353,7 @@ impl Engine {
             detail: format!("unlock of rank {target}, which this origin has not locked"),
         })?;
         self.rma_raw(id, target, RmaOp::Unlock(kind))?;
-        *self.win(id)?.per_target.entry(target).or_insert(0) += 1;
+        *self.win(id)?.state.per_target.entry(target).or_insert(0) += 1;
         Ok(())
     }
 
@@ -2365,7 +2388,7 @@ impl Engine {
         }
         let w = self.win(id)?;
         w.lock_all = false;
-        w.all_targets += 1;
+        w.state.all_targets += 1;
         Ok(())
     }
 
@@ -2376,9 +2399,9 @@ impl Engine {
         let size = self.size;
         let w = self.win(id)?;
         match target {
-            Some(t) if t < size => *w.per_target.entry(t).or_insert(0) += 1,
+            Some(t) if t < size => *w.state.per_target.entry(t).or_insert(0) += 1,
             Some(t) => return Err(Error::RankOutOfRange { rank: t, size }),
-            None => w.all_targets += 1,
+            None => w.state.all_targets += 1,
         }
         Ok(())
     }
@@ -2386,6 +2409,6 @@ impl Engine {
     /// E(p -> q) of 003 §2.2 for this origin.
     pub fn window_epoch(&mut self, id: WinId, target: Rank) -> Result<u64> {
         let w = self.win(id)?;
-        Ok(w.all_targets + w.per_target.get(&target).copied().unwrap_or(0))
+        Ok(w.state.all_targets + w.state.per_target.get(&target).copied().unwrap_or(0))
     }
 }

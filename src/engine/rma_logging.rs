@@ -163,21 +163,21 @@ impl Engine {
             .ok_or_else(|| format!("rank {} has no window {id}", self.rank))?;
         match op {
             RmaOp::TryLock(LockType::Shared) => {
-                let granted = !w.writer;
-                w.readers += u32::from(granted);
+                let granted = !w.state.writer;
+                w.state.readers += u32::from(granted);
                 Ok(RmaReply::Granted(granted))
             }
             RmaOp::TryLock(LockType::Exclusive) => {
-                let granted = !w.writer && w.readers == 0;
-                w.writer |= granted;
+                let granted = !w.state.writer && w.state.readers == 0;
+                w.state.writer |= granted;
                 Ok(RmaReply::Granted(granted))
             }
             RmaOp::Unlock(LockType::Shared) => {
-                w.readers = w.readers.saturating_sub(1);
+                w.state.readers = w.state.readers.saturating_sub(1);
                 Ok(RmaReply::Done)
             }
             RmaOp::Unlock(LockType::Exclusive) => {
-                w.writer = false;
+                w.state.writer = false;
                 Ok(RmaReply::Done)
             }
             op => {

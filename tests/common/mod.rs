@@ -28,6 +28,8 @@ pub fn for_this_test(mut cfg: Config) -> Config {
         cfg.worker_args = Some(vec![
             "--exact".into(),
             test_name(),
+            // An `#[ignore]`d test run on purpose runs in its ranks too.
+            "--include-ignored".into(),
             "--test-threads=1".into(),
             "--nocapture".into(),
         ]);
