@@ -275,6 +275,13 @@ pub struct Pessimistic {
     hsr_pending: BTreeSet<Rank>,
     /// Recovery of this replacement.
     phase: Phase,
+    /// A live member rolled back with its correlated set: what it holds of
+    /// itself (its own pieces, which its store keeps, and its
+    /// determinants), counted as one more holder's answer. Its holders may
+    /// all have died while it lives (the second partner sits on its own
+    /// node when there is no third), and restarting the job then was
+    /// needless (issue 33: found by `lazarus chaos --schedules cascade`).
+    local: Option<Holding>,
     replay: Vec<Determinant>,
     /// The highest SSN of each rank's messages that this re-execution's
     /// replay names (`Hsr::replayed`): kept after the replay is handed to
@@ -320,6 +327,7 @@ impl Pessimistic {
             regen: BTreeMap::new(),
             hsr_pending: BTreeSet::new(),
             phase: Phase::Done,
+            local: None,
             replay: Vec::new(),
             replay_names: BTreeMap::new(),
             deferred: Vec::new(),
@@ -809,10 +817,13 @@ impl Pessimistic {
         if located.values().any(Option::is_none) {
             return; // waiting for an answer
         }
-        let answers: BTreeMap<Rank, Holding> = located
+        let mut answers: BTreeMap<Rank, Holding> = located
             .iter()
             .filter_map(|(&h, a)| a.clone().flatten().map(|a| (h, a)))
             .collect();
+        if let Some(local) = &self.local {
+            answers.insert(cx.rank, local.clone());
+        }
         let newest_of = |a: &Holding| a.held.iter().copied().max();
         let Some(newest) = answers.values().map(newest_of).max() else {
             let holders = Self::holders(cx);
@@ -1158,6 +1169,14 @@ impl Protocol for Pessimistic {
                 if replacement {
                     self.since = epoch;
                 }
+                self.local = (!replacement && self.set_coordinated).then(|| Holding {
+                    held: (cx.store.held().into_iter())
+                        .filter(|&(_, owner)| owner == cx.rank)
+                        .map(|(g, _)| g)
+                        .collect(),
+                    committed: self.stored,
+                    determinants: self.all_determinants(),
+                });
                 self.own.clear();
                 self.stability = Stability::default();
                 self.pending.clear();
@@ -1184,6 +1203,7 @@ impl Protocol for Pessimistic {
             }
             Event::Restored { generation } => {
                 self.phase = Phase::Done;
+                self.local = None;
                 if generation.is_some() {
                     // The restored piece is stored for good: a holder
                     // replaced from now on gets it again (`serve`).
