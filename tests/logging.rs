@@ -354,6 +354,53 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
     }
 }
 
+/// Issue 33, build 2: a log budget is a bound on memory whatever the program
+/// does between safe points. Ping-pong's forwarded sweep has rank 1 send
+/// back each buffer it received, a new one every round trip, and no safe
+/// point inside a size, so rank 1's log for rank 0 outgrows a small budget:
+/// it spills, its memory stays under the budget, and rank 0, killed inside
+/// a spilling size, is resent payloads read back from the spill and ends
+/// with the failure-free result.
+#[test]
+fn a_log_past_its_budget_spills_and_resends_from_the_spill() {
+    let params = AppParams {
+        size: Some(64 << 10),
+        iterations: Some(200),
+        ..AppParams::default()
+    };
+    let budget = 1 << 20;
+    for backend in Backend::ALL {
+        let base = common::config(backend, 2)
+            .protocol(ProtocolKind::Pessimistic)
+            .checkpoint_every(1);
+        let what = format!("pingpong under pessimistic on {backend}");
+        let free = run_app(AppKind::Pingpong, &params, &base);
+        let reference = free.outcome.expect("failure-free run");
+        let cfg = Config {
+            log_budget: Some(budget),
+            ..base.kill("0@90%".parse().expect("valid kill"))
+        };
+        let r = run_app(AppKind::Pingpong, &params, &cfg);
+        let v = r
+            .outcome
+            .unwrap_or_else(|e| panic!("{what}: budgeted run failed: {e}"));
+        assert!(v.verified, "{what}: {} {}", v.value, v.detail);
+        assert_eq!(v.value, reference.value, "{what}: value differs");
+        assert_eq!(r.stats.ranks_killed, 1, "{what}: the kill did not fire");
+        assert!(
+            r.stats.peak_log_bytes <= budget as u64,
+            "{what}: peak log {} bytes in memory over the budget of {budget}",
+            r.stats.peak_log_bytes
+        );
+        assert!(
+            r.stats.spilled_log_bytes > 0,
+            "{what}: nothing spilled (unbounded peak {})",
+            free.stats.peak_log_bytes
+        );
+        assert!(r.stats.messages_resent > 0, "{what}: nothing resent");
+    }
+}
+
 /// State of the sub-communicator application.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Halves {
