@@ -276,6 +276,19 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Where a message log past `log_budget` spills payloads: the first
+    /// `disk:DIR` level's directory, else the system's temporary directory
+    /// (the spill files are unlinked: nothing is left behind).
+    pub fn spill_dir(&self) -> std::path::PathBuf {
+        self.storage
+            .iter()
+            .find_map(|l| match l {
+                LevelSpec::Disk { dir, .. } => Some(dir.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(std::env::temp_dir)
+    }
+
     /// A configuration for `ranks` ranks with defaults otherwise.
     pub fn new(ranks: usize) -> Self {
         Config {

@@ -124,6 +124,12 @@ pub enum Error {
     /// The application reported an error of its own.
     #[error("application error: {0}")]
     App(String),
+    /// A message log's spill file (`--log-budget`) is full or failed.
+    #[error("message log spill: {detail}")]
+    LogSpill {
+        /// What failed, and where.
+        detail: String,
+    },
     /// Another rank ended with an error, so the job was aborted.
     #[error("job aborted because rank {rank} failed: {reason}")]
     Aborted {

@@ -67,7 +67,8 @@ pub struct JobStats {
     pub checkpoint_s_total: f64,
     /// Newest committed generation.
     pub last_generation: Option<u64>,
-    /// Peak bytes of message logs on one rank.
+    /// Peak bytes of message logs in memory on one rank (each distinct
+    /// payload buffer once; spilled payloads not included).
     pub peak_log_bytes: u64,
     /// Peak number of messages in the log of one rank.
     #[serde(default)]
@@ -91,6 +92,10 @@ pub struct JobStats {
     /// (`correlated`, 004 §3.2); every logged byte is inter-set.
     #[serde(default)]
     pub spared_log_bytes: u64,
+    /// Payload bytes message logs moved to their spill files because the
+    /// log budget was reached (all ranks).
+    #[serde(default)]
+    pub spilled_log_bytes: u64,
     /// Set synchronisations for checkpoints (`correlated`, 004 §3.3), one
     /// per rank per set checkpoint.
     #[serde(default)]
@@ -174,6 +179,7 @@ impl JobStats {
         self.messages_resent += e.messages_resent;
         self.collectives_from_log += e.collectives_from_log;
         self.spared_log_bytes += e.spared_log_bytes;
+        self.spilled_log_bytes += e.spilled_log_bytes;
         let syncs = self.set_syncs + e.set_syncs;
         if syncs > 0 {
             self.set_sync_s = (self.set_sync_s * self.set_syncs as f64

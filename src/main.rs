@@ -426,7 +426,7 @@ struct ChaosArgs {
     storage: Vec<String>,
     /// Message logging: the log budget in bytes (as for `run`), so that
     /// kills land among forced checkpoints.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_bytes)]
     log_budget: Option<usize>,
     /// Protocol correlated: sets of N consecutive ranks (as for `run`).
     #[arg(long)]
@@ -608,10 +608,13 @@ struct JobArgs {
     /// Restart the whole job from the newest committed generation in DIR.
     #[arg(long, value_name = "DIR")]
     restart: Option<PathBuf>,
-    /// Message logging (pessimistic, ulml, correlated): a sender whose log
-    /// passes half of this many bytes (at least 1) asks its largest
-    /// receiver to checkpoint, which trims the log.
-    #[arg(long, value_name = "BYTES")]
+    /// Message logging (pessimistic, ulml, correlated): the most memory one
+    /// rank's payload log holds (bytes, or with a suffix: 64MiB, 1GiB,
+    /// 500K). A sender whose log passes half of it asks its largest
+    /// receiver to checkpoint, which trims the log; past it, older payloads
+    /// move to a spill file (the disk level's directory, else the temporary
+    /// directory) until a trim.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     log_budget: Option<usize>,
     /// Protocol correlated: sets of N consecutive ranks checkpoint and roll
     /// back together (default: one set per node of --nodes).
@@ -658,6 +661,33 @@ struct BenchArgs {
 /// A usage error: exit status 2.
 #[derive(Debug)]
 struct Usage(String);
+
+/// A byte count: digits, optionally followed by K, M, G (powers of 1000)
+/// or KiB, MiB, GiB (powers of 1024), as `--log-budget 64MiB`.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: usize = n
+        .parse()
+        .map_err(|_| format!("`{s}` is not a byte count (like 67108864 or 64MiB)"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "k" | "KB" | "kB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        u => {
+            return Err(format!(
+                "unknown unit `{u}` in `{s}` (B, K, M, G, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("`{s}` is too many bytes"))
+}
 
 impl std::fmt::Display for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -929,10 +959,11 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     );
     if st.log_records > 0 || st.job_restarts > 0 {
         println!(
-            "log: {} records ({} bytes) logged, peak {} bytes on one rank, {} determinants, {} resent, {} collectives from the log; job restarts {}",
+            "log: {} records ({} bytes) logged, peak {} bytes in memory on one rank, {} bytes spilled, {} determinants, {} resent, {} collectives from the log; job restarts {}",
             st.log_records,
             st.log_bytes,
             st.peak_log_bytes,
+            st.spilled_log_bytes,
             st.determinants,
             st.messages_resent,
             st.collectives_from_log,

@@ -795,6 +795,19 @@ fn hostile_inputs_are_usage_errors_naming_the_option() {
         ),
         (
             &[
+                "run",
+                "cg",
+                "--ranks",
+                "2",
+                "--protocol",
+                "pessimistic",
+                "--log-budget",
+                "64MB/s",
+            ],
+            "--log-budget",
+        ),
+        (
+            &[
                 "bench",
                 "cg",
                 "--ranks",

@@ -149,9 +149,12 @@ pub enum Stat {
         /// messages (ULML: a substitute re-executing, or a survivor whose
         /// attempt a failure interrupted).
         collectives_from_log: u64,
-        /// Messages in the log now.
+        /// Payload bytes moved to the log's spill file (`--log-budget`).
+        spilled_bytes: u64,
+        /// Messages in the log now (in memory or spilled).
         log_records: usize,
-        /// Payload bytes in the log now.
+        /// Payload bytes the log holds in memory now (each distinct buffer
+        /// once; spilled payloads not included).
         log_bytes: usize,
     },
     /// A correlated set synchronised for a checkpoint (004 §3.3): the time

@@ -452,10 +452,12 @@ impl StatsBook {
                 determinants,
                 resent,
                 collectives_from_log,
+                spilled_bytes,
                 log_records,
                 log_bytes,
             } => {
                 st.collectives_from_log += collectives_from_log;
+                st.spilled_log_bytes += spilled_bytes;
                 st.spared_log_bytes += spared_bytes;
                 st.log_records += records;
                 st.log_bytes += bytes;
@@ -540,6 +542,12 @@ pub(crate) fn rank_body<T>(
             cfg.checkpoint_every,
             cfg.mtbf.map(|d| d.as_secs_f64()),
             cfg.log_budget,
+            cfg.log_budget.map(|budget| {
+                let dir = cfg.spill_dir();
+                let limit = crate::store::spill::FileSpill::limit_for(&dir, budget);
+                Box::new(crate::store::spill::FileSpill::new(dir, limit))
+                    as Box<dyn crate::store::spill::LogSpill>
+            }),
             cfg.sets,
             &placement,
         ),

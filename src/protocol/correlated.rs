@@ -281,9 +281,20 @@ impl Correlated {
         rule: SetRule,
         placement: &Placement,
     ) -> Self {
+        Self::with_p2p(every, Pessimistic::new(0, log_budget), rule, placement)
+    }
+
+    /// Over `p2p`, the point-to-point logging (built to checkpoint only
+    /// when told, with its log budget and spill).
+    pub(crate) fn with_p2p(
+        every: u64,
+        p2p: Pessimistic,
+        rule: SetRule,
+        placement: &Placement,
+    ) -> Self {
         let ranks = placement.ranks();
         Correlated {
-            p2p: Pessimistic::new(0, log_budget),
+            p2p,
             every,
             set_of: rule.sets(placement, ranks),
             members: Vec::new(),
@@ -805,6 +816,7 @@ mod tests {
                 determinants: 0,
                 resent: 0,
                 collectives_from_log: 0,
+                spilled_bytes: 0,
                 log_records: 1,
                 log_bytes: 64,
             })]

@@ -38,6 +38,7 @@ use bytes::Bytes;
 
 use crate::engine::frame::{AppMessage, ContextId};
 use crate::segments::Segments;
+use crate::store::spill::LogSpill;
 use crate::store::{CheckpointStore, PieceWriter};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
@@ -85,27 +86,39 @@ impl ProtocolKind {
     /// `checkpoint_every` safe points, or, with `mtbf_s`, at Daly's interval
     /// (003 §6.1) from the measured checkpoint cost, starting with
     /// `checkpoint_every`. `sets` and `placement` form the correlated sets
-    /// of `correlated`.
+    /// of `correlated`. A logging protocol moves payloads past `log_budget`
+    /// to `spill` (given by the runtime; without one the budget only asks
+    /// receivers to checkpoint).
     pub fn build(
         self,
         checkpoint_every: u64,
         mtbf_s: Option<f64>,
         log_budget: Option<usize>,
+        spill: Option<Box<dyn LogSpill>>,
         sets: correlated::SetRule,
         placement: &Placement,
     ) -> Box<dyn Protocol> {
+        let bounded = |mut p: pessimistic::Pessimistic| {
+            if let Some(s) = spill {
+                p.set_spill(s);
+            }
+            p
+        };
         match self {
             ProtocolKind::None => Box::new(none::NoProtocol),
             ProtocolKind::Coordinated => {
                 Box::new(coordinated::Coordinated::new(checkpoint_every).with_daly(mtbf_s))
             }
-            ProtocolKind::Pessimistic => {
-                Box::new(pessimistic::Pessimistic::new(checkpoint_every, log_budget))
-            }
-            ProtocolKind::Ulml => Box::new(ulml::Ulml::new(checkpoint_every, log_budget)),
-            ProtocolKind::Correlated => Box::new(correlated::Correlated::new(
+            ProtocolKind::Pessimistic => Box::new(bounded(pessimistic::Pessimistic::new(
                 checkpoint_every,
                 log_budget,
+            ))),
+            ProtocolKind::Ulml => Box::new(ulml::Ulml::with_p2p(bounded(
+                pessimistic::Pessimistic::new(checkpoint_every, log_budget),
+            ))),
+            ProtocolKind::Correlated => Box::new(correlated::Correlated::with_p2p(
+                checkpoint_every,
+                bounded(pessimistic::Pessimistic::new(0, log_budget)),
                 sets,
                 placement,
             )),

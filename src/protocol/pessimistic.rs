@@ -36,6 +36,19 @@
 //! budget, a sender whose log passes half of it asks its largest consumer to
 //! checkpoint at its next safe point (`CheckpointRequest`).
 //!
+//! **Bounded log.** The budget bounds the memory of the payload log: the
+//! distinct payload buffers it holds (a buffer logged for several ranks, or
+//! sent again and again as NetPIPE does, costs its size once). When that
+//! passes the budget although receivers were asked to checkpoint, the
+//! oldest payloads move to a spill the runtime provides
+//! ([`crate::store::spill::LogSpill`]; this protocol touches no file) until
+//! half the budget is left, and are read back to be resent or saved in a
+//! checkpoint piece (the log is part of the checkpoint, 004 §2.2). A rank
+//! defers its own scheduled checkpoints while a receiver it asked has not
+//! trimmed yet (its piece would carry the log, spilled payloads included,
+//! into its holders' memory; a checkpoint another rank asked for is never
+//! deferred). A send blocks only while the spill is full too.
+//!
 //! **Recovery.** A replacement asks its holder for its newest stored piece
 //! and its determinants (`Locate`/`Located`), restores the piece (its log
 //! included), and tells every rank the highest SSN it has from it
@@ -71,6 +84,7 @@ use crate::engine::frame::{
 };
 use crate::store::PieceWriter;
 use crate::store::piece::SHARED_SEGMENT_MIN;
+use crate::store::spill::LogSpill;
 use crate::{Error, Rank, Result};
 
 /// Control messages of the logging protocols.
@@ -149,6 +163,7 @@ struct Counters {
     determinants: u64,
     resent: u64,
     collectives_from_log: u64,
+    spilled: u64,
 }
 
 /// A logged message as a checkpoint piece holds it: its payload is an index
@@ -210,10 +225,61 @@ enum Phase {
 /// The sender log of one channel.
 #[derive(Debug, Default)]
 struct ChannelLog {
-    /// Messages in SSN order (payloads shared with the transport).
+    /// Messages in SSN order (payloads shared with the transport; those of
+    /// the first `spilled.len()` are empty: they are in the spill).
     msgs: VecDeque<AppMessage>,
+    /// Where the spilled front of `msgs` is, in order (offsets never
+    /// decrease, so a trim frees the spill below the first one left).
+    spilled: VecDeque<Spilled>,
     /// Their payload bytes.
     bytes: usize,
+}
+
+/// A payload moved to the spill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spilled {
+    offset: u64,
+    len: usize,
+}
+
+/// A payload buffer told apart by address and length (the same bytes at
+/// the same address are the same buffer while a reference to it is held).
+fn buffer_key(b: &Bytes) -> (usize, usize) {
+    (b.as_ptr() as usize, b.len())
+}
+
+/// The distinct payload buffers held in memory by the channel logs, with
+/// how many log entries hold each, and their bytes.
+#[derive(Debug, Default)]
+struct Resident {
+    count: HashMap<(usize, usize), u32>,
+    bytes: usize,
+}
+
+impl Resident {
+    /// A log entry holds `b`; returns the bytes this adds to memory.
+    fn hold(&mut self, b: &Bytes) -> usize {
+        let n = self.count.entry(buffer_key(b)).or_insert(0);
+        *n += 1;
+        let added = if *n == 1 { b.len() } else { 0 };
+        self.bytes += added;
+        added
+    }
+
+    /// A log entry dropped `b`; returns the bytes this frees.
+    fn drop_one(&mut self, b: &Bytes) -> usize {
+        let key = buffer_key(b);
+        let Some(n) = self.count.get_mut(&key) else {
+            return 0;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return 0;
+        }
+        self.count.remove(&key);
+        self.bytes -= b.len();
+        b.len()
+    }
 }
 
 /// State of the pessimistic protocol on one rank.
@@ -291,6 +357,14 @@ pub struct Pessimistic {
     deferred: Vec<(Rank, u64)>,
     /// Destinations asked to checkpoint (log budget), until they trim.
     requested: BTreeSet<Rank>,
+    /// Payload buffers the channel logs hold in memory (`log_bytes`
+    /// counts these once each).
+    resident: Resident,
+    /// Where payloads go past the budget (none: the log is not bounded).
+    spill: Option<Box<dyn LogSpill>>,
+    /// The spill refused a payload (full or failing): sends wait while the
+    /// log is over its budget, until a trim frees the spill.
+    spill_full: bool,
     counters: Counters,
     reported: Counters,
     reported_bytes: usize,
@@ -332,10 +406,19 @@ impl Pessimistic {
             replay_names: BTreeMap::new(),
             deferred: Vec::new(),
             requested: BTreeSet::new(),
+            resident: Resident::default(),
+            spill: None,
+            spill_full: false,
             counters: Counters::default(),
             reported: Counters::default(),
             reported_bytes: 0,
         }
+    }
+
+    /// Move payloads past the log budget to `spill` (given by the runtime:
+    /// a protocol touches no file, DESIGN principle 2).
+    pub(crate) fn set_spill(&mut self, spill: Box<dyn LogSpill>) {
+        self.spill = Some(spill);
     }
 
     /// Ranks holding this rank's determinants and checkpoint pieces: its
@@ -476,6 +559,7 @@ impl Pessimistic {
             determinants: c.determinants - r.determinants,
             resent: c.resent - r.resent,
             collectives_from_log: c.collectives_from_log - r.collectives_from_log,
+            spilled_bytes: c.spilled - r.spilled,
             log_records: self.log_records,
             log_bytes: self.log_bytes,
         }));
@@ -497,7 +581,7 @@ impl Pessimistic {
         let channel = self.log.entry(dest).or_default();
         channel.msgs.push_back(msg.clone());
         channel.bytes += len;
-        self.log_bytes += len;
+        self.log_bytes += self.resident.hold(&msg.payload);
         self.log_records += 1;
         self.counters.records += 1;
         self.counters.bytes += len as u64;
@@ -523,6 +607,70 @@ impl Pessimistic {
                 self.requested.insert(d);
                 Self::send(cx, d, LogMsg::CheckpointRequest);
             }
+        }
+        self.spill_past_budget();
+    }
+
+    /// Whether the log is past its budget with nowhere to spill: sends wait.
+    fn spill_blocked(&self) -> bool {
+        self.spill_full && self.log_budget.is_some_and(|b| self.log_bytes > b)
+    }
+
+    /// Past the budget: move the oldest payloads of each channel to the
+    /// spill until half the budget is left (hysteresis: a spill per send
+    /// would cost a write call per message).
+    fn spill_past_budget(&mut self) {
+        let (Some(budget), Some(spill)) = (self.log_budget, self.spill.as_mut()) else {
+            return;
+        };
+        if self.log_bytes <= budget || self.spill_full {
+            return;
+        }
+        // Buffers spilled in this pass stay referenced until it ends, so
+        // an address seen again in it is the same buffer (a sender that
+        // sends one buffer again and again has it spilled once).
+        let mut spilled_now: Vec<Bytes> = Vec::new();
+        'channels: for (&dest, c) in self.log.iter_mut() {
+            let mut last: Option<((usize, usize), Spilled)> = None;
+            while c.spilled.len() < c.msgs.len() {
+                if self.log_bytes <= budget / 2 {
+                    break 'channels;
+                }
+                let m = &mut c.msgs[c.spilled.len()];
+                let key = buffer_key(&m.payload);
+                let at = match last {
+                    Some((k, at)) if k == key => at,
+                    _ => match spill.append(dest, &m.payload) {
+                        Ok(offset) => {
+                            self.counters.spilled += m.payload.len() as u64;
+                            Spilled {
+                                offset,
+                                len: m.payload.len(),
+                            }
+                        }
+                        Err(_) => {
+                            self.spill_full = true;
+                            break 'channels;
+                        }
+                    },
+                };
+                last = Some((key, at));
+                c.spilled.push_back(at);
+                let payload = std::mem::take(&mut m.payload);
+                self.log_bytes -= self.resident.drop_one(&payload);
+                spilled_now.push(payload);
+            }
+        }
+    }
+
+    /// The payload of `c.msgs[i]`, read back from the spill if it is there.
+    fn payload(&self, dest: Rank, c: &ChannelLog, i: usize) -> Result<Bytes> {
+        match (c.spilled.get(i), &self.spill) {
+            (None, _) => Ok(c.msgs[i].payload.clone()),
+            (Some(s), Some(spill)) => spill.read(dest, s.offset, s.len),
+            (Some(_), None) => Err(Error::LogSpill {
+                detail: format!("a payload for rank {dest} was spilled, but there is no spill"),
+            }),
         }
     }
 
@@ -551,7 +699,14 @@ impl Pessimistic {
 
     fn on_safe_point(&mut self, cx: &mut ProtocolCx<'_>) {
         self.since_last += 1;
-        if (self.every > 0 && self.since_last >= self.every) || self.forced {
+        // A scheduled checkpoint waits while a receiver asked to trim this
+        // log has not: the piece holds the log (004 §2.2), spilled payloads
+        // read back included, and keeps its buffers alive in the stores
+        // after the trim, where the trim would make it small. A checkpoint
+        // another rank asked for is never deferred, so two ranks asking
+        // each other both take theirs.
+        let due = self.every > 0 && self.since_last >= self.every && self.requested.is_empty();
+        if due || self.forced {
             self.since_last = 0;
             self.capture(cx);
         }
@@ -630,15 +785,26 @@ impl Pessimistic {
     fn trim(&mut self, dest: Rank, upto: u64) {
         raise(&mut self.trimmed, dest, upto);
         if let Some(c) = self.log.get_mut(&dest) {
+            let had_spilled = !c.spilled.is_empty();
             while c.msgs.front().is_some_and(|m| m.ssn <= upto) {
                 if let Some(m) = c.msgs.pop_front() {
-                    c.bytes -= m.payload.len();
-                    self.log_bytes -= m.payload.len();
+                    match c.spilled.pop_front() {
+                        Some(s) => c.bytes -= s.len,
+                        None => {
+                            c.bytes -= m.payload.len();
+                            self.log_bytes -= self.resident.drop_one(&m.payload);
+                        }
+                    }
                     self.log_records -= 1;
                 }
             }
+            if had_spilled && let Some(spill) = self.spill.as_mut() {
+                spill.release(dest, c.spilled.front().map(|s| s.offset));
+                self.spill_full = false;
+            }
         }
         self.requested.remove(&dest);
+        self.spill_past_budget();
     }
 
     /// `r` has our messages up to `hsr` and needs the rest (002 §3.3).
@@ -660,8 +826,28 @@ impl Pessimistic {
             return;
         }
         if let Some(c) = self.log.get(&r) {
-            for m in c.msgs.iter().filter(|m| m.ssn > hsr) {
-                cx.emit(Action::Resend { msg: m.clone() });
+            let mut last: Option<(Spilled, Bytes)> = None;
+            for (i, m) in c.msgs.iter().enumerate().filter(|(_, m)| m.ssn > hsr) {
+                // A payload spilled once for several messages is read once.
+                let payload = match (c.spilled.get(i), &last) {
+                    (Some(s), Some((at, b))) if s == at => Ok(b.clone()),
+                    _ => self.payload(r, c, i),
+                };
+                let payload = match payload {
+                    Ok(p) => p,
+                    Err(e) => {
+                        cx.emit(Action::Fail(e));
+                        return;
+                    }
+                };
+                if let Some(&s) = c.spilled.get(i) {
+                    last = Some((s, payload.clone()));
+                }
+                let msg = AppMessage {
+                    payload,
+                    ..m.clone()
+                };
+                cx.emit(Action::Resend { msg });
                 self.counters.resent += 1;
             }
         }
@@ -982,12 +1168,34 @@ impl Pessimistic {
             }
             log.insert(d, c);
         }
+        self.drop_log();
         self.log = log;
-        self.log_bytes = self.log.values().map(|c| c.bytes).sum();
+        for m in self.log.values().flat_map(|c| &c.msgs) {
+            self.log_bytes += self.resident.hold(&m.payload);
+        }
         self.log_records = self.log.values().map(|c| c.msgs.len()).sum();
         self.trimmed = st.trimmed.into_iter().collect();
         self.next_generation = st.next_generation;
+        self.spill_past_budget();
         Ok(rest)
+    }
+
+    /// Forget the channel logs (and what they spilled).
+    fn drop_log(&mut self) {
+        for (&dest, c) in &self.log {
+            if let Some(spill) = self.spill.as_mut()
+                && !c.spilled.is_empty()
+            {
+                spill.release(dest, None);
+            }
+        }
+        // (Records ULML counts outside the channel logs go too: it counts
+        // what it keeps again when it restores them.)
+        self.log.clear();
+        self.resident = Resident::default();
+        self.log_bytes = 0;
+        self.log_records = 0;
+        self.spill_full = false;
     }
 }
 
@@ -1049,7 +1257,7 @@ impl Protocol for Pessimistic {
     }
 
     fn send_ready(&self) -> bool {
-        self.stability.ready(&self.dead_holders)
+        self.stability.ready(&self.dead_holders) && !self.spill_blocked()
     }
 
     fn regenerating(&self, ssn_out: &[u64]) -> bool {
@@ -1063,17 +1271,30 @@ impl Protocol for Pessimistic {
     fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         // Payloads are told apart by buffer: the same bytes at the same
         // address are the same payload.
-        let mut payloads: Vec<&Bytes> = Vec::new();
+        // Spilled payloads are read back (the piece holds the whole log,
+        // 004 §2.2), each spilled region once.
+        let mut payloads: Vec<Bytes> = Vec::new();
         let mut index: HashMap<(usize, usize), u32> = HashMap::new();
+        let mut spilled_index: HashMap<(Rank, u64), u32> = HashMap::new();
         let mut log = Vec::with_capacity(self.log.len());
         for (&d, c) in &self.log {
             let mut msgs = Vec::with_capacity(c.msgs.len());
-            for m in &c.msgs {
-                let key = (m.payload.as_ptr() as usize, m.payload.len());
-                let payload = *index.entry(key).or_insert_with(|| {
-                    payloads.push(&m.payload);
-                    (payloads.len() - 1) as u32
-                });
+            for (i, m) in c.msgs.iter().enumerate() {
+                let payload = match c.spilled.get(i) {
+                    Some(s) => match spilled_index.get(&(d, s.offset)) {
+                        Some(&p) => p,
+                        None => {
+                            payloads.push(self.payload(d, c, i)?);
+                            let p = (payloads.len() - 1) as u32;
+                            spilled_index.insert((d, s.offset), p);
+                            p
+                        }
+                    },
+                    None => *index.entry(buffer_key(&m.payload)).or_insert_with(|| {
+                        payloads.push(m.payload.clone());
+                        (payloads.len() - 1) as u32
+                    }),
+                };
                 msgs.push(SavedMsg {
                     envelope: m.envelope,
                     ssn: m.ssn,
@@ -1087,6 +1308,7 @@ impl Protocol for Pessimistic {
             trimmed: self.trimmed.iter().map(|(&d, &n)| (d, n)).collect(),
             next_generation: self.next_generation,
         };
+        let payloads: Vec<&Bytes> = payloads.iter().collect();
         append_with_blobs(&st, &payloads, piece)
     }
 
@@ -1097,8 +1319,13 @@ impl Protocol for Pessimistic {
     fn state_size_hint(&self) -> usize {
         // Payloads of at least `SHARED_SEGMENT_MIN` bytes are shared, not
         // copied.
-        let copied: usize = (self.log.values().flat_map(|c| &c.msgs))
-            .map(|m| copied_len(&m.payload))
+        let copied: usize = (self.log.values())
+            .flat_map(|c| {
+                let spilled = c.spilled.iter().map(|s| s.len);
+                let resident = c.msgs.iter().skip(c.spilled.len());
+                spilled.chain(resident.map(|m| m.payload.len()))
+            })
+            .filter(|&n| n < SHARED_SEGMENT_MIN)
             .sum();
         copied + self.log_records * (ENCODED_MESSAGE_OVERHEAD + 10) + 64
     }
@@ -1214,11 +1441,9 @@ impl Protocol for Pessimistic {
                     // still has the log of the execution it rolls back,
                     // which it must not resend (a restored piece replaces
                     // it in `load_prefix`).
-                    self.log.clear();
+                    self.drop_log();
                     self.trimmed.clear();
                     self.regen.clear();
-                    self.log_bytes = 0;
-                    self.log_records = 0;
                 }
                 // What our replay names of each set peer's messages: it
                 // regenerates up to there before applying unplaced requests
@@ -1416,7 +1641,7 @@ mod tests {
                 msg: &msg(0, 2, 2, 500),
             },
         );
-        assert_eq!(p.log_bytes, 3500);
+        assert_eq!(p.log_bytes, 1500, "the shared buffer counts once");
         let piece = saved(&p);
         assert!(
             piece.len() < 1600,
@@ -1427,7 +1652,7 @@ mod tests {
 
         let mut q = Pessimistic::new(0, None);
         q.load_state(piece.to_bytes()).expect("loads");
-        assert_eq!((q.log_records, q.log_bytes), (4, 3500));
+        assert_eq!((q.log_records, q.log_bytes), (4, 1500));
         for (dest, c) in &p.log {
             let got = &q.log[dest].msgs;
             assert_eq!(got, &c.msgs, "log for rank {dest}");
@@ -1576,6 +1801,68 @@ mod tests {
         assert_eq!(resent(&a), vec![4, 5, 6]);
         assert!(p.awaiting.is_empty());
         assert!(a.contains(&Action::InRecovery(None)));
+    }
+
+    /// Past its budget the log moves its oldest payloads to the spill and
+    /// stays under the budget; resends and checkpoint pieces read them
+    /// back, a buffer sent again and again is spilled once, and a trim
+    /// frees the spill.
+    #[test]
+    fn a_log_past_its_budget_spills_and_reads_back() {
+        use crate::store::spill::FileSpill;
+        let h = Harness::new(0, 4, 1);
+        let mut p = Pessimistic::new(0, Some(1000));
+        p.set_spill(Box::new(FileSpill::new(std::env::temp_dir(), 1 << 20)));
+        let mut sent = Vec::new();
+        for ssn in 1..=10 {
+            let m = msg(0, 2, ssn, 300);
+            h.run(&mut p, Event::AppSend { msg: &m });
+            assert!(p.log_bytes <= 1000, "{} bytes in memory", p.log_bytes);
+            sent.push(m);
+        }
+        // One buffer sent five times to rank 3: one copy in the spill.
+        let again = msg(0, 3, 1, 900);
+        for ssn in 1..=5 {
+            let m = AppMessage {
+                ssn,
+                ..again.clone()
+            };
+            h.run(&mut p, Event::AppSend { msg: &m });
+        }
+        assert!(p.log_bytes <= 1000 && !p.log[&2].spilled.is_empty());
+        assert!(p.send_ready());
+        let spilled = p.spill.as_ref().map(|s| s.held()).unwrap_or(0);
+        assert!(
+            spilled <= 10 * 300 + 900,
+            "{spilled} bytes spilled: duplicates"
+        );
+        // The piece holds the whole log.
+        let mut q = Pessimistic::new(0, None);
+        q.load_state(saved(&p).to_bytes()).expect("loads");
+        assert_eq!(q.log[&2].msgs, sent);
+        assert!(q.log[&3].msgs.iter().all(|m| m.payload == again.payload));
+        // Resends read the spill.
+        h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[2],
+            },
+        );
+        let a = h.control(&mut p, 2, LogMsg::Recovering { hsr: 4 });
+        let resent: Vec<&AppMessage> = a
+            .iter()
+            .filter_map(|x| match x {
+                Action::Resend { msg } => Some(msg),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(resent, sent[4..].iter().collect::<Vec<_>>());
+        // Trimmed entirely, the spill of rank 2 is empty again.
+        let before = p.spill.as_ref().map(|s| s.held()).unwrap_or(0);
+        h.control(&mut p, 2, LogMsg::Trim { upto: 10 });
+        let after = p.spill.as_ref().map(|s| s.held()).unwrap_or(0);
+        assert!(after < before && p.log[&2].spilled.is_empty());
     }
 
     #[test]

@@ -288,8 +288,14 @@ impl Ulml {
     /// `log_budget`, ask receivers to checkpoint once the log passes half of
     /// it.
     pub fn new(every: u64, log_budget: Option<usize>) -> Self {
+        Self::with_p2p(Pessimistic::new(every, log_budget))
+    }
+
+    /// Over `p2p`, the point-to-point logging (its checkpoint schedule, log
+    /// budget and spill).
+    pub(crate) fn with_p2p(p2p: Pessimistic) -> Self {
         Ulml {
-            p2p: Pessimistic::new(every, log_budget),
+            p2p,
             contexts: BTreeMap::new(),
             current: None,
             asking: false,
@@ -1095,6 +1101,7 @@ mod tests {
                 determinants: 0,
                 resent: 0,
                 collectives_from_log: 0,
+                spilled_bytes: 0,
                 log_records: 1,
                 log_bytes: 16,
             })]

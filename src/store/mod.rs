@@ -30,6 +30,7 @@ pub mod levels;
 pub mod partner;
 pub mod piece;
 pub mod pool;
+pub mod spill;
 
 pub use piece::PieceWriter;
 
