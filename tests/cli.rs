@@ -14,6 +14,25 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `args` is a usage error: exit 2, naming `needle` on stderr, no panic,
+/// and no job run.
+fn assert_usage_error(args: &[&str], needle: &str) {
+    let o = lazarus(args);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{args:?}: stdout {} stderr {}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains(needle) && !stderr(&o).contains("panicked"),
+        "{args:?}: `{}` lacks `{needle}`",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("VERIFIED"), "{args:?}: the job ran");
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -226,19 +245,7 @@ fn malformed_input_exits_2_with_a_clear_message() {
         ),
     ];
     for (args, needle) in cases {
-        let o = lazarus(args);
-        assert_eq!(
-            o.status.code(),
-            Some(2),
-            "{args:?}: stdout {} stderr {}",
-            stdout(&o),
-            stderr(&o)
-        );
-        assert!(
-            stderr(&o).contains(needle),
-            "{args:?}: `{}` lacks `{needle}`",
-            stderr(&o)
-        );
+        assert_usage_error(args, needle);
     }
 }
 
@@ -821,20 +828,7 @@ fn hostile_inputs_are_usage_errors_naming_the_option() {
         ),
     ];
     for (args, needle) in cases {
-        let o = lazarus(args);
-        assert_eq!(
-            o.status.code(),
-            Some(2),
-            "{args:?}: stdout {} stderr {}",
-            stdout(&o),
-            stderr(&o)
-        );
-        assert!(
-            stderr(&o).contains(needle) && !stderr(&o).contains("panicked"),
-            "{args:?}: `{}` lacks `{needle}`",
-            stderr(&o)
-        );
-        assert!(!stdout(&o).contains("VERIFIED"), "{args:?}: the job ran");
+        assert_usage_error(args, needle);
     }
     // More simulated ranks than the kernel's mapping limit holds: a usage
     // error too, where the limit is below what the bound allows.
