@@ -80,6 +80,9 @@ pub struct Snapshot {
     pub windows: Vec<SavedWindow>,
     /// Collectives completed per collective context.
     pub collectives: Vec<(ContextId, u64)>,
+    /// Message logging: the last collective completed per context that
+    /// every member entered first (`Engine::coll_synced`).
+    pub synced: Vec<(ContextId, u64)>,
     /// Operations that order accesses to this rank's windows (message
     /// logging; see `Engine::op_begin`).
     pub ops: u64,
@@ -179,9 +182,22 @@ fn is_rma_request(msg: &AppMessage) -> bool {
 /// A one-sided request as it travels under message logging.
 #[derive(Debug, Serialize, Deserialize)]
 struct RmaRequest {
+    /// First, so that a target can read it without decoding the access.
+    after: RmaAfter,
     window: WinId,
     op: RmaOp,
 }
+
+/// Collectives the target must have entered before it may apply a request
+/// that its log does not place: `(context, index)` of the last collective
+/// the origin completed that every member had to enter first, on each
+/// communicator the target belongs to (see `Engine::coll_synced`). In a
+/// failure-free run the target has always entered them; a restored target
+/// re-executing behind them has not, and applying the request then would
+/// put it before accesses that the collective ordered before it (a read
+/// between two fences). Under ULML the origin can be past them by logged
+/// results (002 §3.2); under any logging protocol a survivor is.
+type RmaAfter = Vec<(ContextId, u64)>;
 
 /// The target's answer to an [`RmaRequest`]: the reply, or why the access
 /// failed (reported at the origin as [`Error::Rma`]).
@@ -390,6 +406,13 @@ pub struct Engine {
     /// The collective in progress whose result is logged: `(context, index)`.
     coll_current: Option<(ContextId, u64)>,
     coll_outcome: Option<CollOutcome>,
+    /// Message logging: per collective context, the last collective this
+    /// rank completed of a kind that completes nowhere before every member
+    /// entered it (barrier, all-reduce, all-gather; a fence is a barrier).
+    /// A one-sided request carries these ([`RmaAfter`]): a restored target
+    /// re-executing behind them applies it only once it has entered them
+    /// again, as in the first execution (see `Engine::unplaced_ready`).
+    coll_synced: BTreeMap<ContextId, u64>,
 
     /// ULFM: failures are reported to the program (FailureHandling::Return).
     ulfm: Option<Box<Ulfm>>,
@@ -519,6 +542,7 @@ impl Engine {
             coll_results,
             coll_seq: BTreeMap::new(),
             coll_current: None,
+            coll_synced: BTreeMap::new(),
             coll_outcome: None,
             ulfm: None,
         }
@@ -1399,6 +1423,14 @@ impl Engine {
         kind: Collective,
         result: Option<&Segments>,
     ) -> Result<()> {
+        if self.logging
+            && matches!(
+                kind,
+                Collective::Barrier | Collective::AllReduce | Collective::AllGather
+            )
+        {
+            self.coll_synced.insert(context, index);
+        }
         if !self.coll_results {
             return Ok(());
         }
@@ -1566,6 +1598,7 @@ impl Engine {
             rsn: self.rsn,
             windows,
             collectives: self.coll_seq.iter().map(|(&c, &n)| (c, n)).collect(),
+            synced: self.coll_synced.iter().map(|(&c, &n)| (c, n)).collect(),
             ops: self.ops,
             communicators: self.communicators.clone(),
         };
@@ -1634,6 +1667,7 @@ impl Engine {
         self.coll_seq.clear();
         self.coll_current = None;
         self.coll_outcome = None;
+        self.coll_synced.clear();
     }
 
     /// Run the protocol's recovery until it says resume (or a new failure
@@ -1730,6 +1764,7 @@ impl Engine {
         }
         self.rsn = snap.rsn;
         self.coll_seq = snap.collectives.into_iter().collect();
+        self.coll_synced = snap.synced.into_iter().collect();
         self.proto.load_state(protocol_state)?;
         self.restore_windows = snap.windows.into_iter().map(|w| (w.id, w)).collect();
         if self.logging {

@@ -37,8 +37,10 @@
 
 use bytes::Bytes;
 
+use super::frame::ContextId;
 use super::{
-    Engine, MatchSpec, RMA_CONTEXT, RMA_REPLY, RMA_REQUEST, RmaOutcome, RmaRequest, WinLocal,
+    Engine, MatchSpec, RMA_CONTEXT, RMA_REPLY, RMA_REQUEST, RmaAfter, RmaOutcome, RmaRequest,
+    WinLocal,
 };
 use crate::driver::shared::apply_to_memory;
 use crate::driver::{LockType, RmaOp, RmaReply, WinId};
@@ -115,7 +117,7 @@ impl Engine {
                 // already have: its reply takes the next SSN, which must
                 // not be one of theirs.
                 None if self.proto.regenerating(&self.ssn_out) => None,
-                None => (!self.rma_inbox.is_empty()).then_some(0),
+                None => self.unplaced_ready()?,
             };
             let Some(i) = next else {
                 return Ok(());
@@ -152,6 +154,47 @@ impl Engine {
                 self.rematch_replay();
             }
         }
+    }
+
+    /// Whether world rank `rank` is a member of the communicator whose
+    /// collective context is `context`.
+    fn member_of(&self, context: ContextId, rank: Rank) -> bool {
+        // A communicator's collective context follows its point-to-point
+        // one; the world's is 1.
+        let base = context.saturating_sub(1);
+        if base == 0 {
+            return true;
+        }
+        (self.communicators.iter())
+            .any(|(b, group)| *b == base && group.as_ref().is_some_and(|g| g.contains(&rank)))
+    }
+
+    /// The first request in arrival order that may be applied where the log
+    /// places nothing: one whose origin's collectives run ahead of this
+    /// rank's ([`RmaAfter`]) waits until this rank has entered them, and so
+    /// do the later requests of the same origin (each origin's accesses are
+    /// applied in its order).
+    fn unplaced_ready(&self) -> Result<Option<usize>> {
+        let mut waiting: Vec<Rank> = Vec::new();
+        for (i, m) in self.rma_inbox.iter().enumerate() {
+            let src = m.envelope.src;
+            if waiting.contains(&src) {
+                continue;
+            }
+            let (after, _) =
+                postcard::take_from_bytes::<RmaAfter>(&m.payload).map_err(|e| Error::Codec {
+                    what: "one-sided request".into(),
+                    detail: format!("from rank {src}: {e}"),
+                })?;
+            let entered = |&(context, index): &(u64, u64)| {
+                self.coll_seq.get(&context).is_some_and(|&n| n >= index)
+            };
+            if after.iter().all(entered) {
+                return Ok(Some(i));
+            }
+            waiting.push(src);
+        }
+        Ok(None)
     }
 
     /// Apply `op` to this rank's own window `id`; lock operations use the
@@ -203,7 +246,15 @@ impl Engine {
             self.op_begin()?;
             self.apply_own(id, op)
         } else {
-            let request = postcard::to_allocvec(&RmaRequest { window: id, op })?;
+            let after = (self.coll_synced.iter())
+                .filter(|&(&context, _)| self.member_of(context, target))
+                .map(|(&context, &index)| (context, index))
+                .collect();
+            let request = postcard::to_allocvec(&RmaRequest {
+                after,
+                window: id,
+                op,
+            })?;
             self.send_message(target, RMA_CONTEXT, RMA_REQUEST, Bytes::from(request), true)?;
             let reply = self.post_receive(MatchSpec {
                 context: RMA_CONTEXT,
