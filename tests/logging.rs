@@ -289,6 +289,77 @@ fn one_sided_accesses_apply_exactly_once_across_a_failure() {
     }
 }
 
+/// Every rank but 1 takes an exclusive lock on rank 1's window and holds
+/// it through a stretch of computation, so that the others wait for it:
+/// rank 1's counter is the number of increments whatever the order.
+fn contended_lock_app(ctx: &mut Ctx) -> Result<u64> {
+    let world = ctx.world();
+    let me = world.rank();
+    let mut it: u64 = ctx.restore_or_else(|| 0)?;
+    let win = world.allocate_window::<u64>(1)?;
+    while it < ITERATIONS {
+        if me != 1 {
+            win.lock(1, LockType::Exclusive)?;
+            let v = win.get(1, 0, 1)?[0];
+            // Held long enough for the others to queue behind it.
+            let mut h = v;
+            for i in 0..200_000u64 {
+                h = std::hint::black_box(h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i));
+            }
+            std::hint::black_box(h);
+            win.put(1, 0, &[v + 1])?;
+            win.unlock(1)?;
+        }
+        it += 1;
+        ctx.set_progress(it as f64 / ITERATIONS as f64);
+        ctx.checkpoint(&it)?;
+    }
+    world.barrier()?;
+    let counter = win.with_local(|c| c[0])?;
+    world.barrier()?;
+    Ok(counter)
+}
+
+/// Defect 9 of issue 33: a contended lock was retried every 50 µs, and
+/// each retry logged a request, a reply and a determinant, so the log grew
+/// with the time spent waiting. Now a lock request waits in the target's
+/// queue and is answered once: every access to rank 1's window is one
+/// determinant (lock, get, put, unlock per origin and iteration), however
+/// long the origins wait, and the counter survives a kill of the target
+/// with origins queued and a kill of an origin.
+#[test]
+fn a_contended_lock_is_queued_at_the_target_and_logged_once() {
+    for protocol in LOGGING {
+        for backend in Backend::ALL {
+            let cfg = common::config(backend, 4)
+                .protocol(protocol)
+                .nodes(nodes_for(protocol))
+                .checkpoint_every(0);
+            let what = format!("contended lock under {protocol} on {backend}");
+            let report = lazarus::run(&cfg, contended_lock_app);
+            let counters = report
+                .outcome
+                .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+            assert_eq!(counters[1], 3 * ITERATIONS, "{what}: rank 1's counter");
+            assert_eq!(
+                report.stats.determinants,
+                4 * 3 * ITERATIONS,
+                "{what}: one determinant per access, none per wait"
+            );
+            for kill in ["1@40%", "2@60%"] {
+                let (what, counters, _) = run_with_kill(
+                    "contended lock",
+                    contended_lock_app,
+                    protocol,
+                    backend,
+                    kill,
+                );
+                assert_eq!(counters[1], 3 * ITERATIONS, "{what}: rank 1's counter");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
     let params = AppParams {

@@ -127,6 +127,11 @@ pub struct WindowState {
     pub readers: u32,
     /// An exclusive lock is held on this rank's window (message logging).
     pub writer: bool,
+    /// Lock requests of other ranks waiting at this target, in arrival
+    /// order (message logging): a contended lock is queued here and
+    /// granted by the unlock that frees it, so a waiting origin sends one
+    /// request and logs one reply, however long it waits.
+    pub waiting: VecDeque<(Rank, LockType)>,
 }
 
 /// Bytes of the application state's length at the start of a piece.
@@ -1163,7 +1168,14 @@ impl Engine {
         let mut ready = Ok(());
         if !self.proto.send_ready() {
             self.held_resends = Some(Vec::new());
+            let mut told = false;
             while ready.is_ok() && !self.proto.send_ready() {
+                if !told && let Some(why) = self.proto.send_wait() {
+                    // Said once per wait: it lasts until a checkpoint, and
+                    // a rank that never reaches one waits for ever.
+                    eprintln!("lazarus: rank {}: {why}", self.rank);
+                    told = true;
+                }
                 ready = self.check().and_then(|()| self.progress(None));
             }
         }

@@ -133,7 +133,11 @@ impl Engine {
             let Some(msg) = self.rma_inbox.remove(i) else {
                 return Ok(());
             };
-            let outcome = self.apply_own(request.window, request.op);
+            let origin = msg.envelope.src;
+            let outcome = match request.op {
+                RmaOp::TryLock(kind) => self.lock_or_wait(request.window, origin, kind),
+                op => Some(self.apply_own(request.window, op)),
+            };
             let replayed = self.pop_determinant();
             self.rsn += 1;
             self.handle(Event::AppDeliver {
@@ -142,14 +146,10 @@ impl Engine {
                 applied_at: Some(self.ops),
                 replayed,
             })?;
-            let reply = postcard::to_allocvec(&outcome)?;
-            self.send_message(
-                msg.envelope.src,
-                RMA_CONTEXT,
-                RMA_REPLY,
-                Bytes::from(reply),
-                true,
-            )?;
+            if let Some(outcome) = outcome {
+                self.send_outcome(origin, &outcome)?;
+            }
+            self.grant_waiting(request.window)?;
             if replayed {
                 self.rematch_replay();
             }
@@ -197,6 +197,53 @@ impl Engine {
         Ok(None)
     }
 
+    /// Send a request's outcome back to its origin (a sequenced message,
+    /// logged by this target like any other).
+    fn send_outcome(&mut self, origin: Rank, outcome: &RmaOutcome) -> Result<()> {
+        let reply = postcard::to_allocvec(outcome)?;
+        self.send_message(origin, RMA_CONTEXT, RMA_REPLY, Bytes::from(reply), true)
+    }
+
+    /// A lock request from `origin`: granted now (`Some`) when the lock is
+    /// free and nobody waits before it, else queued (`None`) until an
+    /// unlock frees it ([`Self::grant_waiting`]). Queued in arrival order,
+    /// so a writer is not starved by a stream of readers.
+    fn lock_or_wait(&mut self, id: WinId, origin: Rank, kind: LockType) -> Option<RmaOutcome> {
+        let Some(w) = self.windows.get_mut(&id) else {
+            return Some(Err(format!("rank {} has no window {id}", self.rank)));
+        };
+        if w.state.waiting.is_empty() && take_lock(&mut w.state, kind) {
+            return Some(Ok(RmaReply::Granted(true)));
+        }
+        w.state.waiting.push_back((origin, kind));
+        None
+    }
+
+    /// Grant the queued lock requests that the lock state now allows, in
+    /// order, each with its (deferred) reply. Called after every applied
+    /// request and local access, in the same places in a replay, so the
+    /// grants and their SSNs are those of the first execution.
+    fn grant_waiting(&mut self, id: WinId) -> Result<()> {
+        loop {
+            let Some(w) = self.windows.get_mut(&id) else {
+                return Ok(());
+            };
+            let Some(&(origin, kind)) = w.state.waiting.front() else {
+                return Ok(());
+            };
+            if !take_lock(&mut w.state, kind) {
+                return Ok(());
+            }
+            w.state.waiting.pop_front();
+            // Part of the operation that freed the lock: not an operation
+            // of its own in the order of accesses (`op_begin`).
+            let serving = std::mem::replace(&mut self.serving_rma, true);
+            let sent = self.send_outcome(origin, &Ok(RmaReply::Granted(true)));
+            self.serving_rma = serving;
+            sent?;
+        }
+    }
+
     /// Apply `op` to this rank's own window `id`; lock operations use the
     /// engine's lock state (checkpointed with the window).
     fn apply_own(&mut self, id: WinId, op: RmaOp) -> RmaOutcome {
@@ -205,16 +252,11 @@ impl Engine {
             .get_mut(&id)
             .ok_or_else(|| format!("rank {} has no window {id}", self.rank))?;
         match op {
-            RmaOp::TryLock(LockType::Shared) => {
-                let granted = !w.state.writer;
-                w.state.readers += u32::from(granted);
-                Ok(RmaReply::Granted(granted))
-            }
-            RmaOp::TryLock(LockType::Exclusive) => {
-                let granted = !w.state.writer && w.state.readers == 0;
-                w.state.writer |= granted;
-                Ok(RmaReply::Granted(granted))
-            }
+            // This rank's own lock: not queued (it retries, see
+            // `Engine::acquire`), and behind the ranks already waiting.
+            RmaOp::TryLock(kind) => Ok(RmaReply::Granted(
+                w.state.waiting.is_empty() && take_lock(&mut w.state, kind),
+            )),
             RmaOp::Unlock(LockType::Shared) => {
                 w.state.readers = w.state.readers.saturating_sub(1);
                 Ok(RmaReply::Done)
@@ -244,7 +286,9 @@ impl Engine {
     pub(super) fn rma_logged(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
         let outcome = if target == self.rank {
             self.op_begin()?;
-            self.apply_own(id, op)
+            let outcome = self.apply_own(id, op);
+            self.grant_waiting(id)?;
+            outcome
         } else {
             let after = (self.coll_synced.iter())
                 .filter(|&(&context, _)| self.member_of(context, target))
@@ -268,5 +312,20 @@ impl Engine {
             })?
         };
         outcome.map_err(|detail| Error::Rma { window: id, detail })
+    }
+}
+
+/// Take a lock of `kind` if the state allows it.
+fn take_lock(state: &mut super::WindowState, kind: LockType) -> bool {
+    match kind {
+        LockType::Shared if !state.writer => {
+            state.readers += 1;
+            true
+        }
+        LockType::Exclusive if !state.writer && state.readers == 0 => {
+            state.writer = true;
+            true
+        }
+        _ => false,
     }
 }

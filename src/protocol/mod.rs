@@ -675,6 +675,11 @@ pub trait Protocol: Send {
     fn send_ready(&self) -> bool {
         true
     }
+    /// Why sends wait, when it is the user's to know (a bounded log with
+    /// its spill full); `None` for the waits of the protocol itself.
+    fn send_wait(&self) -> Option<String> {
+        None
+    }
     /// Whether this rank's re-execution may still regenerate messages that
     /// receivers already have (`ssn_out`: the last SSN sent to each rank,
     /// indexed by rank). Their SSNs must come out as in the first execution, so

@@ -362,9 +362,9 @@ pub struct Pessimistic {
     resident: Resident,
     /// Where payloads go past the budget (none: the log is not bounded).
     spill: Option<Box<dyn LogSpill>>,
-    /// The spill refused a payload (full or failing): sends wait while the
-    /// log is over its budget, until a trim frees the spill.
-    spill_full: bool,
+    /// Why the spill refused a payload (full or failing): sends wait while
+    /// the log is over its budget, until a trim frees the spill.
+    spill_refused: Option<String>,
     counters: Counters,
     reported: Counters,
     reported_bytes: usize,
@@ -408,7 +408,7 @@ impl Pessimistic {
             requested: BTreeSet::new(),
             resident: Resident::default(),
             spill: None,
-            spill_full: false,
+            spill_refused: None,
             counters: Counters::default(),
             reported: Counters::default(),
             reported_bytes: 0,
@@ -613,7 +613,7 @@ impl Pessimistic {
 
     /// Whether the log is past its budget with nowhere to spill: sends wait.
     fn spill_blocked(&self) -> bool {
-        self.spill_full && self.log_budget.is_some_and(|b| self.log_bytes > b)
+        self.spill_refused.is_some() && self.log_budget.is_some_and(|b| self.log_bytes > b)
     }
 
     /// Past the budget: move the oldest payloads of each channel to the
@@ -623,7 +623,7 @@ impl Pessimistic {
         let (Some(budget), Some(spill)) = (self.log_budget, self.spill.as_mut()) else {
             return;
         };
-        if self.log_bytes <= budget || self.spill_full {
+        if self.log_bytes <= budget || self.spill_refused.is_some() {
             return;
         }
         // Buffers spilled in this pass stay referenced until it ends, so
@@ -648,8 +648,8 @@ impl Pessimistic {
                                 len: m.payload.len(),
                             }
                         }
-                        Err(_) => {
-                            self.spill_full = true;
+                        Err(e) => {
+                            self.spill_refused = Some(e.to_string());
                             break 'channels;
                         }
                     },
@@ -800,7 +800,7 @@ impl Pessimistic {
             }
             if had_spilled && let Some(spill) = self.spill.as_mut() {
                 spill.release(dest, c.spilled.front().map(|s| s.offset));
-                self.spill_full = false;
+                self.spill_refused = None;
             }
         }
         self.requested.remove(&dest);
@@ -1195,7 +1195,7 @@ impl Pessimistic {
         self.resident = Resident::default();
         self.log_bytes = 0;
         self.log_records = 0;
-        self.spill_full = false;
+        self.spill_refused = None;
     }
 }
 
@@ -1258,6 +1258,18 @@ impl Protocol for Pessimistic {
 
     fn send_ready(&self) -> bool {
         self.stability.ready(&self.dead_holders) && !self.spill_blocked()
+    }
+
+    fn send_wait(&self) -> Option<String> {
+        let why = self
+            .spill_refused
+            .as_ref()
+            .filter(|_| self.spill_blocked())?;
+        Some(format!(
+            "the payload log holds {} bytes, past its budget of {}, and the spill refused more ({why}); sends wait until a checkpoint trims the log",
+            self.log_bytes,
+            self.log_budget.unwrap_or(0)
+        ))
     }
 
     fn regenerating(&self, ssn_out: &[u64]) -> bool {
@@ -1863,6 +1875,35 @@ mod tests {
         h.control(&mut p, 2, LogMsg::Trim { upto: 10 });
         let after = p.spill.as_ref().map(|s| s.held()).unwrap_or(0);
         assert!(after < before && p.log[&2].spilled.is_empty());
+    }
+
+    /// A full spill makes sends wait (the bound holds) and says why, so the
+    /// engine can tell the user; a trim frees the spill and sends go on.
+    #[test]
+    fn a_full_spill_holds_sends_and_says_why_until_a_trim() {
+        use crate::store::spill::FileSpill;
+        let h = Harness::new(0, 4, 1);
+        let mut p = Pessimistic::new(0, Some(1000));
+        p.set_spill(Box::new(FileSpill::new(std::env::temp_dir(), 1500)));
+        for ssn in 1..=12 {
+            h.run(
+                &mut p,
+                Event::AppSend {
+                    msg: &msg(0, 2, ssn, 300),
+                },
+            );
+        }
+        assert!(
+            !p.send_ready(),
+            "the log is past its budget, the spill full"
+        );
+        let why = p.send_wait().expect("a reason for the user");
+        assert!(
+            why.contains("the spill is full") && why.contains("budget of 1000"),
+            "{why}"
+        );
+        h.control(&mut p, 2, LogMsg::Trim { upto: 12 });
+        assert!(p.send_ready() && p.send_wait().is_none());
     }
 
     #[test]

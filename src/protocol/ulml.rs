@@ -715,6 +715,10 @@ impl Protocol for Ulml {
         self.p2p.send_ready()
     }
 
+    fn send_wait(&self) -> Option<String> {
+        self.p2p.send_wait()
+    }
+
     fn regenerating(&self, ssn_out: &[u64]) -> bool {
         self.p2p.regenerating(ssn_out)
     }
