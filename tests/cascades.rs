@@ -19,6 +19,8 @@ struct Case {
     what: &'static str,
     app: AppKind,
     class: Option<char>,
+    /// `--size` (dht: keys per rank).
+    size: Option<usize>,
     ranks: usize,
     nodes: usize,
     protocols: &'static [ProtocolKind],
@@ -44,6 +46,7 @@ const CASES: &[Case] = &[
         what: "defect 1: a stale holder answer cancelled the fetch",
         app: AppKind::Stencil,
         class: Some('S'),
+        size: None,
         ranks: 8,
         nodes: 4,
         protocols: LOGGING,
@@ -56,6 +59,7 @@ const CASES: &[Case] = &[
         what: "defect 1 (stencil): a stale holder answer cancelled the fetch",
         app: AppKind::Stencil,
         class: None,
+        size: None,
         ranks: 3,
         nodes: 3,
         protocols: LOGGING,
@@ -68,6 +72,7 @@ const CASES: &[Case] = &[
         what: "defect 1 (cg): a stale holder answer cancelled the fetch",
         app: AppKind::Cg,
         class: None,
+        size: None,
         ranks: 3,
         nodes: 3,
         protocols: LOGGING,
@@ -80,6 +85,7 @@ const CASES: &[Case] = &[
         what: "defect 1 (dht): a stale holder answer cancelled the fetch",
         app: AppKind::Dht,
         class: None,
+        size: None,
         ranks: 3,
         nodes: 3,
         protocols: LOGGING,
@@ -92,6 +98,7 @@ const CASES: &[Case] = &[
         what: "defect 2: the leader rolled back with its set and forgot the Done it had",
         app: AppKind::Stencil,
         class: Some('S'),
+        size: None,
         ranks: 4,
         nodes: 2,
         protocols: LOGGING,
@@ -104,6 +111,7 @@ const CASES: &[Case] = &[
         what: "defect 4: re-provisioned holders never learnt the committed generation",
         app: AppKind::Stencil,
         class: Some('S'),
+        size: None,
         ranks: 4,
         nodes: 2,
         protocols: LOGGING,
@@ -116,6 +124,7 @@ const CASES: &[Case] = &[
         what: "defect 5: a replacement started after the abort was never told",
         app: AppKind::Stencil,
         class: Some('S'),
+        size: None,
         ranks: 4,
         nodes: 2,
         protocols: &[ProtocolKind::Pessimistic],
@@ -130,6 +139,7 @@ const CASES: &[Case] = &[
         what: "defect 6: the leader counted a Done from a rank that died afterwards",
         app: AppKind::Stencil,
         class: Some('S'),
+        size: None,
         ranks: 6,
         nodes: 3,
         protocols: LOGGING,
@@ -160,6 +170,7 @@ fn config(case: &Case, backend: Backend, protocol: ProtocolKind) -> Config {
 fn params(case: &Case) -> AppParams {
     AppParams {
         class: case.class,
+        size: case.size,
         ..AppParams::default()
     }
 }
@@ -169,13 +180,17 @@ fn command(case: &Case, backend: Backend, protocol: ProtocolKind) -> String {
         .class
         .map(|c| format!(" --class {c}"))
         .unwrap_or_default();
+    let size = case
+        .size
+        .map(|n| format!(" --size {n}"))
+        .unwrap_or_default();
     let every = case
         .every
         .map(|n| format!(" --checkpoint-every {n}"))
         .unwrap_or_default();
     let kills: String = case.kills.iter().map(|k| format!(" --kill {k}")).collect();
     format!(
-        "lazarus run {}{class} --ranks {} --nodes {} --backend {backend} --protocol {}{every} --seed {}{kills}",
+        "lazarus run {}{class}{size} --ranks {} --nodes {} --backend {backend} --protocol {}{every} --seed {}{kills}",
         case.app,
         case.ranks,
         case.nodes,
@@ -192,7 +207,10 @@ fn command(case: &Case, backend: Backend, protocol: ProtocolKind) -> String {
 fn check(backend: Backend) {
     let mut reference: BTreeMap<(String, usize), String> = BTreeMap::new();
     for case in CASES {
-        let key = (format!("{} {:?}", case.app, case.class), case.ranks);
+        let key = (
+            format!("{} {:?} {:?}", case.app, case.class, case.size),
+            case.ranks,
+        );
         if !reference.contains_key(&key) {
             let cfg = common::config(backend, case.ranks).nodes(case.nodes);
             let (v, _) = common::run(case.app, &params(case), &cfg);

@@ -281,7 +281,6 @@ impl<T: Equivalence> Window<T> {
     /// Free the window (collective).
     pub fn free(self) -> Result<()> {
         self.comm.barrier()?;
-        self.comm.engine.borrow_mut().window_free(self.id);
-        Ok(())
+        self.comm.engine.borrow_mut().window_free(self.id)
     }
 }

@@ -2283,10 +2283,18 @@ impl Engine {
         self.communicators.push((base, group));
     }
 
-    /// Withdraw a window.
-    pub fn window_free(&mut self, id: WinId) {
+    /// Withdraw a window. Under message logging the free is an operation
+    /// in the order of accesses (`op_begin`): a restored rank first applies
+    /// the requests its log places before it. The barrier before a free
+    /// does not wait for them when ULML takes it from a logged result, and
+    /// a request for a window already withdrawn is never applied, so its
+    /// origin waited for the reply for ever.
+    pub fn window_free(&mut self, id: WinId) -> Result<()> {
+        self.enter()?;
+        self.op_begin()?;
         self.windows.remove(&id);
         self.ep.window_withdraw(id);
+        Ok(())
     }
 
     fn win(&mut self, id: WinId) -> Result<&mut WinLocal> {
