@@ -31,9 +31,10 @@
 //!
 //! The position `at` counts the rank's operations that can observe or
 //! order accesses to its window: sends of sequenced messages (a reply's SSN
-//! depends on what the target sent before it), window creation, local
-//! window accesses and accesses to its own window, and safe points. Receives
-//! are not counted: their outcome is fixed by SSNs and determinants.
+//! depends on what the target sent before it), window creation and free,
+//! local window accesses and accesses to its own window, and safe points.
+//! Receives are not counted: their outcome is fixed by SSNs and
+//! determinants.
 
 use bytes::Bytes;
 
