@@ -148,6 +148,21 @@ const CASES: &[Case] = &[
         kills: &["1@finalize", "2@recovery:1"],
         restart_may_be_needed: false,
     },
+    Case {
+        what: "chaos dht seed 9: a set member whose recovery was interrupted before its \
+               restore forgot its own determinants (its holders had all died) and \
+               re-executed without a replay",
+        app: AppKind::Dht,
+        class: None,
+        size: Some(256),
+        ranks: 3,
+        nodes: 2,
+        protocols: &[ProtocolKind::Correlated],
+        every: Some(1),
+        seed: 9,
+        kills: &["1@75%", "1@recovery:1", "2@recovery:1"],
+        restart_may_be_needed: false,
+    },
 ];
 
 /// The run's configuration, as `lazarus run` builds it from the case.

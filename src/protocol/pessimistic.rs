@@ -1408,13 +1408,29 @@ impl Protocol for Pessimistic {
                 if replacement {
                     self.since = epoch;
                 }
-                self.local = (!replacement && self.set_coordinated).then(|| Holding {
-                    held: (cx.store.held().into_iter())
-                        .filter(|&(_, owner)| owner == cx.rank)
-                        .map(|(g, _)| g)
-                        .collect(),
-                    committed: self.stored,
-                    determinants: self.all_determinants(),
+                // A recovery that another failure in the set interrupts
+                // before the restore (`local` is dropped only there) rolls
+                // back the same execution again, whose determinants the
+                // first one moved out of `own`: they are kept, or a member
+                // whose holders all died meanwhile would replay none and
+                // choose freely where it had chosen (its reply took the
+                // SSN a peer's replayed determinant names as a request:
+                // a hang: dht seed 9 in tests/cascades.rs).
+                let earlier = self.local.take().map(|l| l.determinants);
+                self.local = (!replacement && self.set_coordinated).then(|| {
+                    let mut determinants: BTreeMap<u64, Determinant> = (earlier.into_iter())
+                        .flatten()
+                        .map(|d| (d.rsn, d))
+                        .collect();
+                    determinants.extend(self.all_determinants().into_iter().map(|d| (d.rsn, d)));
+                    Holding {
+                        held: (cx.store.held().into_iter())
+                            .filter(|&(_, owner)| owner == cx.rank)
+                            .map(|(g, _)| g)
+                            .collect(),
+                        committed: self.stored,
+                        determinants: determinants.into_values().collect(),
+                    }
                 });
                 self.own.clear();
                 self.stability = Stability::default();
@@ -1580,6 +1596,45 @@ mod tests {
     /// execution) must not see SSN 44 become our reply to a request no
     /// determinant places (DHT under `correlated`, 8 ranks, kills 5@5% and
     /// 1@5%: rank 0 replayed request 44 of rank 1 forever).
+    #[test]
+    fn a_second_rollback_before_the_restore_keeps_the_members_own_determinants() {
+        let h = Harness::new(1, 4, 2);
+        let mut p = Pessimistic::new(2, None);
+        p.set_correlated_set([0, 1]);
+        let request = crate::protocol::testing::app_message(3, 1, 9, 64);
+        h.run(
+            &mut p,
+            Event::AppDeliver {
+                msg: &request,
+                rsn: 1,
+                applied_at: Some(5),
+                replayed: false,
+            },
+        );
+        let recover = |epoch| Event::Recover {
+            epoch,
+            replacement: false,
+        };
+        let expected = vec![Determinant {
+            rsn: 1,
+            src: 3,
+            ssn: 9,
+            at: Some(5),
+        }];
+        h.run(&mut p, recover(1));
+        assert_eq!(
+            p.local.as_ref().map(|l| l.determinants.clone()),
+            Some(expected.clone())
+        );
+        // Another failure in the set before the restore: the same execution
+        // rolls back again, and its holders may all be gone by now.
+        h.run(&mut p, recover(2));
+        assert_eq!(
+            p.local.as_ref().map(|l| l.determinants.clone()),
+            Some(expected)
+        );
+    }
+
     #[test]
     fn set_peers_tell_each_other_what_their_replays_name() {
         let h = Harness::new(1, 4, 2);
