@@ -163,6 +163,21 @@ const CASES: &[Case] = &[
         kills: &["1@75%", "1@recovery:1", "2@recovery:1"],
         restart_may_be_needed: false,
     },
+    Case {
+        what: "chaos dht seed 70: a restored rank freed its window before applying a \
+               request its log placed there (ULML took the barrier before the free \
+               from a logged result), and the request's origin waited for ever",
+        app: AppKind::Dht,
+        class: None,
+        size: Some(256),
+        ranks: 3,
+        nodes: 2,
+        protocols: LOGGING,
+        every: Some(1),
+        seed: 70,
+        kills: &["1@checkpoint:1", "1@finalize", "2@finalize"],
+        restart_may_be_needed: false,
+    },
 ];
 
 /// The run's configuration, as `lazarus run` builds it from the case.

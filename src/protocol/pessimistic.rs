@@ -1591,11 +1591,9 @@ mod tests {
         assert!(!p.regenerating(&[0, 0, 10, 14]));
     }
 
-    /// Set peers roll back together and both re-execute: a peer whose
-    /// replay names our SSN 44 as a request (a request in the first
-    /// execution) must not see SSN 44 become our reply to a request no
-    /// determinant places (DHT under `correlated`, 8 ranks, kills 5@5% and
-    /// 1@5%: rank 0 replayed request 44 of rank 1 forever).
+    /// A member's own determinants survive a second rollback of the same
+    /// execution before its restore (another failure in its set), whose
+    /// holders may all have died by then (dht seed 9 in tests/cascades.rs).
     #[test]
     fn a_second_rollback_before_the_restore_keeps_the_members_own_determinants() {
         let h = Harness::new(1, 4, 2);
@@ -1635,6 +1633,11 @@ mod tests {
         );
     }
 
+    /// Set peers roll back together and both re-execute: a peer whose
+    /// replay names our SSN 44 as a request (a request in the first
+    /// execution) must not see SSN 44 become our reply to a request no
+    /// determinant places (DHT under `correlated`, 8 ranks, kills 5@5% and
+    /// 1@5%: rank 0 replayed request 44 of rank 1 forever).
     #[test]
     fn set_peers_tell_each_other_what_their_replays_name() {
         let h = Harness::new(1, 4, 2);
