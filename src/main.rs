@@ -875,10 +875,19 @@ fn check_output(option: &str, path: &std::path::Path) -> anyhow::Result<()> {
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
     };
+    // The rank processes of the processes backend run the same command
+    // line and check it too, at the same moment: a file that another of
+    // them created (or removed) in between is no reason to refuse (that
+    // refusal was a rank exiting 2 at its start: a spurious failure).
+    use std::io::ErrorKind::{AlreadyExists, NotFound};
     match open(false) {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match open(true) {
-            Ok(_) => std::fs::remove_file(path).map_err(|e| refuse(e.to_string())),
+        Err(e) if e.kind() == NotFound => match open(true) {
+            Ok(_) => match std::fs::remove_file(path) {
+                Err(e) if e.kind() != NotFound => Err(refuse(e.to_string())),
+                _ => Ok(()),
+            },
+            Err(e) if e.kind() == AlreadyExists => Ok(()),
             Err(e) => Err(refuse(e.to_string())),
         },
         Err(e) => Err(refuse(e.to_string())),
