@@ -21,18 +21,64 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// Run an example with `args`; returns its last line (it must succeed).
+/// Run an example program to its end, or fail the test (the program
+/// killed) if it has not ended in 600 s: under load the respawn example
+/// once hung with every rank blocked in a barrier, and the test waited for
+/// ever.
 fn run_example(name: &str, args: &[&str]) -> String {
-    let out = Command::new(example(name))
+    use std::io::Read;
+    let mut child = Command::new(example(name))
         .args(args)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run the example");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the example") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        // A watchdog's poll, not a synchronisation: the result is the
+        // exit status either way.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let stdout_bytes = out.join().unwrap_or_default();
+    let stdout = String::from_utf8_lossy(&stdout_bytes).to_string();
+    let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).to_string();
+    let Some(status) = status else {
+        panic!("{name} {args:?} hung: no end in 600 s (killed)\n{stdout}\n{stderr}");
+    };
     assert!(
-        out.status.success(),
+        status.success(),
         "{name} {args:?} failed\n{stdout}\n{stderr}"
     );
-    common::last_line(&out.stdout)
+    common::last_line(&stdout_bytes)
 }
 
 fn backends() -> Vec<Backend> {
