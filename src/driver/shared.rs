@@ -76,17 +76,7 @@ impl LockState {
     fn apply(&mut self, op: &RmaOp) -> Option<RmaReply> {
         match op {
             RmaOp::TryLock(kind) => {
-                let granted = match kind {
-                    LockType::Shared if !self.writer => {
-                        self.readers += 1;
-                        true
-                    }
-                    LockType::Exclusive if !self.writer && self.readers == 0 => {
-                        self.writer = true;
-                        true
-                    }
-                    _ => false,
-                };
+                let granted = take_lock(&mut self.readers, &mut self.writer, *kind);
                 Some(RmaReply::Granted(granted))
             }
             RmaOp::Unlock(kind) => {
@@ -98,6 +88,26 @@ impl LockState {
             }
             _ => None,
         }
+    }
+}
+
+/// Take a passive-target lock of `kind` if the state (`readers` holding a
+/// shared lock, `writer` the exclusive one) allows it. Shared by the
+/// drivers' lock state and the engine's under message logging.
+pub(crate) fn take_lock<R>(readers: &mut R, writer: &mut bool, kind: LockType) -> bool
+where
+    R: Copy + PartialEq + From<u8> + std::ops::AddAssign,
+{
+    match kind {
+        LockType::Shared if !*writer => {
+            *readers += R::from(1);
+            true
+        }
+        LockType::Exclusive if !*writer && *readers == R::from(0) => {
+            *writer = true;
+            true
+        }
+        _ => false,
     }
 }
 

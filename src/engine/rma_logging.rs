@@ -316,17 +316,7 @@ impl Engine {
     }
 }
 
-/// Take a lock of `kind` if the state allows it.
+/// Take a lock of `kind` on this rank's window if its state allows it.
 fn take_lock(state: &mut super::WindowState, kind: LockType) -> bool {
-    match kind {
-        LockType::Shared if !state.writer => {
-            state.readers += 1;
-            true
-        }
-        LockType::Exclusive if !state.writer && state.readers == 0 => {
-            state.writer = true;
-            true
-        }
-        _ => false,
-    }
+    crate::driver::shared::take_lock(&mut state.readers, &mut state.writer, kind)
 }
