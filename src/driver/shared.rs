@@ -1,7 +1,7 @@
 //! Pieces every in-process driver shares: window memory and RMA application,
 //! rank incarnations, job statistics, and collecting the ranks' outcomes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,6 +35,58 @@ pub(crate) fn core_per_rank(ranks: usize) -> bool {
 /// it (the panic itself is reported through the rank's outcome).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// ULFM respawn (002 §3.2) in an in-process driver: the frames a survivor
+/// sends to a dead rank after it agreed to respawn it wait for the new
+/// incarnation, instead of being lost with the old one. Survivors agree
+/// before the first of them starts the incarnation, so another survivor's
+/// first frame on the repaired communicator can leave before it exists.
+/// Frames sent before a survivor's agreement are lost, as on a network
+/// (the processes driver's `PeerState::Respawning` is the same rule).
+pub(crate) struct RespawnHold<F> {
+    /// (sender, dead rank) pairs whose frames are held.
+    awaiting: HashSet<(Rank, Rank)>,
+    /// Per dead rank: (sender, frame) in the order sent.
+    held: HashMap<Rank, Vec<(Rank, F)>>,
+}
+
+impl<F> Default for RespawnHold<F> {
+    fn default() -> Self {
+        RespawnHold {
+            awaiting: HashSet::new(),
+            held: HashMap::new(),
+        }
+    }
+}
+
+impl<F> RespawnHold<F> {
+    /// `from` agreed that the dead rank `dest` is started again.
+    pub fn await_respawn(&mut self, from: Rank, dest: Rank) {
+        self.awaiting.insert((from, dest));
+    }
+
+    /// Whether no frame can be held (the fast path of a send).
+    pub fn is_empty(&self) -> bool {
+        self.awaiting.is_empty()
+    }
+
+    /// Keep `frame` if `from` awaits `dest`'s new incarnation; otherwise
+    /// hand it back to be sent.
+    pub fn hold(&mut self, from: Rank, dest: Rank, frame: F) -> Option<F> {
+        if self.awaiting.contains(&(from, dest)) {
+            self.held.entry(dest).or_default().push((from, frame));
+            None
+        } else {
+            Some(frame)
+        }
+    }
+
+    /// `dest`'s new incarnation exists: its held frames, in the order sent.
+    pub fn release(&mut self, dest: Rank) -> Vec<(Rank, F)> {
+        self.awaiting.retain(|&(_, d)| d != dest);
+        self.held.remove(&dest).unwrap_or_default()
+    }
 }
 
 /// One incarnation of a rank.

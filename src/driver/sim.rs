@@ -26,7 +26,9 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::shared::{ExitAction, Finals, Slot, StatsBook, WindowRegistry, lock, rank_body};
+use super::shared::{
+    ExitAction, Finals, RespawnHold, Slot, StatsBook, WindowRegistry, lock, rank_body,
+};
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
 use crate::engine::frame::{Body, Frame, Incoming};
@@ -159,6 +161,8 @@ struct Sched<T> {
     plan: FaultPlan,
     stats: StatsBook,
     finals: Finals<T>,
+    /// Frames waiting for a respawned rank (ULFM).
+    respawning: RespawnHold<Frame>,
     hung: bool,
     finished: bool,
     token: u64,
@@ -399,6 +403,40 @@ impl<T: Send + 'static> SimWorld<T> {
         }
     }
 
+    /// Put `frame` from `from` on the network to `dest`: it arrives after
+    /// the link's latency and its size over the bandwidth, in FIFO order
+    /// per channel.
+    fn transmit(&self, s: &mut Sched<T>, from: Rank, dest: Rank, frame: Frame) {
+        let (lat, bw) = self.latency_and_bandwidth(from, dest);
+        let bytes = frame_bytes(&frame);
+        let jitter = if self.net.jitter > 0.0 {
+            s.rng.random_range(0.0..self.net.jitter) * lat.as_nanos() as f64
+        } else {
+            0.0
+        };
+        // The message leaves when the sender's interface is free, and keeps
+        // it busy for the per-message overhead plus its size over bandwidth.
+        let wire = (bytes as f64 / bw * 1e9) as u64;
+        let depart = s.now.max(s.nic_free[from]) + nanos(self.net.overhead);
+        s.nic_free[from] = depart + wire;
+        let mut at = depart + nanos(lat) + wire + jitter as u64;
+        let last = s.last_on_channel.entry((from, dest)).or_insert(0);
+        at = at.max(*last + 1); // channels are FIFO
+        *last = at;
+        let entity = s.current[dest];
+        s.messages += 1;
+        s.bytes += bytes as u64;
+        mix(&mut s.trace, (from as u64) << 32 | dest as u64);
+        mix(&mut s.trace, bytes as u64);
+        s.push(
+            at,
+            Ev::Deliver {
+                entity,
+                inc: Incoming::Frame(frame),
+            },
+        );
+    }
+
     fn latency_and_bandwidth(&self, a: Rank, b: Rank) -> (Duration, f64) {
         if self.placement.node_of(a) == self.placement.node_of(b) {
             (self.net.latency_intra, self.net.bandwidth_intra)
@@ -495,35 +533,16 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
                 size: self.world.size,
             });
         }
-        let (lat, bw) = self.world.latency_and_bandwidth(self.rank, dest);
-        let bytes = frame_bytes(&frame);
         let mut s = self.world.sched();
-        let jitter = if self.world.net.jitter > 0.0 {
-            s.rng.random_range(0.0..self.world.net.jitter) * lat.as_nanos() as f64
+        let frame = if s.respawning.is_empty() {
+            frame
         } else {
-            0.0
+            match s.respawning.hold(self.rank, dest, frame) {
+                Some(f) => f,
+                None => return Ok(()),
+            }
         };
-        // The message leaves when the sender's interface is free, and keeps
-        // it busy for the per-message overhead plus its size over bandwidth.
-        let wire = (bytes as f64 / bw * 1e9) as u64;
-        let depart = s.now.max(s.nic_free[self.rank]) + nanos(self.world.net.overhead);
-        s.nic_free[self.rank] = depart + wire;
-        let mut at = depart + nanos(lat) + wire + jitter as u64;
-        let last = s.last_on_channel.entry((self.rank, dest)).or_insert(0);
-        at = at.max(*last + 1); // channels are FIFO
-        *last = at;
-        let entity = s.current[dest];
-        s.messages += 1;
-        s.bytes += bytes as u64;
-        mix(&mut s.trace, (self.rank as u64) << 32 | dest as u64);
-        mix(&mut s.trace, bytes as u64);
-        s.push(
-            at,
-            Ev::Deliver {
-                entity,
-                inc: Incoming::Frame(frame),
-            },
-        );
+        self.world.transmit(&mut s, self.rank, dest, frame);
         Ok(())
     }
 
@@ -656,12 +675,24 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         let slot = Slot::new(s.entities[e].slot.incarnation + 1);
         let epoch = s.epoch;
         world.spawn(&mut s, rank, slot, epoch);
+        for (from, frame) in s.respawning.release(rank) {
+            world.transmit(&mut s, from, rank, frame);
+        }
         s.finals.reopen(rank);
         mix(&mut s.trace, 0x5ba3 ^ rank as u64);
         Ok(())
     }
 
-    fn await_respawn(&mut self, _rank: Rank) {}
+    fn await_respawn(&mut self, rank: Rank) {
+        let mut s = self.world.sched();
+        let dead = s
+            .current
+            .get(rank)
+            .is_some_and(|&e| s.entities[e].slot.killed.load(Ordering::SeqCst));
+        if dead {
+            s.respawning.await_respawn(self.rank, rank);
+        }
+    }
 }
 
 /// Memory mappings one rank thread costs (stack, guard page, signal stack
@@ -757,6 +788,7 @@ pub(crate) fn run<T: Send + 'static>(
             stats: StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes),
             finals: Finals::new(size)
                 .reporting_failures(cfg.failure_handling == crate::config::FailureHandling::Return),
+            respawning: RespawnHold::default(),
             hung: false,
             finished: false,
             token: 0,

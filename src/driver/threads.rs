@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, unbounded};
 
 use super::shared::{
-    ExitAction, Finals, Slot, StatsBook, WAIT_SPIN, WindowRegistry, core_per_rank, lock,
-    progress_bar, rank_body,
+    ExitAction, Finals, RespawnHold, Slot, StatsBook, WAIT_SPIN, WindowRegistry, core_per_rank,
+    lock, progress_bar, rank_body,
 };
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
@@ -38,6 +38,9 @@ type Mail = Option<Incoming>;
 struct KillState {
     epoch: u64,
     plan: FaultPlan,
+    /// Dead ranks no replacement was started for (ULFM respawn may start
+    /// one later).
+    unreplaced: std::collections::HashSet<Rank>,
 }
 
 enum SupMsg {
@@ -63,6 +66,10 @@ struct World {
     windows: WindowRegistry,
     kills: Mutex<KillState>,
     armed: AtomicBool,
+    /// Frames waiting for a respawned rank (lock order: `kills`, `slots`,
+    /// `inboxes`, then this); `holding` is its fast path for sends.
+    respawning: Mutex<RespawnHold<Frame>>,
+    holding: AtomicBool,
     stats: Mutex<StatsBook>,
     start: Instant,
     sup: Sender<SupMsg>,
@@ -96,6 +103,8 @@ impl World {
                         inbox: rx,
                         epoch,
                     });
+                } else {
+                    ks.unreplaced.insert(v);
                 }
             }
             for (r, tx) in inboxes.iter().enumerate() {
@@ -112,9 +121,43 @@ impl World {
 }
 
 impl World {
+    /// A world of `cfg.ranks` live ranks: their first incarnations and
+    /// inboxes, which the caller starts threads with.
+    fn new(
+        cfg: &Config,
+        placement: Placement,
+        sup: Sender<SupMsg>,
+    ) -> (Arc<World>, Vec<Arc<Slot>>, Vec<Receiver<Mail>>) {
+        let size = cfg.ranks;
+        let (inboxes, receivers) = (0..size).map(|_| unbounded()).unzip();
+        let slots: Vec<Arc<Slot>> = (0..size).map(|_| Slot::new(0)).collect();
+        let world = Arc::new(World {
+            size,
+            placement: placement.clone(),
+            replaces: cfg.protocol.replaces_failed_ranks(),
+            inboxes: RwLock::new(inboxes),
+            slots: Mutex::new(slots.clone()),
+            windows: WindowRegistry::default(),
+            kills: Mutex::new(KillState {
+                epoch: 0,
+                plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
+                unreplaced: Default::default(),
+            }),
+            armed: AtomicBool::new(!cfg.kills.is_empty()),
+            respawning: Mutex::default(),
+            holding: AtomicBool::new(false),
+            stats: Mutex::new(StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes)),
+            start: Instant::now(),
+            sup,
+            progress: AtomicU64::new(0),
+            spin: core_per_rank(size),
+        });
+        (world, slots, receivers)
+    }
+
     /// Start a new incarnation of the dead rank `v` (ULFM respawn).
     fn respawn(&self, v: Rank) -> Result<()> {
-        let ks = lock(&self.kills);
+        let mut ks = lock(&self.kills);
         let mut slots = lock(&self.slots);
         let mut inboxes = self.inboxes.write().unwrap_or_else(|e| e.into_inner());
         let (Some(old), Some(inbox)) = (slots.get(v), inboxes.get_mut(v)) else {
@@ -125,6 +168,13 @@ impl World {
         };
         let slot = Slot::new(old.incarnation + 1);
         let (tx, rx) = unbounded();
+        ks.unreplaced.remove(&v);
+        let mut hold = lock(&self.respawning);
+        for (_, frame) in hold.release(v) {
+            let _ = tx.send(Some(Incoming::Frame(frame)));
+        }
+        self.holding.store(!hold.is_empty(), Ordering::SeqCst);
+        drop(hold);
         *inbox = tx;
         slots[v] = slot.clone();
         self.sup
@@ -183,6 +233,14 @@ impl Endpoint for ThreadEndpoint {
 
     fn send(&mut self, dest: Rank, frame: Frame) -> Result<()> {
         self.slot.alive()?;
+        let frame = if self.world.holding.load(Ordering::SeqCst) {
+            match lock(&self.world.respawning).hold(self.rank, dest, frame) {
+                Some(f) => f,
+                None => return Ok(()),
+            }
+        } else {
+            frame
+        };
         let inboxes = self.world.inboxes.read().unwrap_or_else(|e| e.into_inner());
         let tx = inboxes.get(dest).ok_or(Error::RankOutOfRange {
             rank: dest,
@@ -308,7 +366,13 @@ impl Endpoint for ThreadEndpoint {
         self.world.respawn(rank)
     }
 
-    fn await_respawn(&mut self, _rank: Rank) {}
+    fn await_respawn(&mut self, rank: Rank) {
+        let ks = lock(&self.world.kills);
+        if ks.unreplaced.contains(&rank) {
+            lock(&self.world.respawning).await_respawn(self.rank, rank);
+            self.world.holding.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Run `f` on `cfg.ranks` threads; returns each rank's result (or the job's
@@ -318,34 +382,9 @@ pub(crate) fn run<T: Send + 'static>(
     placement: Placement,
     f: Arc<RankFn<T>>,
 ) -> (Result<Vec<T>>, JobStats) {
-    let size = cfg.ranks;
     let (sup_tx, sup_rx) = unbounded();
-    let mut inboxes = Vec::with_capacity(size);
-    let mut receivers = Vec::with_capacity(size);
-    for _ in 0..size {
-        let (tx, rx) = unbounded();
-        inboxes.push(tx);
-        receivers.push(rx);
-    }
-    let slots: Vec<Arc<Slot>> = (0..size).map(|_| Slot::new(0)).collect();
-    let world = Arc::new(World {
-        size,
-        placement: placement.clone(),
-        replaces: cfg.protocol.replaces_failed_ranks(),
-        inboxes: RwLock::new(inboxes),
-        slots: Mutex::new(slots.clone()),
-        windows: WindowRegistry::default(),
-        kills: Mutex::new(KillState {
-            epoch: 0,
-            plan: FaultPlan::new(&cfg.kills, placement.clone(), cfg.seed),
-        }),
-        armed: AtomicBool::new(!cfg.kills.is_empty()),
-        stats: Mutex::new(StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes)),
-        start: Instant::now(),
-        sup: sup_tx.clone(),
-        progress: AtomicU64::new(0),
-        spin: core_per_rank(size),
-    });
+    let (world, slots, receivers) = World::new(cfg, placement, sup_tx.clone());
+    let size = cfg.ranks;
 
     let spawn =
         |rank: Rank, slot: Arc<Slot>, inbox: Receiver<Mail>, epoch: u64| -> JoinHandle<()> {
@@ -450,4 +489,69 @@ pub(crate) fn run<T: Send + 'static>(
         .map(|k| k.to_string())
         .collect();
     (finals.finish(), stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::frame::{Body, RuntimeMsg};
+
+    fn endpoint(
+        world: &Arc<World>,
+        slots: &[Arc<Slot>],
+        inboxes: &[Receiver<Mail>],
+        rank: Rank,
+    ) -> ThreadEndpoint {
+        ThreadEndpoint {
+            world: world.clone(),
+            rank,
+            slot: slots[rank].clone(),
+            inbox: inboxes[rank].clone(),
+            start_epoch: 0,
+        }
+    }
+
+    fn frame(src: Rank) -> Frame {
+        Frame {
+            src,
+            epoch: 1,
+            body: Body::Runtime(RuntimeMsg::Done),
+        }
+    }
+
+    /// The respawn example hung under load (issue 33): survivor 2 agreed to
+    /// respawn rank 0 and sent its first frame on the repaired communicator
+    /// before survivor 1, the starter, had started the new incarnation; the
+    /// frame went to the dead incarnation's inbox and was lost.
+    #[test]
+    fn frames_sent_after_agreeing_to_a_respawn_wait_for_the_new_incarnation() {
+        let cfg = Config::new(3);
+        let placement = Placement::block(3, 1).expect("valid");
+        let (sup_tx, sup_rx) = unbounded();
+        let (world, slots, inboxes) = World::new(&cfg, placement, sup_tx);
+        world.kill(&mut lock(&world.kills), &[0]);
+        let mut starter = endpoint(&world, &slots, &inboxes, 1);
+        let mut other = endpoint(&world, &slots, &inboxes, 2);
+        // Sent before agreeing: lost with the dead incarnation.
+        other.send(0, frame(2)).expect("send");
+        other.await_respawn(0);
+        other.send(0, frame(2)).expect("send");
+        starter.await_respawn(0);
+        starter.send(0, frame(1)).expect("send");
+        starter.respawn(0).expect("respawn");
+        other.send(0, frame(2)).expect("send");
+        let Ok(SupMsg::Spawn { inbox, .. }) = sup_rx.try_recv() else {
+            panic!("no new incarnation was started");
+        };
+        let got: Vec<Rank> = inbox
+            .try_iter()
+            .map(|m| match m {
+                Some(Incoming::Frame(f)) => f.src,
+                other => panic!("not a frame: {other:?}"),
+            })
+            .collect();
+        assert_eq!(got, vec![2, 1, 2]);
+        // Nothing is held any more: sends take the fast path again.
+        assert!(!world.holding.load(Ordering::SeqCst));
+    }
 }
