@@ -119,6 +119,11 @@ pub enum Stat {
     PieceStored {
         /// Generation.
         generation: u64,
+        /// The world epoch the rank had seen when it learnt it: a holder
+        /// killed in a later failure event may have died before the
+        /// report reached the statistics (processes: the report and the
+        /// death travel on different connections).
+        epoch: u64,
     },
     /// This rank resumed computation after recovering from the failure event
     /// `epoch`.

@@ -409,6 +409,8 @@ pub(crate) struct StatsBook {
     /// beginning while this is `Some` had a checkpoint to restore
     /// (`JobStats::needless_restarts`).
     protected: Vec<Option<std::collections::BTreeSet<Rank>>>,
+    /// Every failure event so far: its world epoch and victims.
+    deaths: Vec<(u64, Vec<Rank>)>,
 }
 
 impl StatsBook {
@@ -431,10 +433,13 @@ impl StatsBook {
             memory_reports: 0,
             peak_rss_sum: 0,
             protected: vec![None; ranks],
+            deaths: Vec::new(),
         }
     }
 
-    pub fn on_kill(&mut self, victims: &[Rank], now: Duration) {
+    /// The failure event `epoch` killed `victims`.
+    pub fn on_kill(&mut self, epoch: u64, victims: &[Rank], now: Duration) {
+        self.deaths.push((epoch, victims.to_vec()));
         self.stats.failures += 1;
         self.stats.ranks_killed += victims.len() as u64;
         match &self.placement {
@@ -544,12 +549,19 @@ impl StatsBook {
                 st.daly_interval_s = Some(tau_s);
                 st.daly_cost_s = Some(cost_s);
             }
-            Stat::PieceStored { .. } => {
+            Stat::PieceStored { epoch, .. } => {
                 if let (Some(pl), Some(p)) = (&self.placement, self.protected.get_mut(rank)) {
+                    // A holder killed in a failure event the rank had not
+                    // seen when it reported died after storing the piece,
+                    // and its kill may have been counted before this
+                    // report arrived.
+                    let died_since =
+                        |h: &Rank| (self.deaths.iter()).any(|(e, v)| *e > epoch && v.contains(h));
                     let holders: std::collections::BTreeSet<Rank> = pl
                         .partner(rank)
                         .into_iter()
                         .chain(pl.second_partner(rank))
+                        .filter(|h| !died_since(h))
                         .collect();
                     *p = (!holders.is_empty()).then_some(holders);
                 }
@@ -809,4 +821,55 @@ pub(crate) fn process_usage() -> Option<Stat> {
         user_cpu_s: seconds(usage.ru_utime),
         system_cpu_s: seconds(usage.ru_stime),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ProtocolKind;
+    use crate::protocol::correlated::SetRule;
+
+    fn from_scratch(book: &mut StatsBook, rank: Rank, epoch: u64) {
+        let stat = Stat::Resumed {
+            epoch,
+            rolled_back: true,
+            from_scratch: true,
+        };
+        book.record(rank, 4, stat, Duration::ZERO, epoch);
+    }
+
+    /// A restart from the beginning is needless only while a holder of the
+    /// rank's stored checkpoint lives; a report that reaches the book after
+    /// its holders' deaths (processes: another connection) does not bring
+    /// them back to life.
+    #[test]
+    fn a_late_piece_stored_report_does_not_count_dead_holders() {
+        let pl = Placement::block(4, 2).expect("valid");
+        let holders: Vec<Rank> = pl
+            .partner(0)
+            .into_iter()
+            .chain(pl.second_partner(0))
+            .collect();
+        let stored = |epoch| Stat::PieceStored {
+            generation: 1,
+            epoch,
+        };
+        // In order: stored at epoch 0, then the holders die at epoch 1.
+        let mut book = StatsBook::new(ProtocolKind::Pessimistic, SetRule::default(), 4, 2);
+        book.record(0, 4, stored(0), Duration::ZERO, 0);
+        book.on_kill(1, &holders, Duration::ZERO);
+        from_scratch(&mut book, 0, 1);
+        assert_eq!(book.stats.needless_restarts, 0);
+        // The same report arriving after the deaths.
+        let mut book = StatsBook::new(ProtocolKind::Pessimistic, SetRule::default(), 4, 2);
+        book.on_kill(1, &holders, Duration::ZERO);
+        book.record(0, 4, stored(0), Duration::ZERO, 1);
+        from_scratch(&mut book, 0, 1);
+        assert_eq!(book.stats.needless_restarts, 0);
+        // Stored again after the deaths (re-provisioned holders): a
+        // restart from the beginning would be needless.
+        book.record(0, 4, stored(1), Duration::ZERO, 1);
+        from_scratch(&mut book, 0, 1);
+        assert_eq!(book.stats.needless_restarts, 1);
+    }
 }

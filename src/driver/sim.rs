@@ -478,7 +478,7 @@ impl<T: Send + 'static> SimWorld<T> {
             }
         }
         mix(&mut s.trace, 0xdead ^ epoch);
-        s.stats.on_kill(victims, now);
+        s.stats.on_kill(epoch, victims, now);
     }
 }
 

@@ -116,7 +116,7 @@ impl World {
                 }
             }
         }
-        lock(&self.stats).on_kill(victims, now);
+        lock(&self.stats).on_kill(epoch, victims, now);
     }
 }
 

@@ -975,6 +975,7 @@ impl Engine {
             app_arrived: self.app_arrived,
             hsr: &self.ssn_in,
             rsn: self.rsn,
+            epoch: self.epoch,
             actions: Vec::new(),
         };
         self.proto.handle(event, &mut cx);

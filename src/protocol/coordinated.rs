@@ -535,6 +535,7 @@ mod tests {
                 app_arrived: self.arrived,
                 hsr: &BTreeMap::new(),
                 rsn: 0,
+                epoch: 0,
                 actions: Vec::new(),
             };
             p.handle(ev, &mut cx);
@@ -806,6 +807,7 @@ mod tests {
             app_arrived: 0,
             hsr: &BTreeMap::new(),
             rsn: 0,
+            epoch: 0,
             actions: Vec::new(),
         };
         let mut rec = Recovery::default();

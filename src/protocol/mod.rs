@@ -622,6 +622,8 @@ pub struct ProtocolCx<'a> {
     pub hsr: &'a BTreeMap<Rank, u64>,
     /// Wildcard receptions so far in this execution (the last RSN).
     pub rsn: u64,
+    /// The world epoch (failure events) this rank has seen.
+    pub epoch: u64,
     /// Emitted actions, executed in order after the handler returns.
     pub actions: Vec<Action>,
 }
@@ -781,6 +783,7 @@ pub(crate) mod testing {
                 app_arrived: 0,
                 hsr: &self.hsr,
                 rsn: self.rsn,
+                epoch: 0,
                 actions: Vec::new(),
             };
             p.handle(ev, &mut cx);

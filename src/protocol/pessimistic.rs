@@ -756,7 +756,10 @@ impl Pessimistic {
         self.replay.retain(|d| d.rsn > rsn);
         self.stability.floor = self.stability.floor.max(rsn);
         self.stored = Some(generation);
-        cx.emit(Action::Record(Stat::PieceStored { generation }));
+        cx.emit(Action::Record(Stat::PieceStored {
+            generation,
+            epoch: cx.epoch,
+        }));
     }
 
     /// A piece stored for good was stored again (a replaced holder was
@@ -764,7 +767,10 @@ impl Pessimistic {
     /// whose statistics judge restarts from the beginning against it.
     pub(crate) fn stored_again(&self, generation: u64, cx: &mut ProtocolCx<'_>) {
         if self.stored == Some(generation) {
-            cx.emit(Action::Record(Stat::PieceStored { generation }));
+            cx.emit(Action::Record(Stat::PieceStored {
+                generation,
+                epoch: cx.epoch,
+            }));
         }
     }
 

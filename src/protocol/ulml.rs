@@ -1001,6 +1001,7 @@ mod tests {
             app_arrived: 0,
             hsr: &hsr,
             rsn: 0,
+            epoch: 0,
             actions: Vec::new(),
         };
         p.handle(ev, &mut cx);

@@ -1275,7 +1275,7 @@ impl<'a> Launcher<'a> {
         }
         let now = self.now();
         let ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
-        self.stats.on_kill(&ranks, now);
+        self.stats.on_kill(self.epoch, &ranks, now);
         // Before any rank reported its protocol, the launching call's
         // protocol decides; under `lazarus launch` a rank lost that early
         // is replaced (a program without recovery then fails as it would).
