@@ -82,9 +82,10 @@ use crate::driver::Stat;
 use crate::engine::frame::{
     AppMessage, ENCODED_MESSAGE_OVERHEAD, Envelope, append_with_blobs, take_with_blobs,
 };
+use crate::segments::Segments;
 use crate::store::PieceWriter;
 use crate::store::piece::SHARED_SEGMENT_MIN;
-use crate::store::spill::LogSpill;
+use crate::store::spill::{LogSpill, SpillStream};
 use crate::{Error, Rank, Result};
 
 /// Control messages of the logging protocols.
@@ -522,6 +523,71 @@ impl Pessimistic {
         self.log_bytes += bytes;
     }
 
+    /// Past the budget with a spill that takes payloads: records kept
+    /// outside the channel logs (ULML's collective results) should move
+    /// there too.
+    pub(crate) fn spill_wanted(&self) -> bool {
+        self.spill.is_some()
+            && self.spill_refused.is_none()
+            && self.log_budget.is_some_and(|b| self.log_bytes > b)
+    }
+
+    /// Half the budget is left (or there is none): spilling may stop.
+    pub(crate) fn spilled_enough(&self) -> bool {
+        self.log_budget.is_none_or(|b| self.log_bytes <= b / 2)
+    }
+
+    /// Move a record kept outside the channel logs to `stream` of the
+    /// spill: its offset there, or `None` if the spill refused it (the
+    /// record stays in memory, and sends wait while the log is past its
+    /// budget, until a trim frees the spill).
+    pub(crate) fn spill_record(&mut self, stream: SpillStream, record: &Segments) -> Option<u64> {
+        let spill = self.spill.as_mut()?;
+        let joined;
+        let bytes: &[u8] = match record.segments() {
+            [one] => one,
+            _ => {
+                joined = record.to_vec();
+                &joined
+            }
+        };
+        match spill.append(stream, bytes) {
+            Ok(offset) => {
+                self.counters.spilled += bytes.len() as u64;
+                self.log_bytes = self.log_bytes.saturating_sub(bytes.len());
+                Some(offset)
+            }
+            Err(e) => {
+                self.spill_refused = Some(e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Read back `len` bytes at `offset` of `stream` of the spill.
+    pub(crate) fn read_spilled(
+        &self,
+        stream: SpillStream,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes> {
+        match &self.spill {
+            Some(spill) => spill.read(stream, offset, len),
+            None => Err(Error::LogSpill {
+                detail: format!("{stream} was spilled, but there is no spill"),
+            }),
+        }
+    }
+
+    /// Nothing of `stream` below `upto` is needed any more (`None`:
+    /// nothing at all); the spill may take payloads again.
+    pub(crate) fn release_spilled(&mut self, stream: SpillStream, upto: Option<u64>) {
+        if let Some(spill) = self.spill.as_mut() {
+            spill.release(stream, upto);
+            self.spill_refused = None;
+        }
+    }
+
     /// Records kept outside the channel logs were dropped.
     pub(crate) fn count_dropped(&mut self, records: usize, bytes: usize) {
         // Saturating: a miscount must not wrap the budget check for ever.
@@ -640,7 +706,7 @@ impl Pessimistic {
                 let key = buffer_key(&m.payload);
                 let at = match last {
                     Some((k, at)) if k == key => at,
-                    _ => match spill.append(dest, &m.payload) {
+                    _ => match spill.append(SpillStream::Channel(dest), &m.payload) {
                         Ok(offset) => {
                             self.counters.spilled += m.payload.len() as u64;
                             Spilled {
@@ -667,7 +733,7 @@ impl Pessimistic {
     fn payload(&self, dest: Rank, c: &ChannelLog, i: usize) -> Result<Bytes> {
         match (c.spilled.get(i), &self.spill) {
             (None, _) => Ok(c.msgs[i].payload.clone()),
-            (Some(s), Some(spill)) => spill.read(dest, s.offset, s.len),
+            (Some(s), Some(spill)) => spill.read(SpillStream::Channel(dest), s.offset, s.len),
             (Some(_), None) => Err(Error::LogSpill {
                 detail: format!("a payload for rank {dest} was spilled, but there is no spill"),
             }),
@@ -805,7 +871,10 @@ impl Pessimistic {
                 }
             }
             if had_spilled && let Some(spill) = self.spill.as_mut() {
-                spill.release(dest, c.spilled.front().map(|s| s.offset));
+                spill.release(
+                    SpillStream::Channel(dest),
+                    c.spilled.front().map(|s| s.offset),
+                );
                 self.spill_refused = None;
             }
         }
@@ -1192,7 +1261,7 @@ impl Pessimistic {
             if let Some(spill) = self.spill.as_mut()
                 && !c.spilled.is_empty()
             {
-                spill.release(dest, None);
+                spill.release(SpillStream::Channel(dest), None);
             }
         }
         // (Records ULML counts outside the channel logs go too: it counts

@@ -62,6 +62,7 @@ use super::{Action, Collective, Control, Event, Protocol, ProtocolCx};
 use crate::engine::frame::{AppMessage, ContextId, append_with_blobs, take_with_blobs};
 use crate::segments::Segments;
 use crate::store::PieceWriter;
+use crate::store::spill::SpillStream;
 use crate::{Error, Rank, Result};
 
 /// Control messages of user-level collective logging.
@@ -138,7 +139,25 @@ fn or_world(group: Option<&Vec<Rank>>, size: usize) -> Vec<Rank> {
 /// Results a member sends ahead of this rank (recovery) are inserted in
 /// order; trims drop from the front.
 #[derive(Debug, Default, Clone, PartialEq)]
-struct ResultLog(VecDeque<(u64, Segments)>);
+struct ResultLog(VecDeque<(u64, Held)>);
+
+/// A logged result: in memory (shared with the engine's buffers), or moved
+/// to the spill past the log budget (issue 33, build 2).
+#[derive(Debug, Clone, PartialEq)]
+enum Held {
+    Memory(Segments),
+    Spilled { offset: u64, len: usize },
+}
+
+impl Held {
+    /// Bytes it holds in memory.
+    fn resident(&self) -> usize {
+        match self {
+            Held::Memory(r) => r.len(),
+            Held::Spilled { .. } => 0,
+        }
+    }
+}
 
 impl ResultLog {
     /// Position of `index`, or where it would go.
@@ -151,7 +170,7 @@ impl ResultLog {
         }
     }
 
-    fn get(&self, index: u64) -> Option<&Segments> {
+    fn get(&self, index: u64) -> Option<&Held> {
         let at = self.position(index).ok()?;
         self.0.get(at).map(|(_, r)| r)
     }
@@ -162,29 +181,43 @@ impl ResultLog {
         match self.position(index) {
             Ok(_) => false,
             Err(at) => {
-                self.0.insert(at, (index, result.clone()));
+                self.0.insert(at, (index, Held::Memory(result.clone())));
                 true
             }
         }
     }
 
     /// The results numbered `index` and after.
-    fn from(&self, index: u64) -> impl Iterator<Item = (u64, &Segments)> {
+    fn from(&self, index: u64) -> impl Iterator<Item = (u64, &Held)> {
         let at = self.position(index).unwrap_or_else(|at| at);
         self.0.range(at..).map(|(i, r)| (*i, r))
     }
 
-    /// Drop the results numbered up to `upto`: (records, bytes) dropped.
-    fn drop_upto(&mut self, upto: u64) -> (usize, usize) {
-        let (mut records, mut bytes) = (0, 0);
+    /// Drop the results numbered up to `upto`: records dropped, bytes they
+    /// held in memory, and whether one was spilled.
+    fn drop_upto(&mut self, upto: u64) -> (usize, usize, bool) {
+        let (mut records, mut bytes, mut spilled) = (0, 0, false);
         while let Some((_, r)) = self.0.pop_front_if(|(i, _)| *i <= upto) {
             records += 1;
-            bytes += r.len();
+            bytes += r.resident();
+            spilled |= matches!(r, Held::Spilled { .. });
         }
-        (records, bytes)
+        (records, bytes, spilled)
     }
 
-    fn iter(&self) -> impl Iterator<Item = (u64, &Segments)> {
+    /// The lowest spill offset still needed (`None`: nothing spilled). A
+    /// result sent ahead by a member may be spilled after higher numbers,
+    /// so this is the minimum, not the front's.
+    fn spill_floor(&self) -> Option<u64> {
+        (self.0.iter())
+            .filter_map(|(_, r)| match r {
+                Held::Spilled { offset, .. } => Some(*offset),
+                Held::Memory(_) => None,
+            })
+            .min()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Held)> {
         self.0.iter().map(|(i, r)| (*i, r))
     }
 }
@@ -316,6 +349,7 @@ impl Ulml {
     /// checkpoint is oldest are asked to checkpoint at their next safe
     /// point (by the trim coordinator, which knows them).
     fn enforce_budget(&mut self, cx: &mut ProtocolCx<'_>) {
+        self.spill_results();
         if !self.p2p.over_half_budget() {
             return;
         }
@@ -453,8 +487,45 @@ impl Ulml {
     }
 
     /// Every held result, in context and number order.
-    fn held(&self) -> impl Iterator<Item = &Segments> {
-        (self.contexts.values()).flat_map(|l| l.results.iter().map(|(_, r)| r))
+    fn held(&self) -> impl Iterator<Item = (ContextId, &Held)> {
+        (self.contexts.iter()).flat_map(|(&c, l)| l.results.iter().map(move |(_, r)| (c, r)))
+    }
+
+    /// A held result's bytes, read back from the spill if it is there.
+    fn bytes_of(&self, context: ContextId, held: &Held) -> Result<Segments> {
+        match held {
+            Held::Memory(r) => Ok(r.clone()),
+            Held::Spilled { offset, len } => self
+                .p2p
+                .read_spilled(SpillStream::Results(context), *offset, *len)
+                .map(Segments::from),
+        }
+    }
+
+    /// Past the log budget: move the oldest results of each context to the
+    /// spill until half the budget is left (the point-to-point log spills
+    /// its channels' payloads the same way at its next send).
+    fn spill_results(&mut self) {
+        if !self.p2p.spill_wanted() {
+            return;
+        }
+        'contexts: for (&context, log) in self.contexts.iter_mut() {
+            for (_, held) in log.results.0.iter_mut() {
+                if self.p2p.spilled_enough() {
+                    break 'contexts;
+                }
+                let Held::Memory(r) = held else { continue };
+                match self.p2p.spill_record(SpillStream::Results(context), r) {
+                    Some(offset) => {
+                        *held = Held::Spilled {
+                            offset,
+                            len: r.len(),
+                        }
+                    }
+                    None => break 'contexts,
+                }
+            }
+        }
     }
 
     /// Completed collectives by kind.
@@ -473,7 +544,8 @@ impl Ulml {
     /// just set to the channel logs alone (results kept before the restore
     /// are held still, and a later trim subtracts them).
     fn count_results(&mut self) {
-        let (records, bytes) = self.held().fold((0, 0), |(n, b), r| (n + 1, b + r.len()));
+        let (records, bytes) =
+            (self.held()).fold((0, 0), |(n, b), (_, r)| (n + 1, b + r.resident()));
         self.p2p.count_restored(records, bytes);
     }
 
@@ -534,14 +606,20 @@ impl Ulml {
         if (cur.context, cur.index) != (context, index) || cur.from_log {
             return;
         }
-        let Some(result) = (self.contexts.get(&context)).and_then(|l| l.results.get(index)) else {
+        let Some(held) = (self.contexts.get(&context)).and_then(|l| l.results.get(index)) else {
             return;
         };
-        cur.from_log = true;
+        let result = match self.bytes_of(context, held) {
+            Ok(r) => r,
+            Err(e) => return cx.emit(Action::Fail(e)),
+        };
+        if let Some(cur) = &mut self.current {
+            cur.from_log = true;
+        }
         cx.emit(Action::CollectiveResult {
             context,
             index,
-            result: result.clone(),
+            result,
         });
     }
 
@@ -628,15 +706,19 @@ impl Ulml {
             return;
         }
         // The results from `index` on, up to the first gap.
-        let run: Vec<Segments> = match self.contexts.get(&context) {
+        let run: Result<Vec<Segments>> = match self.contexts.get(&context) {
             // Inclusive ranges: a number from the network near u64::MAX
             // ends the run instead of overflowing.
             Some(l) => (index..=u64::MAX)
                 .zip(l.results.from(index))
                 .take_while(|(next, (i, _))| i == next)
-                .map(|(_, (_, b))| b.clone())
+                .map(|(_, (_, b))| self.bytes_of(context, b))
                 .collect(),
-            _ => Vec::new(),
+            _ => Ok(Vec::new()),
+        };
+        let run = match run {
+            Ok(run) => run,
+            Err(e) => return cx.emit(Action::Fail(e)),
         };
         if run.is_empty() {
             self.pending
@@ -678,6 +760,7 @@ impl Ulml {
                 Self::keep_in(log, &mut self.p2p, i, &b);
             }
         }
+        self.spill_results();
         if let Some((c, i)) = self.current.as_ref().map(|c| (c.context, c.index)) {
             self.offer(c, i, cx);
         }
@@ -689,8 +772,13 @@ impl Ulml {
         for &(context, upto) in upto {
             let log = self.contexts.entry(context).or_default();
             log.trimmed = log.trimmed.max(upto);
-            let (records, bytes) = log.results.drop_upto(upto);
+            let (records, bytes, spilled) = log.results.drop_upto(upto);
             self.p2p.count_dropped(records, bytes);
+            if spilled {
+                let floor = log.results.spill_floor();
+                self.p2p
+                    .release_spilled(SpillStream::Results(context), floor);
+            }
         }
     }
 
@@ -728,24 +816,30 @@ impl Protocol for Ulml {
     }
 
     fn state_size_hint(&self) -> usize {
-        let (records, copied) = self.held().fold((0, 0), |(n, b), r| {
-            (
-                n + 1,
-                b + r.segments().iter().map(copied_len).sum::<usize>(),
-            )
+        let (records, copied) = self.held().fold((0, 0), |(n, b), (_, r)| {
+            let copied = match r {
+                Held::Memory(r) => r.segments().iter().map(copied_len).sum::<usize>(),
+                Held::Spilled { len, .. } => *len,
+            };
+            (n + 1, b + copied)
         });
         self.p2p.state_size_hint() + copied + records * 20 + 64
     }
 
     fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
         self.p2p.save_state(piece)?;
-        let blobs: Vec<&Bytes> = self.held().flat_map(Segments::segments).collect();
+        // Spilled results are read back (a piece holds the log, 004 §2.2).
+        let held: Vec<Segments> = (self.held())
+            .map(|(c, r)| self.bytes_of(c, r))
+            .collect::<Result<_>>()?;
+        let blobs: Vec<&Bytes> = held.iter().flat_map(Segments::segments).collect();
+        let mut counts = held.iter().map(|r| r.segments().len() as u32);
         let st = SavedState {
             done: self.counts(),
             per_kind: self.per_kind.to_vec(),
             results: (self.contexts.iter())
                 .map(|(&c, l)| {
-                    let list = (l.results.iter()).map(|(i, r)| (i, r.segments().len() as u32));
+                    let list = (l.results.iter()).map(|(i, _)| (i, counts.next().unwrap_or(0)));
                     (c, list.collect())
                 })
                 .collect(),
@@ -800,6 +894,7 @@ impl Protocol for Ulml {
             }
         }
         self.count_results();
+        self.spill_results();
         Ok(())
     }
 
@@ -1086,7 +1181,10 @@ mod tests {
         let a = complete(0, &mut p, 1, &r);
         assert!(requests(&a).is_empty());
         assert_eq!(
-            p.contexts[&1].results.get(1).expect("kept").segments()[0].as_ptr(),
+            match p.contexts[&1].results.get(1).expect("kept") {
+                Held::Memory(r) => r.segments()[0].as_ptr(),
+                Held::Spilled { .. } => std::ptr::null(),
+            },
             r.segments()[0].as_ptr(),
             "logged by reference"
         );
@@ -1601,14 +1699,9 @@ mod tests {
         let mut q = Ulml::new(0, None);
         q.load_state(piece.to_bytes()).expect("restored");
         assert_eq!(q.contexts[&1].results, before.contexts[&1].results);
-        assert_eq!(
-            q.contexts[&1]
-                .results
-                .get(3)
-                .expect("restored")
-                .segments()
-                .len(),
-            3
+        assert!(
+            matches!(q.contexts[&1].results.get(3), Some(Held::Memory(r)) if r.segments().len() == 3),
+            "the all-gather's segments"
         );
 
         // Cut inside the last result: refused.
@@ -1678,20 +1771,20 @@ mod tests {
         assert!(log.insert(2, &r(2)), "before all");
         assert!(log.insert(7, &r(7)), "in the middle");
         assert!(!log.insert(6, &r(1)), "a second result for 6");
-        assert_eq!(log.get(6).map(Segments::len), Some(6), "the first kept");
+        assert_eq!(log.get(6).map(Held::resident), Some(6), "the first kept");
         assert_eq!(log.get(8), None);
         assert_eq!(log.get(10), None);
         assert_eq!(log.get(1), None);
-        let numbers = |it: &mut dyn Iterator<Item = (u64, &Segments)>| -> Vec<u64> {
+        let numbers = |it: &mut dyn Iterator<Item = (u64, &Held)>| -> Vec<u64> {
             it.map(|(i, _)| i).collect()
         };
         assert_eq!(numbers(&mut log.iter()), vec![2, 5, 6, 7, 9]);
         assert_eq!(numbers(&mut log.from(6)), vec![6, 7, 9]);
         assert_eq!(numbers(&mut log.from(3)), vec![5, 6, 7, 9]);
         assert_eq!(numbers(&mut log.from(10)), Vec::<u64>::new());
-        assert_eq!(log.drop_upto(5), (2, 2 + 5));
+        assert_eq!(log.drop_upto(5), (2, 2 + 5, false));
         assert_eq!(numbers(&mut log.iter()), vec![6, 7, 9]);
-        assert_eq!(log.drop_upto(u64::MAX), (3, 6 + 7 + 9));
+        assert_eq!(log.drop_upto(u64::MAX), (3, 6 + 7 + 9, false));
         assert_eq!(log.get(9), None);
     }
 
@@ -1741,5 +1834,82 @@ mod tests {
             },
         );
         assert!(q.contexts[&1].results.0.is_empty());
+    }
+
+    /// Past the log budget, logged collective results move to the spill
+    /// like channel payloads (the budget bounds the memory a rank's payload
+    /// log holds, issue 33 build 2): they are read back to answer a
+    /// request and into a checkpoint piece, and a trim releases them.
+    #[test]
+    fn results_past_the_budget_are_spilled_read_back_and_released() {
+        use crate::store::spill::FileSpill;
+        let mut p = Ulml::new(0, Some(1000));
+        p.p2p
+            .set_spill(Box::new(FileSpill::new(std::env::temp_dir(), 1 << 20)));
+        let result = |i: u64| Segments::from(vec![i as u8; 300]);
+        for i in 1..=10 {
+            complete(2, &mut p, i, &result(i));
+        }
+        let spilled = |p: &Ulml| -> Vec<u64> {
+            (p.contexts[&1].results.iter())
+                .filter(|(_, r)| matches!(r, Held::Spilled { .. }))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let resident: usize = p.held().map(|(_, r)| r.resident()).sum();
+        assert!(resident <= 1000, "{resident} bytes in memory");
+        assert!(
+            spilled(&p).contains(&1),
+            "the oldest went first: {:?}",
+            spilled(&p)
+        );
+        assert_eq!(held_numbers(&p), (1..=10).collect::<Vec<_>>());
+        // A request is answered with the bytes read back.
+        let a = control(
+            2,
+            &mut p,
+            0,
+            CollMsg::ResultRequest {
+                context: 1,
+                index: 1,
+            },
+        );
+        let sent = a.iter().find_map(|x| match x {
+            Action::Transmit {
+                dest: 0,
+                msg:
+                    Control::Collective(CollMsg::Results {
+                        from: 1, results, ..
+                    }),
+            } => Some(results.clone()),
+            _ => None,
+        });
+        assert_eq!(sent, Some((1..=10).map(result).collect::<Vec<_>>()));
+        // A piece holds them all, in memory again once restored.
+        let pool = crate::store::pool::BufferPool::new();
+        let mut w = PieceWriter::new(&pool, Vec::new());
+        p.save_state(&mut w).expect("saved");
+        let mut q = Ulml::new(0, None);
+        q.load_state(w.finish().to_bytes()).expect("restored");
+        for i in 1..=10 {
+            assert_eq!(
+                q.contexts[&1].results.get(i),
+                Some(&Held::Memory(result(i)))
+            );
+        }
+        // A trim drops them and frees the spill for more.
+        control(
+            2,
+            &mut p,
+            0,
+            CollMsg::Trim {
+                counts: vec![(1, 10)],
+            },
+        );
+        assert!(p.contexts[&1].results.0.is_empty());
+        assert_eq!(
+            p.p2p.spill_record(SpillStream::Results(1), &result(1)),
+            Some(0)
+        );
     }
 }

@@ -19,23 +19,43 @@ use bytes::Bytes;
 
 use crate::{Error, Rank, Result};
 
-/// Where a message log keeps payloads it moved out of memory, by
-/// destination. Offsets are those [`LogSpill::append`] returned.
+/// One append-only sequence of a spill, trimmed from its front: a channel's
+/// payloads, or a communicator's logged collective results (ULML, 002
+/// §2.2: they are payload log too, and count against the same budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SpillStream {
+    /// Payloads sent to this rank.
+    Channel(Rank),
+    /// Collective results of this communicator context.
+    Results(u64),
+}
+
+impl fmt::Display for SpillStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpillStream::Channel(r) => write!(f, "rank {r}'s channel"),
+            SpillStream::Results(c) => write!(f, "the results of context {c}"),
+        }
+    }
+}
+
+/// Where a message log keeps payloads it moved out of memory, by stream.
+/// Offsets are those [`LogSpill::append`] returned.
 pub trait LogSpill: Send + fmt::Debug {
-    /// Append `payload` to the spill of `dest`; returns its offset. Fails
-    /// with [`Error::LogSpill`] when the spill is full or cannot be written
-    /// (the log then keeps the payload in memory).
-    fn append(&mut self, dest: Rank, payload: &[u8]) -> Result<u64>;
-    /// Read back `len` bytes at `offset` of `dest`'s spill.
-    fn read(&self, dest: Rank, offset: u64, len: usize) -> Result<Bytes>;
-    /// Nothing of `dest`'s spill below `upto` is needed any more (`None`:
-    /// nothing at all).
-    fn release(&mut self, dest: Rank, upto: Option<u64>);
+    /// Append `payload` to `stream`; returns its offset. Fails with
+    /// [`Error::LogSpill`] when the spill is full or cannot be written (the
+    /// log then keeps the payload in memory).
+    fn append(&mut self, stream: SpillStream, payload: &[u8]) -> Result<u64>;
+    /// Read back `len` bytes at `offset` of `stream`.
+    fn read(&self, stream: SpillStream, offset: u64, len: usize) -> Result<Bytes>;
+    /// Nothing of `stream` below `upto` is needed any more (`None`: nothing
+    /// at all).
+    fn release(&mut self, stream: SpillStream, upto: Option<u64>);
     /// Bytes the spill holds now (appended and not released).
     fn held(&self) -> u64;
 }
 
-/// One destination's spill file.
+/// One stream's spill file.
 #[derive(Debug)]
 struct DestFile {
     file: File,
@@ -50,7 +70,7 @@ struct DestFile {
 pub struct FileSpill {
     dir: PathBuf,
     limit: u64,
-    files: BTreeMap<Rank, DestFile>,
+    files: BTreeMap<SpillStream, DestFile>,
 }
 
 impl fmt::Debug for FileSpill {
@@ -126,7 +146,7 @@ impl FileSpill {
 }
 
 impl LogSpill for FileSpill {
-    fn append(&mut self, dest: Rank, payload: &[u8]) -> Result<u64> {
+    fn append(&mut self, dest: SpillStream, payload: &[u8]) -> Result<u64> {
         if self.held() + payload.len() as u64 > self.limit {
             return Err(self.error(
                 "the spill is full",
@@ -147,7 +167,7 @@ impl LogSpill for FileSpill {
         let dir = self.dir.clone();
         let Some(f) = self.files.get_mut(&dest) else {
             return Err(Error::LogSpill {
-                detail: format!("no spill file for rank {dest} in {}", dir.display()),
+                detail: format!("no spill file for {dest} in {}", dir.display()),
             });
         };
         let offset = f.len;
@@ -160,14 +180,14 @@ impl LogSpill for FileSpill {
         Ok(offset)
     }
 
-    fn read(&self, dest: Rank, offset: u64, len: usize) -> Result<Bytes> {
+    fn read(&self, dest: SpillStream, offset: u64, len: usize) -> Result<Bytes> {
         let f = self.files.get(&dest).ok_or_else(|| Error::LogSpill {
-            detail: format!("no spill file for rank {dest}"),
+            detail: format!("no spill file for {dest}"),
         })?;
         if offset + len as u64 > f.len || offset < f.freed {
             return Err(self.error(
                 "a spilled payload is out of range",
-                format!("{len} bytes at {offset} of rank {dest}'s spill"),
+                format!("{len} bytes at {offset} of the spill of {dest}"),
             ));
         }
         let mut buf = vec![0; len];
@@ -177,7 +197,7 @@ impl LogSpill for FileSpill {
         Ok(buf.into())
     }
 
-    fn release(&mut self, dest: Rank, upto: Option<u64>) {
+    fn release(&mut self, dest: SpillStream, upto: Option<u64>) {
         let Some(f) = self.files.get_mut(&dest) else {
             return;
         };
@@ -216,21 +236,26 @@ mod tests {
 
     #[test]
     fn appends_reads_back_releases_and_refuses_past_its_limit() {
+        const ONE: SpillStream = SpillStream::Channel(1);
+        const TWO: SpillStream = SpillStream::Results(1);
         let dir = std::env::temp_dir();
         let mut s = FileSpill::new(&dir, 100);
-        let a = s.append(1, &[1; 40]).expect("appends");
-        let b = s.append(1, &[2; 40]).expect("appends");
-        let c = s.append(2, &[3; 10]).expect("appends");
+        let a = s.append(ONE, &[1; 40]).expect("appends");
+        let b = s.append(ONE, &[2; 40]).expect("appends");
+        let c = s.append(TWO, &[3; 10]).expect("appends");
         assert_eq!((a, b, c), (0, 40, 0));
-        assert_eq!(s.read(1, b, 40).expect("reads"), vec![2u8; 40]);
+        assert_eq!(s.read(ONE, b, 40).expect("reads"), vec![2u8; 40]);
         assert_eq!(s.held(), 90);
-        assert!(matches!(s.append(2, &[4; 20]), Err(Error::LogSpill { .. })));
-        s.release(1, Some(b));
+        assert!(matches!(
+            s.append(TWO, &[4; 20]),
+            Err(Error::LogSpill { .. })
+        ));
+        s.release(ONE, Some(b));
         assert_eq!(s.held(), 50);
-        assert!(s.read(1, a, 40).is_err(), "released");
-        assert!(s.read(1, b, 41).is_err(), "past the end");
-        s.release(1, None);
+        assert!(s.read(ONE, a, 40).is_err(), "released");
+        assert!(s.read(ONE, b, 41).is_err(), "past the end");
+        s.release(ONE, None);
         assert_eq!(s.held(), 10);
-        assert_eq!(s.append(1, &[5; 5]).expect("appends"), 0);
+        assert_eq!(s.append(ONE, &[5; 5]).expect("appends"), 0);
     }
 }
