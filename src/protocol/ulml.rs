@@ -502,9 +502,10 @@ impl Ulml {
         }
     }
 
-    /// Past the log budget: move the oldest results of each context to the
-    /// spill until half the budget is left (the point-to-point log spills
-    /// its channels' payloads the same way at its next send).
+    /// Past the log budget: move results to the spill, oldest first context
+    /// by context, until half the budget is left (the point-to-point log
+    /// spills its channels' payloads the same way at its next send). Empty
+    /// results (barriers) stay: spilling them frees nothing.
     fn spill_results(&mut self) {
         if !self.p2p.spill_wanted() {
             return;
@@ -515,6 +516,9 @@ impl Ulml {
                     break 'contexts;
                 }
                 let Held::Memory(r) = held else { continue };
+                if r.is_empty() {
+                    continue;
+                }
                 match self.p2p.spill_record(SpillStream::Results(context), r) {
                     Some(offset) => {
                         *held = Held::Spilled {
