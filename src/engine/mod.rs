@@ -652,10 +652,26 @@ impl Engine {
         self.ep.report_progress(self.progress);
     }
 
-    /// Charge `d` of computation (virtual time on the simulator).
+    /// Charge `d` of computation (virtual time on the simulator). Under
+    /// message logging a rank with windows serves one-sided requests
+    /// meanwhile: they are messages this rank applies (issue 33, defect
+    /// 9b), and as an MPI library's progress engine runs inside its calls,
+    /// a rank that computes through the runtime must not stall its origins
+    /// until it is done.
     pub fn compute(&mut self, d: Duration) -> Result<()> {
         self.enter()?;
-        self.ep.compute(d)
+        if !self.logging || self.windows.is_empty() {
+            return self.ep.compute(d);
+        }
+        let deadline = self.ep.now() + d;
+        loop {
+            self.check()?;
+            let now = self.ep.now();
+            if now >= deadline {
+                return Ok(());
+            }
+            self.progress(Some(deadline - now))?;
+        }
     }
 
     /// Safe points passed.
