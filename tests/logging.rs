@@ -119,6 +119,30 @@ where
     (what, ranks, report.stats)
 }
 
+/// Run `app` on 4 ranks under `protocol` on `backend` without a failure
+/// nor a periodic checkpoint: what it is (for messages), each rank's value
+/// and the statistics.
+fn run_failure_free<T>(
+    name: &str,
+    app: fn(&mut Ctx) -> Result<T>,
+    protocol: ProtocolKind,
+    backend: Backend,
+) -> (String, Vec<T>, JobStats)
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    let cfg = common::config(backend, 4)
+        .protocol(protocol)
+        .nodes(nodes_for(protocol))
+        .checkpoint_every(0);
+    let what = format!("{name} under {protocol} on {backend}");
+    let report = lazarus::run(&cfg, app);
+    let ranks = report
+        .outcome
+        .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+    (what, ranks, report.stats)
+}
+
 /// The protocols that log messages.
 const LOGGING: [ProtocolKind; 3] = [
     ProtocolKind::Pessimistic,
@@ -331,18 +355,11 @@ fn contended_lock_app(ctx: &mut Ctx) -> Result<u64> {
 fn a_contended_lock_is_queued_at_the_target_and_logged_once() {
     for protocol in LOGGING {
         for backend in Backend::ALL {
-            let cfg = common::config(backend, 4)
-                .protocol(protocol)
-                .nodes(nodes_for(protocol))
-                .checkpoint_every(0);
-            let what = format!("contended lock under {protocol} on {backend}");
-            let report = lazarus::run(&cfg, contended_lock_app);
-            let counters = report
-                .outcome
-                .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+            let (what, counters, stats) =
+                run_failure_free("contended lock", contended_lock_app, protocol, backend);
             assert_eq!(counters[1], 3 * ITERATIONS, "{what}: rank 1's counter");
             assert_eq!(
-                report.stats.determinants,
+                stats.determinants,
                 4 * 3 * ITERATIONS,
                 "{what}: one determinant per access, none per wait"
             );
@@ -400,15 +417,8 @@ fn computing_target_app(ctx: &mut Ctx) -> Result<(u64, f64)> {
 fn a_target_computing_through_the_runtime_serves_one_sided_requests() {
     for protocol in LOGGING {
         for backend in Backend::ALL {
-            let cfg = common::config(backend, 4)
-                .protocol(protocol)
-                .nodes(nodes_for(protocol))
-                .checkpoint_every(0);
-            let what = format!("computing target under {protocol} on {backend}");
-            let report = lazarus::run(&cfg, computing_target_app);
-            let results = report
-                .outcome
-                .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
+            let (what, results, _) =
+                run_failure_free("computing target", computing_target_app, protocol, backend);
             let (counter, longest) = results[1];
             assert_eq!(counter, 3 * 8, "{what}: rank 1's counter");
             if backend == Backend::Sim {
