@@ -174,7 +174,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `hosts` | `--hosts local\|slurm` (processes only) | local |
 /// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only, at least 10) | 200 ms |
 /// | `max_frame` | `--max-frame BYTES` (processes only, 64 KiB to 1 TiB) | 16 GiB |
-/// | `worker_args` | (processes only) | this program's own arguments |
+/// | `worker_args` | (processes; a test harness names it on every backend) | this program's own arguments |
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where ranks run.
@@ -241,7 +241,10 @@ pub struct Config {
     /// Processes backend: the arguments rank processes are started with
     /// (the program is this executable). `None`: this process's own
     /// arguments, which is right for a program whose `main` builds the same
-    /// job again; a test harness names the test to run instead.
+    /// job again; a test harness names the test to run instead, and names
+    /// it on its jobs of every backend: a rank process counts the calls
+    /// that name it to find its own, and replays the earlier ones from the
+    /// launcher's record instead of running them again.
     pub worker_args: Option<Vec<String>>,
 }
 

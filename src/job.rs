@@ -279,16 +279,14 @@ where
     T: Serialize + DeserializeOwned + Send + 'static,
     F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
 {
-    let role = match processes::role_of_this_call() {
+    let role = match processes::role_of_this_call(cfg.worker_args.is_some()) {
         Ok(r) => r,
         Err(e) => return JobReport::failed(e),
     };
     let cfg = &match role {
         processes::Role::Job => cfg.clone(),
         processes::Role::Rank(env) => return run_launched_rank(&env, cfg, f),
-        processes::Role::Earlier(Some(earlier)) if cfg.backend == Backend::Processes => {
-            return decoded_report(*earlier);
-        }
+        processes::Role::Earlier(Some(earlier)) => return decoded_report(*earlier),
         processes::Role::Earlier(_) if cfg.backend == Backend::Processes => Config {
             backend: Backend::Threads,
             ..cfg.clone()
@@ -329,8 +327,8 @@ where
                 earlier = Some(stats);
             }
             _ => {
-                if let Some((key, raw)) = record {
-                    remember_call(key, &raw, &stats);
+                if let Some(key) = &cfg.worker_args {
+                    remember_call(key, &outcome, record, &stats, &sim);
                 }
                 return JobReport {
                     outcome,
@@ -344,13 +342,13 @@ where
 }
 
 /// What one attempt of a job returned: each rank's value, statistics, the
-/// simulator's report, and (processes backend, test harness) the call to
-/// remember with its encoded values.
+/// simulator's report, and (processes backend) the values as the ranks
+/// encoded them.
 type Attempt<T> = (
     Result<Vec<T>>,
     JobStats,
     Option<SimReport>,
-    Option<(Vec<String>, Result<Vec<Vec<u8>>>)>,
+    Option<Result<Vec<Vec<u8>>>>,
 );
 
 /// Run the job once on `cfg.backend`.
@@ -372,27 +370,42 @@ where
             (outcome, stats, Some(report), None)
         }
         Backend::Processes => {
-            let (spec, key) = launch_spec(cfg);
-            let (raw, stats) = launcher::launch(&spec);
+            let (raw, stats) = launcher::launch(&launch_spec(cfg));
             let outcome = decoded(raw.clone());
-            (outcome, stats, None, key.map(|k| (k, raw)))
+            (outcome, stats, None, Some(raw))
         }
     }
 }
 
-/// Calls of `run` with the processes backend so far, per worker command (a
-/// test binary runs several; its rank processes must find the same one),
-/// with what each returned: a rank process replays them instead of running
-/// them again on its way to its own call.
-static PROCESS_CALLS: std::sync::Mutex<Vec<(Vec<String>, Vec<processes::EarlierCall>)>> =
+/// A test harness's calls of `run` so far (those naming `worker_args`, on
+/// every backend), per worker command (a test binary runs several; its rank
+/// processes must find the same one), with what each returned: a rank
+/// process replays them instead of running them again on its way to its
+/// own call.
+static HARNESS_CALLS: std::sync::Mutex<Vec<(Vec<String>, Vec<processes::EarlierCall>)>> =
     std::sync::Mutex::new(Vec::new());
 
-fn remember_call(key: Vec<String>, outcome: &Result<Vec<Vec<u8>>>, stats: &JobStats) {
-    let mut calls = PROCESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
-    let entry = (outcome.clone(), stats.clone());
-    match calls.iter_mut().find(|(a, _)| *a == key) {
+/// Record a harness call: the ranks' encoded values as they came (processes)
+/// or encoded here.
+fn remember_call<T: Serialize>(
+    key: &[String],
+    outcome: &Result<Vec<T>>,
+    raw: Option<Result<Vec<Vec<u8>>>>,
+    stats: &JobStats,
+    sim: &Option<SimReport>,
+) {
+    let raw = raw.unwrap_or_else(|| match outcome {
+        Ok(values) => values
+            .iter()
+            .map(|v| postcard::to_allocvec(v).map_err(Error::from))
+            .collect(),
+        Err(e) => Err(e.clone()),
+    });
+    let mut calls = HARNESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = (raw, stats.clone(), sim.clone());
+    match calls.iter_mut().find(|(a, _)| a == key) {
         Some((_, v)) => v.push(entry),
-        None => calls.push((key, vec![entry])),
+        None => calls.push((key.to_vec(), vec![entry])),
     }
 }
 
@@ -408,11 +421,11 @@ fn decoded<T: DeserializeOwned>(raw: Result<Vec<Vec<u8>>>) -> Result<Vec<T>> {
 /// The report of a processes-backend job replayed from the launcher's
 /// record: each rank's value decoded.
 fn decoded_report<T: DeserializeOwned>(job: processes::EarlierCall) -> JobReport<T> {
-    let (outcome, stats) = job;
+    let (outcome, stats, sim) = job;
     JobReport {
         outcome: decoded(outcome),
         stats,
-        sim: None,
+        sim,
         rank: None,
     }
 }
@@ -421,27 +434,23 @@ fn decoded_report<T: DeserializeOwned>(job: processes::EarlierCall) -> JobReport
 /// `cfg`: the same program with the same arguments, whose first `run` call
 /// is the rank (with the protocol of this call, so that `lazarus bench`
 /// can alternate protocols); or the program with `cfg.worker_args`, whose
-/// k-th `run` call with those arguments is the rank (a test harness).
-///
-/// Also returns the key under which a test harness's call is remembered.
-fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
+/// k-th `run` call with `worker_args` is the rank (a test harness: see
+/// `processes::role_of_this_call`).
+fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
     let program = std::env::current_exe().unwrap_or_else(|_| "lazarus".into());
-    let args: Vec<String> = match &cfg.worker_args {
-        Some(a) => a.clone(),
-        None => std::env::args().skip(1).collect(),
+    let (args, call, earlier) = match &cfg.worker_args {
+        Some(a) => {
+            let calls = HARNESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
+            let earlier: Vec<processes::EarlierCall> = calls
+                .iter()
+                .find(|(k, _)| k == a)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            (a.clone(), Some(earlier.len()), earlier)
+        }
+        None => (std::env::args().skip(1).collect(), None, Vec::new()),
     };
-    let earlier: Vec<processes::EarlierCall> = if cfg.worker_args.is_none() {
-        Vec::new()
-    } else {
-        let calls = PROCESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
-        calls
-            .iter()
-            .find(|(a, _)| *a == args)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
-    let key = cfg.worker_args.is_some().then(|| args.clone());
-    let spec = launcher::LaunchSpec {
+    launcher::LaunchSpec {
         program,
         args: args.into_iter().map(Into::into).collect(),
         ranks: cfg.ranks,
@@ -455,14 +464,13 @@ fn launch_spec(cfg: &Config) -> (launcher::LaunchSpec, Option<Vec<String>>) {
         max_frame: cfg.max_frame,
         restart_generation: cfg.restart_generation,
         self_launch: true,
-        call: earlier.len(),
+        call,
         protocol: cfg.protocol.name().into(),
         protocol_override: Some(cfg.protocol),
         quiet_stdout: cfg.worker_args.is_some(),
         progress_bar: cfg.progress_bar,
         earlier,
-    };
-    (spec, key)
+    }
 }
 
 /// The `lazarus` executable agents run as: this one if it is `lazarus`,

@@ -224,7 +224,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         },
         restart_generation: None,
         self_launch: false,
-        call: 0,
+        call: None,
         protocol: "(the program's)".into(),
         protocol_override: None,
         quiet_stdout: false,

@@ -76,7 +76,7 @@ impl Default for NetworkModel {
 }
 
 /// What the simulator reports besides the job's statistics.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct SimReport {
     /// Hash of every scheduling decision and delivery: equal seeds give
     /// equal hashes.

@@ -23,17 +23,20 @@ fn test_name() -> String {
 }
 
 /// Make `cfg` runnable by the running test on the processes backend.
+///
+/// Every backend gets the worker arguments: the launcher and the rank
+/// processes count and replay the calls that name them (whatever their
+/// backend), so a rank process of a test that mixes backends reaches its
+/// own call without running the test's earlier jobs again.
 pub fn for_this_test(mut cfg: Config) -> Config {
-    if cfg.backend == Backend::Processes {
-        cfg.worker_args = Some(vec![
-            "--exact".into(),
-            test_name(),
-            // An `#[ignore]`d test run on purpose runs in its ranks too.
-            "--include-ignored".into(),
-            "--test-threads=1".into(),
-            "--nocapture".into(),
-        ]);
-    }
+    cfg.worker_args = Some(vec![
+        "--exact".into(),
+        test_name(),
+        // An `#[ignore]`d test run on purpose runs in its ranks too.
+        "--include-ignored".into(),
+        "--test-threads=1".into(),
+        "--nocapture".into(),
+    ]);
     cfg
 }
 

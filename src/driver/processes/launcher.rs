@@ -76,8 +76,10 @@ pub struct LaunchSpec {
     pub restart_generation: Option<u64>,
     /// Started by `run --backend processes`: ranks report and exit.
     pub self_launch: bool,
-    /// Which call of `lazarus::run` in the program is the rank.
-    pub call: usize,
+    /// Which call of `lazarus::run` in the program is the rank: `None`, the
+    /// first; `Some(k)`, the `k`-th that names `worker_args` (a test
+    /// harness; see `processes::role_of_this_call`).
+    pub call: Option<usize>,
     /// Protocol name for error messages until the ranks report theirs.
     pub protocol: String,
     /// What the program's earlier `run` calls returned (see
@@ -746,8 +748,10 @@ impl<'a> Launcher<'a> {
                 var::HEARTBEAT_MS,
                 s.heartbeat_timeout.as_millis().to_string(),
             ),
-            (var::CALL, s.call.to_string()),
         ];
+        if let Some(c) = s.call {
+            env.push((var::CALL, c.to_string()));
+        }
         if let Some(g) = s.restart_generation {
             env.push((var::RESTART_GENERATION, g.to_string()));
         }
@@ -1870,7 +1874,7 @@ mod tests {
             max_frame: 1 << 20,
             restart_generation: None,
             self_launch: true,
-            call: 0,
+            call: None,
             protocol: "coordinated".into(),
             earlier: Vec::new(),
             progress_bar: false,

@@ -113,8 +113,10 @@ pub(crate) struct LaunchEnv {
     /// Started by `run --backend processes` (exit after reporting), not by
     /// `lazarus launch` (return to the program).
     pub self_launch: bool,
-    /// Which call of [`crate::run`] in this process is the rank.
-    pub call: usize,
+    /// Which call of [`crate::run`] in this process is the rank: `None`,
+    /// the first; `Some(k)` (a test harness), the `k`-th of the calls whose
+    /// configuration names `worker_args` (the launcher counts only those).
+    pub call: Option<usize>,
     /// The protocol the launcher imposes, if any.
     pub protocol: Option<crate::protocol::ProtocolKind>,
     /// File with the results of the program's earlier `run` calls.
@@ -189,7 +191,7 @@ impl LaunchEnv {
             max_frame: num(var::MAX_FRAME)?,
             heartbeat: Duration::from_millis(num(var::HEARTBEAT_MS)?),
             self_launch: std::env::var_os(var::SELF_LAUNCH).is_some(),
-            call: num(var::CALL).unwrap_or(0),
+            call: num(var::CALL).ok(),
             earlier: std::env::var_os(var::EARLIER).map(PathBuf::from),
             shm_dir: std::env::var_os(var::SHM_DIR)
                 .filter(|v| !v.is_empty())
@@ -209,7 +211,9 @@ pub fn launched() -> bool {
     std::env::var_os(var::JOB).is_some()
 }
 
-/// Calls of [`crate::run`] made so far by this process.
+/// Calls of [`crate::run`] made so far by this process: all of them, or
+/// (a test harness's rank process) those whose configuration names
+/// `worker_args`.
 static CALLS: AtomicUsize = AtomicUsize::new(0);
 
 /// How this process's current call of [`crate::run`] must behave.
@@ -227,8 +231,12 @@ pub(crate) enum Role {
 }
 
 /// What an earlier `run` call returned: each rank's encoded value (or the
-/// job's error) and the statistics.
-pub(crate) type EarlierCall = (Result<Vec<Vec<u8>>>, crate::JobStats);
+/// job's error), the statistics, and the simulator's report (backend `sim`).
+pub(crate) type EarlierCall = (
+    Result<Vec<Vec<u8>>>,
+    crate::JobStats,
+    Option<crate::driver::sim::SimReport>,
+);
 
 /// The launcher's record of the earlier calls, handed to rank processes in
 /// a file of the job's private directory.
@@ -238,14 +246,27 @@ fn earlier_calls(path: &std::path::Path) -> Result<Vec<EarlierCall>> {
     Ok(postcard::from_bytes(&bytes)?)
 }
 
-/// Decide the role of a call of [`crate::run`].
-pub(crate) fn role_of_this_call() -> Result<Role> {
+/// Decide the role of a call of [`crate::run`] whose configuration names
+/// `worker_args` (`keyed`) or not.
+///
+/// A test harness's launcher counts only its keyed calls (a test names
+/// `worker_args` on every backend, see `tests/common`), and records what
+/// each returned: its rank processes count the same calls, replay the
+/// recorded ones, and run an unkeyed call (which the launcher did not count)
+/// for real without counting it, so that the `k`-th keyed call is the same
+/// call on both sides whatever backends the test mixes.
+pub(crate) fn role_of_this_call(keyed: bool) -> Result<Role> {
     let Some(env) = LaunchEnv::from_env() else {
         return Ok(Role::Job);
     };
     let env = env?;
+    let call = match env.call {
+        Some(_) if !keyed => return Ok(Role::Earlier(None)),
+        Some(c) => c,
+        None => 0,
+    };
     let k = CALLS.fetch_add(1, Ordering::SeqCst);
-    match k.cmp(&env.call) {
+    match k.cmp(&call) {
         std::cmp::Ordering::Less => {
             let replay = match &env.earlier {
                 Some(path) => earlier_calls(path)?.into_iter().nth(k).map(Box::new),
