@@ -1671,7 +1671,7 @@ fn rma_free_and_allocate_again() {
 fn rma_window_on_subcommunicator() {
     for backend in Backend::ALL {
         let n = 5;
-        let out = within(40, "window on sub-communicator", move || {
+        let out = within(common::HANG_S, "window on sub-communicator", move || {
             let cfg = common::config(backend, n);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
@@ -1727,10 +1727,11 @@ fn rma_window_on_subcommunicator() {
 fn job_app_error_on_one_rank_ends_job() {
     for backend in Backend::ALL {
         for blocked_in in ["a receive", "a collective", "a large send"] {
-            // Within the processes backend's 30 s report of a stalled ring
-            // (a send that waited for a peer that had failed ended only
-            // there, with a driver error).
-            let outcome = within(20, blocked_in, move || {
+            // The root-cause check below tells this apart from the
+            // processes backend's report of a stalled ring (a send that
+            // waited for a peer that had failed ended only there, with a
+            // driver error).
+            let outcome = within(common::HANG_S, blocked_in, move || {
                 let cfg = common::config(backend, 4);
                 let report = lazarus::run(&cfg, move |ctx| {
                     let world = ctx.world();
@@ -1772,7 +1773,7 @@ fn job_app_error_on_one_rank_ends_job() {
 #[test]
 fn job_panic_on_one_rank_ends_job() {
     for backend in Backend::ALL {
-        let outcome = within(30, "panic", move || {
+        let outcome = within(common::HANG_S, "panic", move || {
             let cfg = common::config(backend, 4);
             let report = lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();

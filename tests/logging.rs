@@ -698,7 +698,7 @@ fn sub_communicators_are_recreated_by_a_rank_restored_alone() {
                     .outcome
                     .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
                 let what = format!("{what}, kill {kill}");
-                common::within(120, &what.clone(), move || {
+                common::within(common::HANG_S, &what.clone(), move || {
                     let r = lazarus::run(&base.kill(kill.parse().expect("valid kill")), app);
                     let got = r.outcome.unwrap_or_else(|e| panic!("{what}: failed: {e}"));
                     assert_eq!(got, reference, "{what}: another result");

@@ -286,7 +286,7 @@ fn protocol_none_fails_cleanly_on_a_kill() {
         let _ = tx.send((r.outcome.map(|v| v.value), r.stats));
     });
     let (outcome, stats) = rx
-        .recv_timeout(std::time::Duration::from_secs(60))
+        .recv_timeout(std::time::Duration::from_secs(common::HANG_S))
         .expect("a failure under `none` must end the run, not hang");
     match outcome {
         Err(Error::ProcessFailed {

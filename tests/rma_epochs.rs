@@ -102,7 +102,9 @@ type Program = fn(&mut Ctx) -> Result<u64>;
 
 /// Run `program` under `cfg` (failing the test instead of hanging it).
 fn run(cfg: Config, program: Program, what: String) -> lazarus::JobReport<u64> {
-    common::within(180, &what.clone(), move || lazarus::run(&cfg, program))
+    common::within(common::HANG_S, &what.clone(), move || {
+        lazarus::run(&cfg, program)
+    })
 }
 
 /// A case that gave a wrong answer in about 1 run of 4 (every rank another
@@ -202,7 +204,7 @@ fn a_safe_point_inside_a_lock_epoch_is_refused_under_every_protocol() {
             let cfg = common::config(backend, 2)
                 .protocol(protocol)
                 .checkpoint_every(1);
-            let report = common::within(60, &what.clone(), move || {
+            let report = common::within(common::HANG_S, &what.clone(), move || {
                 lazarus::run(&cfg, move |ctx| {
                     let world = ctx.world();
                     let win = world.allocate_window::<u64>(1)?;

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+mod common;
+
 use lazarus::apps::{AppKind, AppParams, AppRun, run_app};
 use lazarus::tools::chaos::{ChaosPlan, Schedules, Verdict, chaos, scenario};
 use lazarus::{Backend, Config, Error, ProtocolKind};
@@ -132,7 +134,7 @@ fn small_chaos_sweeps_pass() {
             protocols: vec![ProtocolKind::Coordinated],
             from: 1,
             seeds,
-            bound: Duration::from_secs(120),
+            bound: Duration::from_secs(common::HANG_S),
             schedules: Schedules::Mixed,
         };
         let report = chaos(&plan, |_| {}).expect("sweep runs");
@@ -170,7 +172,7 @@ fn cascade_sweeps_pass_under_every_logging_protocol() {
             ],
             from: 1,
             seeds: 25,
-            bound: Duration::from_secs(120),
+            bound: Duration::from_secs(common::HANG_S),
             schedules: Schedules::Cascade,
         };
         let report = chaos(&plan, |_| {}).expect("sweep runs");
@@ -191,7 +193,7 @@ fn chaos_catches_a_protocol_that_cannot_recover() {
         protocols: vec![ProtocolKind::None],
         from: 1,
         seeds: 3,
-        bound: Duration::from_secs(60),
+        bound: Duration::from_secs(common::HANG_S),
         schedules: Schedules::Mixed,
     };
     let report = chaos(&plan, |_| {}).expect("sweep runs");

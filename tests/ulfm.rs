@@ -196,7 +196,7 @@ fn failures_are_reported_and_wildcards_wait_for_acknowledgement() {
 fn revoke_releases_ranks_blocked_on_live_peers() {
     for backend in backends() {
         let cfg = ulfm(backend, 4).kill("3@i1".parse().expect("kill"));
-        let report = common::within(60, "revoke", move || {
+        let report = common::within(common::HANG_S, "revoke", move || {
             lazarus::run(&cfg, |ctx| {
                 let world = ctx.world();
                 let me = world.rank();

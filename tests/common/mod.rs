@@ -57,6 +57,11 @@ pub fn config(backend: Backend, ranks: usize) -> Config {
     })
 }
 
+/// The bound on a run that tests give [`within`] and similar watchdogs: a
+/// hang detector, not a speed limit. A run of seconds on an idle machine
+/// takes minutes beside busy loops (two per core: the suite must pass so).
+pub const HANG_S: u64 = 600;
+
 /// Run `f` on another thread (named like the test) and fail, instead of
 /// hanging the suite, if it does not finish within `secs` seconds.
 pub fn within<T: Send + 'static>(
