@@ -52,7 +52,7 @@ const MODEL_EXAMPLES: &str = "Examples:
   lazarus model --level nodes:1000:0.4:1.2 --level racks:40:0.01:2.0 --group-size 8 --t-aware 2";
 
 const BENCH_EXAMPLES: &str = "Examples:
-  lazarus bench cg --class W --ranks 4 --protocols none,coordinated --reps 5 --json bench.json
+  lazarus bench cg --class W --ranks 4 --protocols none,coordinated --json bench.json
   lazarus bench pingpong --ranks 2 --protocols none,coordinated --json pp.json --plot pp.svg";
 
 /// Lazarus: parallel programs that survive failures.
@@ -641,8 +641,9 @@ struct BenchArgs {
     /// Comma-separated protocols.
     #[arg(long, default_value = "none,coordinated")]
     protocols: String,
-    /// Runs per protocol.
-    #[arg(long, default_value_t = 5)]
+    /// Runs per protocol. The default, 6, is the fewest that give the
+    /// paired ratio a 95% confidence interval.
+    #[arg(long, default_value_t = lazarus::tools::bench::MIN_REPS_FOR_CI)]
     reps: usize,
     /// Also run every recovering protocol with this kill (repeatable: one
     /// scenario of several kills), alternating with its failure-free runs,

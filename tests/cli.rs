@@ -968,3 +968,38 @@ fn a_kill_that_never_fired_says_so() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_defaults_to_the_fewest_reps_that_give_an_interval() {
+    let dir = std::env::temp_dir().join(format!("lazarus-reps-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bench.json");
+    let o = lazarus(&[
+        "bench",
+        "stencil",
+        "--ranks",
+        "2",
+        "--size",
+        "32",
+        "--iterations",
+        "10",
+        "--protocols",
+        "none,coordinated",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
+            .expect("valid JSON");
+    assert_eq!(v["reps"], 6);
+    let coordinated = &v["protocols"][1];
+    assert_eq!(coordinated["wall_s"].as_array().map(Vec::len), Some(6));
+    assert!(
+        coordinated["paired_ratio_ci95"].is_array(),
+        "no interval: {coordinated}"
+    );
+    let help = stdout(&lazarus(&["bench", "--help"]));
+    assert!(help.contains("[default: 6]"), "{help}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
