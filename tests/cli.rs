@@ -1003,3 +1003,123 @@ fn bench_defaults_to_the_fewest_reps_that_give_an_interval() {
     assert!(help.contains("[default: 6]"), "{help}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
+    // Daly's interval from humantime forms equals the one from bare seconds.
+    let daly = |cost: &str, mtbf: &str| -> String {
+        let o = lazarus(&["model", "--checkpoint-cost", cost, "--mtbf", mtbf]);
+        assert_eq!(o.status.code(), Some(0), "{cost} {mtbf}: {}", stderr(&o));
+        let out = stdout(&o);
+        (out.lines())
+            .find_map(|l| l.split("-> compute ").nth(1))
+            .unwrap_or_else(|| panic!("no interval in {out}"))
+            .to_string()
+    };
+    assert_eq!(daly("1m", "1d"), daly("60", "86400"));
+    assert_eq!(daly("1.5s", "90m"), daly("1.5", "5400"));
+    assert_ne!(daly("1m", "1d"), daly("1m", "1h"));
+    // Virtual compute per iteration: the same simulated run either way.
+    let sim = |compute: &str| -> Vec<String> {
+        let o = lazarus(&[
+            "sim",
+            "--app",
+            "allreduce",
+            "--ranks",
+            "4",
+            "--iterations",
+            "3",
+            "--protocols",
+            "none",
+            "--compute-s",
+            compute,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{compute}: {}", stderr(&o));
+        let out = stdout(&o);
+        let row: Vec<String> = (out.lines())
+            .find(|l| l.starts_with("none "))
+            .unwrap_or_else(|| panic!("no row in {out}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        // virtual_ms and trace_hash
+        vec![row[4].clone(), row[16].clone()]
+    };
+    assert_eq!(sim("2ms"), sim("0.002"));
+    assert_ne!(sim("2ms"), sim("3ms"));
+    // A bare heartbeat timeout is milliseconds: 5 is too short, 5s is not.
+    let run = |hb: &str| {
+        lazarus(&[
+            "run",
+            "stencil",
+            "--ranks",
+            "2",
+            "--size",
+            "16",
+            "--iterations",
+            "2",
+            "--heartbeat-timeout",
+            hb,
+        ])
+    };
+    assert_usage_error(
+        &["run", "stencil", "--ranks", "2", "--heartbeat-timeout", "5"],
+        "5ms is too short",
+    );
+    for hb in ["5s", "300", "1s 500ms"] {
+        assert_eq!(run(hb).status.code(), Some(0), "{hb}: {}", stderr(&run(hb)));
+    }
+    // Bad values are usage errors naming the option.
+    for (args, option) in [
+        (
+            &["model", "--mtbf", "1x", "--checkpoint-cost", "1"][..],
+            "--mtbf",
+        ),
+        (
+            &["model", "--mtbf", "0s", "--checkpoint-cost", "1"][..],
+            "--mtbf",
+        ),
+        (
+            &["model", "--mtbf", "1d", "--checkpoint-cost=-3s"][..],
+            "--checkpoint-cost",
+        ),
+        (
+            &["model", "--mtbf", "nan", "--checkpoint-cost", "1"][..],
+            "--mtbf",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--checkpoint-interval",
+                "daly",
+                "--mtbf",
+                "soon",
+            ][..],
+            "--mtbf",
+        ),
+        (
+            &["run", "cg", "--heartbeat-timeout", "2 fortnights"][..],
+            "--heartbeat-timeout",
+        ),
+        (
+            &[
+                "launch",
+                "-n",
+                "2",
+                "--heartbeat-timeout",
+                "x",
+                "--",
+                "true",
+            ][..],
+            "--heartbeat-timeout",
+        ),
+        (&["chaos", "--app", "cg", "--bound-s", "0"][..], "--bound-s"),
+        (
+            &["sim", "--app", "stencil", "--compute-s", "1parsec"][..],
+            "--compute-s",
+        ),
+    ] {
+        assert_usage_error(args, option);
+    }
+}
