@@ -1153,14 +1153,18 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         if let Some(f) = &p.failure {
             println!(
                 "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x, 95% CI {}), \
-                 recovery {:.4} s, ranks rolled back {:?}{}",
+                 recovery {:.4} s, ranks rolled back {} (per run){}",
                 f.kills.join(" "),
                 f.median_wall_s,
                 f.ratio_to_failure_free,
                 f.paired_ratio_to_failure_free,
                 ci(f.paired_ratio_to_failure_free_ci95),
                 f.median_recovery_s,
-                f.ranks_rolled_back,
+                f.ranks_rolled_back
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 if f.verified_all { "" } else { "  NOT VERIFIED" }
             );
             ok &= f.verified_all;
@@ -1361,7 +1365,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     let report = chaos(&plan, |c| {
         if c.verdict != Verdict::Pass {
             println!(
-                "seed {} {}: {:?} (kills {})\n  reproduce: {}",
+                "seed {} {}: {} (kills {})\n  reproduce: {}",
                 c.seed,
                 c.protocol,
                 c.verdict,

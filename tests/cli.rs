@@ -286,7 +286,10 @@ fn failure_under_none_is_not_verified_with_exit_1() {
     assert_eq!(o.status.code(), Some(1));
     let line = last_line(&o);
     assert!(line.starts_with("NOT VERIFIED"), "{line}");
-    assert!(line.contains("[2]") && line.contains("none"), "{line}");
+    assert!(
+        line.contains("rank(s) 2 failed") && line.contains("none"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -1122,4 +1125,89 @@ fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
     ] {
         assert_usage_error(args, option);
     }
+}
+
+/// Where `text` shows Debug formatting: `Some(..)`, `None`, a struct's
+/// `{ field: .. }`, or a list of numbers as `[1, 2]`.
+fn debug_formatting(text: &str) -> Option<String> {
+    for line in text.lines() {
+        if ["Some(", "None", "{", "}"].iter().any(|p| line.contains(p)) {
+            return Some(line.to_string());
+        }
+        for (i, _) in line.match_indices('[') {
+            let rest = &line[i + 1..];
+            let Some(end) = rest.find(']') else { continue };
+            let inner = &rest[..end];
+            if !inner.is_empty() && inner.split(", ").all(|n| n.parse::<u64>().is_ok()) {
+                return Some(line.to_string());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_debug_formatting_reaches_users() {
+    let chaos = lazarus(&[
+        "chaos",
+        "--app",
+        "stencil",
+        "--protocols",
+        "none",
+        "--seeds",
+        "1",
+        "--from",
+        "5",
+    ]);
+    let out = stdout(&chaos);
+    assert!(out.contains("seed 5 none: failed: rank(s) "), "{out}");
+    // A node failure: both of its ranks in the message, as a list.
+    let run = lazarus(&[
+        "run",
+        "stencil",
+        "--ranks",
+        "4",
+        "--nodes",
+        "2",
+        "--kill",
+        "node:1@50%",
+    ]);
+    assert!(
+        stderr(&run).contains("rank(s) 2, 3 failed"),
+        "{}",
+        stderr(&run)
+    );
+    let bench = lazarus(&[
+        "bench",
+        "stencil",
+        "--ranks",
+        "2",
+        "--size",
+        "32",
+        "--iterations",
+        "10",
+        "--protocols",
+        "none,coordinated",
+        "--reps",
+        "2",
+        "--failure",
+        "1@50%",
+    ]);
+    assert_eq!(bench.status.code(), Some(0), "{}", stderr(&bench));
+    // Coordinated rolls both ranks back, in each of the two runs.
+    assert!(
+        stdout(&bench).contains("ranks rolled back 2, 2 (per run)"),
+        "{}",
+        stdout(&bench)
+    );
+    for o in [&chaos, &run, &bench] {
+        for text in [stdout(o), stderr(o)] {
+            assert_eq!(debug_formatting(&text), None, "{text}");
+        }
+    }
+    // The detector itself catches what it must.
+    assert!(debug_formatting("seed 5 none: Failed { error: \"x\" }").is_some());
+    assert!(debug_formatting("rolled back to generation Some(21)").is_some());
+    assert!(debug_formatting("ranks rolled back [1, 1]").is_some());
+    assert!(debug_formatting("kills [1@50%]").is_none());
 }
