@@ -326,7 +326,11 @@ fn cmd_bench_codec(args: &BenchCodecArgs) -> anyhow::Result<bool> {
         all.push(f);
     }
     if let Some(path) = &args.json {
-        write_json(path, &all)?;
+        #[derive(serde::Serialize)]
+        struct Figures<'a> {
+            figures: &'a [lazarus::store::codec::BenchFigures],
+        }
+        write_json(path, &Figures { figures: &all })?;
     }
     Ok(true)
 }
@@ -915,8 +919,10 @@ fn check_output_opt(option: &str, path: &Option<PathBuf>) -> anyhow::Result<()> 
     path.as_deref().map_or(Ok(()), |p| check_output(option, p))
 }
 
+/// Write a report as JSON, with the schema and version every report
+/// carries (`tools::Versioned`).
 fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
+    let text = serde_json::to_string_pretty(&lazarus::tools::Versioned::new(value))?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
@@ -1434,7 +1440,11 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
     let rows = scale_study(pattern, &params, &base, &protocols(&args.protocols)?).map_err(usage)?;
     print!("{}", render(&rows));
     if let Some(path) = &args.json {
-        write_json(path, &rows)?;
+        #[derive(serde::Serialize)]
+        struct Rows<'a> {
+            rows: &'a [lazarus::tools::scale::ScaleRow],
+        }
+        write_json(path, &Rows { rows: &rows })?;
     }
     let ok = rows.iter().all(|r| r.verified);
     if !ok {

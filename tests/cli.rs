@@ -657,7 +657,7 @@ fn bench_codec_reports_every_figure() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
-    let sizes = v.as_array().expect("one entry per size");
+    let sizes = v["figures"].as_array().expect("one entry per size");
     assert_eq!(sizes.len(), 2);
     for (f, bytes) in sizes.iter().zip([65536, 131072]) {
         assert_eq!(f["bytes"], bytes);
@@ -1210,4 +1210,118 @@ fn no_debug_formatting_reaches_users() {
     assert!(debug_formatting("rolled back to generation Some(21)").is_some());
     assert!(debug_formatting("ranks rolled back [1, 1]").is_some());
     assert!(debug_formatting("kills [1@50%]").is_none());
+}
+
+/// The example program `cargo test` builds next to the binary.
+fn example(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .map(|d| d.join("examples").join(name))
+        .expect("target directory");
+    assert!(path.exists(), "{} not built", path.display());
+    path.to_str().expect("utf-8").to_string()
+}
+
+#[test]
+fn every_json_output_carries_schema_and_version() {
+    let dir = std::env::temp_dir().join(format!("lazarus-schema-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = |name: &str| dir.join(name).to_str().expect("utf-8").to_string();
+    let ckpt = file("ckpt");
+    let small = ["--ranks", "2", "--size", "16", "--iterations", "4"];
+    let solver = example("launched_solver");
+    let disk = format!("disk:{ckpt}");
+    let mut runs: Vec<(&str, Vec<&str>)> = Vec::new();
+    let run_json = file("run.json");
+    let mut run = vec![
+        "run",
+        "stencil",
+        "--protocol",
+        "coordinated",
+        "--storage",
+        &disk,
+    ];
+    run.extend(small);
+    run.extend(["--json", &run_json]);
+    runs.push(("run.json", run));
+    // After the run, which wrote the checkpoints it reads.
+    let inspect_json = file("inspect.json");
+    runs.push((
+        "inspect.json",
+        vec!["inspect", &ckpt, "--json", &inspect_json],
+    ));
+    let bench_json = file("bench.json");
+    let mut bench = vec!["bench", "stencil", "--protocols", "none", "--reps", "1"];
+    bench.extend(small);
+    bench.extend(["--json", &bench_json]);
+    runs.push(("bench.json", bench));
+    let chaos_json = file("chaos.json");
+    runs.push((
+        "chaos.json",
+        vec![
+            "chaos",
+            "--app",
+            "stencil",
+            "--ranks",
+            "2",
+            "--seeds",
+            "1",
+            "--json",
+            &chaos_json,
+        ],
+    ));
+    let sim_json = file("sim.json");
+    runs.push((
+        "sim.json",
+        vec![
+            "sim",
+            "--app",
+            "allreduce",
+            "--ranks",
+            "4",
+            "--iterations",
+            "3",
+            "--protocols",
+            "none",
+            "--json",
+            &sim_json,
+        ],
+    ));
+    let codec_json = file("codec.json");
+    runs.push((
+        "codec.json",
+        vec!["bench-codec", "--bytes", "65536", "--json", &codec_json],
+    ));
+    let launch_json = file("launch.json");
+    runs.push((
+        "launch.json",
+        vec![
+            "launch",
+            "-n",
+            "2",
+            "--json",
+            &launch_json,
+            "--",
+            &solver,
+            "5",
+        ],
+    ));
+    for (name, args) in &runs {
+        let o = lazarus(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let text = std::fs::read_to_string(dir.join(name)).expect("JSON written");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert!(v["schema"].is_u64(), "{name}: no integer schema in {text}");
+        assert_eq!(v["schema"], lazarus::tools::JSON_SCHEMA, "{name}");
+        assert_eq!(v["lazarus_version"], env!("CARGO_PKG_VERSION"), "{name}");
+        // The report's own fields are still at top level beside them.
+        assert!(v.as_object().is_some_and(|o| o.len() > 2), "{name}: {text}");
+    }
+    let rows = serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(&sim_json).expect("sim JSON"),
+    )
+    .expect("valid JSON");
+    assert_eq!(rows["rows"].as_array().map(Vec::len), Some(1), "{rows}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
