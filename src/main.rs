@@ -43,7 +43,7 @@ exactly on the simulator; with the same kills (real SIGKILLs) but the machine's 
 Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
 
 const SIM_EXAMPLES: &str = "Examples:
-  lazarus sim --app stencil --ranks 16384 --protocols none,coordinated --kill 5@50%
+  lazarus sim --app stencil --ranks 4096 --protocols none,coordinated --kill 5@50%
   lazarus sim --app allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json";
 
 const MODEL_EXAMPLES: &str = "Examples:
@@ -102,9 +102,9 @@ enum Command {
     Agent,
 }
 
-const LAUNCH_EXAMPLES: &str = "Examples:
-  lazarus launch -n 4 -- ./target/release/examples/allreduce_loop
-  lazarus launch -n 8 --nodes 2 --kill node:1@50% --json job.json -- ./my_solver --grid 512
+const LAUNCH_EXAMPLES: &str = "Examples (from the source tree, after `cargo build --release --example launched_solver`):
+  lazarus launch -n 4 -- ./target/release/examples/launched_solver 200
+  lazarus launch -n 8 --nodes 2 --kill node:1@50% --json job.json -- ./target/release/examples/launched_solver 200
 
 The program calls `lazarus::run(&config, rank_fn)` as usual; started by the launcher, that call
 runs one rank (size, nodes and kills come from the launcher) and returns that rank's value.

@@ -1325,3 +1325,81 @@ fn every_json_output_carries_schema_and_version() {
     assert_eq!(rows["rows"].as_array().map(Vec::len), Some(1), "{rows}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The subcommands `lazarus --help` lists.
+fn subcommands() -> Vec<String> {
+    let help = stdout(&lazarus(&["--help"]));
+    (help.lines())
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(String::from)
+        .collect()
+}
+
+/// The example command lines of `sub --help`, without trailing comments.
+fn help_examples(sub: &str) -> Vec<String> {
+    let help = stdout(&lazarus(&[sub, "--help"]));
+    (help.lines())
+        .map(|l| l.split(" #").next().unwrap_or_default().trim())
+        .filter(|l| l.starts_with("lazarus "))
+        .map(String::from)
+        .collect()
+}
+
+/// Every example the help shows names a real subcommand and, where it
+/// names a program, one that exists; the examples of `run`, `model` and
+/// `launch` (seconds each) are run and must succeed. Those of `bench`,
+/// `chaos` and `sim` take minutes and are left to a person.
+#[test]
+fn help_examples_run() {
+    let subs = subcommands();
+    assert!(
+        subs.len() >= 9 && subs.contains(&"launch".to_string()),
+        "{subs:?}"
+    );
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .expect("target directory")
+        .to_str()
+        .expect("utf-8")
+        .to_string();
+    let dir = std::env::temp_dir().join(format!("lazarus-examples-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    example("launched_solver");
+    let mut ran = 0;
+    for sub in &subs {
+        for line in help_examples(sub) {
+            // The help names paths in the source tree; the test's build
+            // may live elsewhere (CARGO_TARGET_DIR).
+            let line = line.replace("./target/release", &bin_dir);
+            let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+            assert!(
+                subs.iter().any(|s| s == args[0]),
+                "`{line}`: no such subcommand"
+            );
+            if let Some(at) = args.iter().position(|a| *a == "--") {
+                let program = std::path::Path::new(args[at + 1]);
+                assert!(
+                    program.is_file(),
+                    "`{line}`: {} does not exist",
+                    program.display()
+                );
+            }
+            if ["run", "model", "launch"].contains(&args[0]) {
+                let o = Command::new(env!("CARGO_BIN_EXE_lazarus"))
+                    .args(&args)
+                    .current_dir(&dir)
+                    .output()
+                    .expect("the lazarus binary runs");
+                assert_eq!(o.status.code(), Some(0), "`{line}`: {}", stderr(&o));
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 10, "only {ran} examples ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
