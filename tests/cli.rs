@@ -1403,3 +1403,78 @@ fn help_examples_run() {
     assert!(ran >= 10, "only {ran} examples ran");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The papers `text` cites by number: `003 eq. 7`, `004 §2.2`, `002 Table 2`.
+fn papers_cited(text: &str) -> std::collections::BTreeSet<String> {
+    let markers = ["§", "eq.", "Fig.", "Table", "Alg.", "Theorem"];
+    let mut cited = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("00") {
+        let Some(number) = text.get(i..i + 3) else {
+            continue;
+        };
+        let rest = &text[i + 3..];
+        let standalone = text[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_alphanumeric());
+        if number.chars().all(|c| c.is_ascii_digit())
+            && standalone
+            && rest.starts_with(' ')
+            && markers.iter().any(|m| rest[1..].starts_with(m))
+        {
+            cited.insert(number.to_string());
+        }
+    }
+    cited
+}
+
+/// docs/papers.md gives a full reference for every paper the code, the
+/// help and the docs cite, and the README links it and says how to put
+/// `lazarus` on PATH.
+#[test]
+fn every_cited_paper_is_in_docs_papers() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    let mut texts = vec![
+        read(&root.join("README.md")),
+        read(&root.join("ARCHITECTURE.md")),
+    ];
+    let mut dirs = vec![root.join("src"), root.join("examples")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("source directory").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                texts.push(read(&p));
+            }
+        }
+    }
+    for sub in subcommands() {
+        texts.push(stdout(&lazarus(&[&sub, "--help"])));
+    }
+    let cited: std::collections::BTreeSet<String> =
+        texts.iter().flat_map(|t| papers_cited(t)).collect();
+    assert!(cited.contains("003") && cited.contains("004"), "{cited:?}");
+    let papers = read(&root.join("docs/papers.md"));
+    for n in &cited {
+        // A row of the reference table: number, then authors and title.
+        let row = (papers.lines())
+            .find(|l| l.starts_with(&format!("| {n} | ")) && l.contains('*'))
+            .unwrap_or_else(|| panic!("docs/papers.md has no reference for {n}"));
+        assert!(row.contains(". *"), "{row}");
+    }
+    assert_eq!(
+        papers_cited("see 003 eq. 7 and 004 §2.2, not 1004 §1"),
+        ["003", "004"].map(String::from).into()
+    );
+    let readme = read(&root.join("README.md"));
+    assert!(
+        readme.contains("(docs/papers.md)"),
+        "README does not link docs/papers.md"
+    );
+    assert!(
+        readme.contains("cargo install --path ."),
+        "README does not say how to install"
+    );
+}
