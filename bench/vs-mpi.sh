@@ -109,6 +109,7 @@ for r in range(1, rounds + 1):
         by_round.setdefault(("mpich", p["bytes"]), {})[r] = statistics.median(p["latency_us_trials"])
     with open(f"{work}/lazarus-{r}.json") as f:
         l = json.load(f)
+    lazarus_version = l["lazarus_version"]
     (prot,) = [p for p in l["protocols"] if p["protocol"] == "none"]
     if not prot["verified_all"]:
         sys.exit(f"vs-mpi.sh: Lazarus round {r}: a run did not verify")
@@ -174,7 +175,9 @@ for b, what, target in KEY:
                  "target": f"{target[0]} {target[1]:g}" if target else None, "met": met})
 
 common = sorted(set(mpich) & set(lazarus))
+# Versioned as every report `lazarus --json` writes (tools::JSON_SCHEMA).
 report = {
+    "schema": 1, "lazarus_version": lazarus_version,
     "ranks": 2, "rounds": rounds, "mpich_library": library,
     "lazarus_backend": backend, "lazarus_protocol": "none",
     "ratio": "Lazarus/MPICH: of latency_us at 8 B (below 1 favours Lazarus), of bandwidth_gb_s elsewhere (above 1 favours Lazarus)",

@@ -172,7 +172,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `network` | (sim only) | 0.5/2 us latency, 20/10 GB/s |
 /// | `listen` | `--listen unix\|unix-sockets\|tcp[:IP]` (processes only) | unix (frames in shared-memory rings) |
 /// | `hosts` | `--hosts local\|slurm` (processes only) | local |
-/// | `heartbeat_timeout` | `--heartbeat-timeout MS` (processes only, at least 10) | 200 ms |
+/// | `heartbeat_timeout` | `--heartbeat-timeout D` (processes only, at least 10 ms; a bare number is ms) | 200 ms |
 /// | `max_frame` | `--max-frame BYTES` (processes only, 64 KiB to 1 TiB) | 16 GiB |
 /// | `worker_args` | (processes; a test harness names it on every backend) | this program's own arguments |
 #[derive(Debug, Clone)]

@@ -12,6 +12,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::Rank;
 
+/// `items` as users read a list: `1, 3, 5`, or `none` (Debug's `[1, 3, 5]`
+/// is for developers).
+pub(crate) fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let words: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
+    if words.is_empty() {
+        return "none".into();
+    }
+    words.join(", ")
+}
+
 /// Result type of every Lazarus operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -21,7 +31,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A peer died and the protocol cannot recover (protocol `none`, or no
     /// usable checkpoint remains).
-    #[error("rank(s) {ranks:?} failed and protocol `{protocol}` cannot recover: {why}")]
+    #[error(
+        "rank(s) {} failed and protocol `{protocol}` cannot recover: {why}",
+        list(ranks)
+    )]
     ProcessFailed {
         /// The ranks that died.
         ranks: Vec<Rank>,
@@ -32,7 +45,10 @@ pub enum Error {
     },
     /// The protocol rolled this rank back; the rank function is about to be
     /// called again. Propagate it with `?`.
-    #[error("rolled back to checkpoint generation {generation:?} after a failure (epoch {epoch})")]
+    #[error(
+        "rolled back after a failure (epoch {epoch}){}",
+        generation.map(|g| format!(", to checkpoint generation {g}")).unwrap_or_default()
+    )]
     Rollback {
         /// The world epoch (number of failure events) that caused the rollback.
         epoch: u64,
@@ -167,5 +183,38 @@ impl From<postcard::Error> for Error {
             what: "postcard value".into(),
             detail: e.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Users read lists and optional generations, not Debug's `[..]` and
+    /// `Some(..)`.
+    #[test]
+    fn messages_carry_no_debug_formatting() {
+        let failed = Error::ProcessFailed {
+            ranks: vec![1, 3],
+            protocol: "none".into(),
+            why: "no checkpoint".into(),
+        };
+        assert!(
+            failed.to_string().starts_with("rank(s) 1, 3 failed"),
+            "{failed}"
+        );
+        let back = |generation| {
+            Error::Rollback {
+                epoch: 2,
+                generation,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            back(Some(21)),
+            "rolled back after a failure (epoch 2), to checkpoint generation 21"
+        );
+        assert_eq!(back(None), "rolled back after a failure (epoch 2)");
+        assert_eq!(list(Vec::<u32>::new()), "none");
     }
 }

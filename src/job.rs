@@ -583,10 +583,10 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
                 return Err(Error::config(
                     "--storage",
                     format!(
-                        "{} already holds checkpoints of an earlier run (generations {:?}); \
+                        "{} already holds checkpoints of an earlier run (generations {}); \
                          resume from them with --restart {0}, or choose an empty directory",
                         dir.display(),
-                        existing
+                        crate::error::list(&existing)
                     ),
                 ));
             }

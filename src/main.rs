@@ -4,6 +4,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -42,7 +43,7 @@ exactly on the simulator; with the same kills (real SIGKILLs) but the machine's 
 Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
 
 const SIM_EXAMPLES: &str = "Examples:
-  lazarus sim --app stencil --ranks 16384 --protocols none,coordinated --kill 5@50%
+  lazarus sim --app stencil --ranks 4096 --protocols none,coordinated --kill 5@50%
   lazarus sim --app allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json";
 
 const MODEL_EXAMPLES: &str = "Examples:
@@ -52,7 +53,7 @@ const MODEL_EXAMPLES: &str = "Examples:
   lazarus model --level nodes:1000:0.4:1.2 --level racks:40:0.01:2.0 --group-size 8 --t-aware 2";
 
 const BENCH_EXAMPLES: &str = "Examples:
-  lazarus bench cg --class W --ranks 4 --protocols none,coordinated --reps 5 --json bench.json
+  lazarus bench cg --class W --ranks 4 --protocols none,coordinated --json bench.json
   lazarus bench pingpong --ranks 2 --protocols none,coordinated --json pp.json --plot pp.svg";
 
 /// Lazarus: parallel programs that survive failures.
@@ -101,9 +102,9 @@ enum Command {
     Agent,
 }
 
-const LAUNCH_EXAMPLES: &str = "Examples:
-  lazarus launch -n 4 -- ./target/release/examples/allreduce_loop
-  lazarus launch -n 8 --nodes 2 --kill node:1@50% --json job.json -- ./my_solver --grid 512
+const LAUNCH_EXAMPLES: &str = "Examples (from the source tree, after `cargo build --release --example launched_solver`):
+  lazarus launch -n 4 -- ./target/release/examples/launched_solver 200
+  lazarus launch -n 8 --nodes 2 --kill node:1@50% --json job.json -- ./target/release/examples/launched_solver 200
 
 The program calls `lazarus::run(&config, rank_fn)` as usual; started by the launcher, that call
 runs one rank (size, nodes and kills come from the launcher) and returns that rank's value.
@@ -132,13 +133,13 @@ struct LaunchArgs {
     /// several nodes, else local.
     #[arg(long)]
     hosts: Option<String>,
-    /// The failure detector's shortest timeout, in milliseconds: no rank is
-    /// suspected before this much silence (the timeout grows with the
-    /// observed heartbeat jitter). Only ranks on other hosts (--hosts
-    /// slurm) are declared dead for silence; a rank on this host is dead
-    /// when its process is.
-    #[arg(long, default_value_t = 200)]
-    heartbeat_timeout: u64,
+    /// The failure detector's shortest timeout (200ms, 1s; a bare number is
+    /// milliseconds): no rank is suspected before this much silence (the
+    /// timeout grows with the observed heartbeat jitter). Only ranks on
+    /// other hosts (--hosts slurm) are declared dead for silence; a rank on
+    /// this host is dead when its process is.
+    #[arg(long, default_value = "200ms", value_parser = millis, allow_hyphen_values = true)]
+    heartbeat_timeout: Duration,
     /// Largest frame (one message, or one checkpoint piece) a connection
     /// carries, in bytes (64 KiB to 1 TiB).
     #[arg(long, default_value_t = Config::default().max_frame)]
@@ -325,7 +326,11 @@ fn cmd_bench_codec(args: &BenchCodecArgs) -> anyhow::Result<bool> {
         all.push(f);
     }
     if let Some(path) = &args.json {
-        write_json(path, &all)?;
+        #[derive(serde::Serialize)]
+        struct Figures<'a> {
+            figures: &'a [lazarus::store::codec::BenchFigures],
+        }
+        write_json(path, &Figures { figures: &all })?;
     }
     Ok(true)
 }
@@ -431,9 +436,9 @@ struct ChaosArgs {
     /// Protocol correlated: sets of N consecutive ranks (as for `run`).
     #[arg(long)]
     sets: Option<usize>,
-    /// Wall-clock bound per case, seconds.
-    #[arg(long, default_value_t = 120.0)]
-    bound_s: f64,
+    /// Wall-clock bound per case (90s, 5m; a bare number is seconds).
+    #[arg(long, default_value = "120s", value_parser = positive_secs, allow_hyphen_values = true)]
+    bound_s: Duration,
     /// How kill schedules are drawn: mixed (one to three kills at any
     /// moment) or cascade (a first kill, then kills during its recovery:
     /// of its holders, its replacement, a set peer, another node, at
@@ -463,9 +468,10 @@ struct SimArgs {
     /// Iterations.
     #[arg(long, default_value_t = 20)]
     iterations: u64,
-    /// Virtual compute per iteration per rank, seconds.
-    #[arg(long, default_value_t = 1e-3)]
-    compute_s: f64,
+    /// Virtual compute per iteration per rank (1ms, 2.5s; a bare number is
+    /// seconds).
+    #[arg(long, default_value = "1ms", value_parser = secs, allow_hyphen_values = true)]
+    compute_s: Duration,
     /// Stencil halo message size, bytes.
     #[arg(long, default_value_t = 8192)]
     halo_bytes: usize,
@@ -488,12 +494,13 @@ struct SimArgs {
 
 #[derive(Args, Debug)]
 struct ModelArgs {
-    /// Checkpoint cost, seconds (with --mtbf: print Daly's interval).
-    #[arg(long)]
-    checkpoint_cost: Option<f64>,
-    /// Mean time between failures, seconds.
-    #[arg(long)]
-    mtbf: Option<f64>,
+    /// Checkpoint cost (60s, 2m; a bare number is seconds). With --mtbf:
+    /// print Daly's interval.
+    #[arg(long, value_parser = positive_secs, allow_hyphen_values = true)]
+    checkpoint_cost: Option<Duration>,
+    /// Mean time between failures (1d, 6h; a bare number is seconds).
+    #[arg(long, value_parser = positive_secs, allow_hyphen_values = true)]
+    mtbf: Option<Duration>,
     /// Processes N of the P_cf table (003 Fig. 10c).
     #[arg(long, default_value_t = lazarus::tools::model::FIG10C_PROCESSES)]
     processes: usize,
@@ -568,11 +575,12 @@ struct JobArgs {
     /// needs --listen tcp:IP).
     #[arg(long, default_value = "local")]
     hosts: String,
-    /// Processes backend: the failure detector's shortest timeout, in
-    /// milliseconds (it grows with the observed heartbeat jitter; only
-    /// ranks on other hosts are declared dead for silence).
-    #[arg(long, default_value_t = 200)]
-    heartbeat_timeout: u64,
+    /// Processes backend: the failure detector's shortest timeout (200ms,
+    /// 1s; a bare number is milliseconds); it grows with the observed
+    /// heartbeat jitter; only ranks on other hosts are declared dead for
+    /// silence.
+    #[arg(long, default_value = "200ms", value_parser = millis, allow_hyphen_values = true)]
+    heartbeat_timeout: Duration,
     /// Processes backend: largest frame (one message, or one checkpoint
     /// piece with its message log) a connection carries, in bytes (64 KiB
     /// to 1 TiB).
@@ -592,9 +600,9 @@ struct JobArgs {
     #[arg(long, default_value = "fixed")]
     checkpoint_interval: String,
     /// Mean time between failures for `--checkpoint-interval daly`, e.g. 90s,
-    /// 15m, 2h, 1d (plain numbers are seconds).
-    #[arg(long)]
-    mtbf: Option<String>,
+    /// 15m, 2h, 1d (a bare number is seconds).
+    #[arg(long, value_parser = positive_secs, allow_hyphen_values = true)]
+    mtbf: Option<Duration>,
     /// Seed of the runtime's random choices (when kills land).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -641,8 +649,9 @@ struct BenchArgs {
     /// Comma-separated protocols.
     #[arg(long, default_value = "none,coordinated")]
     protocols: String,
-    /// Runs per protocol.
-    #[arg(long, default_value_t = 5)]
+    /// Runs per protocol. The default, 6, is the fewest that give the
+    /// paired ratio a 95% confidence interval.
+    #[arg(long, default_value_t = lazarus::tools::bench::MIN_REPS_FOR_CI)]
     reps: usize,
     /// Also run every recovering protocol with this kill (repeatable: one
     /// scenario of several kills), alternating with its failure-free runs,
@@ -730,7 +739,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
     let backend: Backend = job.backend.parse().map_err(usage)?;
     let mtbf = match (job.checkpoint_interval.as_str(), &job.mtbf) {
         ("fixed", None) => None,
-        ("daly", Some(m)) => Some(parse_duration(m).map_err(usage)?),
+        ("daly", Some(m)) => Some(*m),
         ("daly", None) => {
             return Err(usage(lazarus::Error::config(
                 "--mtbf",
@@ -806,50 +815,61 @@ fn parse_kills(specs: &[String]) -> anyhow::Result<Vec<KillSpec>> {
         .map_err(usage)
 }
 
-/// `--heartbeat-timeout MS`, at least `MIN_HEARTBEAT_TIMEOUT`.
-fn heartbeat(ms: u64) -> anyhow::Result<std::time::Duration> {
+/// `--heartbeat-timeout`, at least `MIN_HEARTBEAT_TIMEOUT`.
+fn heartbeat(t: Duration) -> anyhow::Result<Duration> {
     let min = lazarus::config::MIN_HEARTBEAT_TIMEOUT;
-    let t = std::time::Duration::from_millis(ms);
     if t < min {
         return Err(usage(lazarus::Error::config(
             "--heartbeat-timeout",
             format!(
-                "{ms} ms is too short to tell a slow rank from a dead one (at least {})",
-                min.as_millis()
+                "{} is too short to tell a slow rank from a dead one (at least {})",
+                humantime::format_duration(t),
+                humantime::format_duration(min)
             ),
         )));
     }
     Ok(t)
 }
 
-/// `90s`, `15m`, `2h`, `1d`, `250ms`, or plain seconds.
-fn parse_duration(text: &str) -> Result<std::time::Duration, lazarus::Error> {
+/// A duration as `humantime` reads it (`90s`, `15m`, `1d`, `200ms`, `1h
+/// 30m`), or a bare number of `unit`s: what every duration option took
+/// before, in the unit its help still names. Duration options allow
+/// hyphen values so that `-3s` is refused here, naming the option, rather
+/// than taken for an unknown flag.
+fn duration_in(text: &str, unit: Duration, unit_name: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = t.strip_suffix('h') {
-        (n, 3600.0)
-    } else if let Some(n) = t.strip_suffix('d') {
-        (n, 86400.0)
-    } else {
-        (t, 1.0)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .map(|v| v * scale)
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .and_then(|v| std::time::Duration::try_from_secs_f64(v).ok())
-        .ok_or_else(|| {
-            lazarus::Error::config(
-                "--mtbf",
-                format!("`{text}` is not a positive duration (e.g. 90s, 2h)"),
-            )
-        })
+    if let Ok(n) = t.parse::<f64>() {
+        return (n >= 0.0)
+            .then(|| Duration::try_from_secs_f64(n * unit.as_secs_f64()).ok())
+            .flatten()
+            .ok_or_else(|| {
+                format!("`{text}` is not a duration: {unit_name} must be finite and not negative")
+            });
+    }
+    humantime::parse_duration(t).map_err(|e| {
+        format!("`{text}` is not a duration ({e}); write e.g. 90s, 15m, 2h, 1d, 200ms, or a bare number of {unit_name}")
+    })
+}
+
+/// A duration option whose bare numbers are seconds.
+fn secs(text: &str) -> Result<Duration, String> {
+    duration_in(text, Duration::from_secs(1), "seconds")
+}
+
+/// [`secs`], longer than zero.
+fn positive_secs(text: &str) -> Result<Duration, String> {
+    secs(text).and_then(|d| {
+        if d.is_zero() {
+            Err(format!("`{text}` must be longer than zero"))
+        } else {
+            Ok(d)
+        }
+    })
+}
+
+/// A duration option whose bare numbers are milliseconds.
+fn millis(text: &str) -> Result<Duration, String> {
+    duration_in(text, Duration::from_millis(1), "milliseconds")
 }
 
 /// Check before any work that the file `option` names can be written: a
@@ -899,8 +919,10 @@ fn check_output_opt(option: &str, path: &Option<PathBuf>) -> anyhow::Result<()> 
     path.as_deref().map_or(Ok(()), |p| check_output(option, p))
 }
 
+/// Write a report as JSON, with the schema and version every report
+/// carries (`tools::Versioned`).
 fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
+    let text = serde_json::to_string_pretty(&lazarus::tools::Versioned::new(value))?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
@@ -1137,14 +1159,18 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         if let Some(f) = &p.failure {
             println!(
                 "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x, 95% CI {}), \
-                 recovery {:.4} s, ranks rolled back {:?}{}",
+                 recovery {:.4} s, ranks rolled back {} (per run){}",
                 f.kills.join(" "),
                 f.median_wall_s,
                 f.ratio_to_failure_free,
                 f.paired_ratio_to_failure_free,
                 ci(f.paired_ratio_to_failure_free_ci95),
                 f.median_recovery_s,
-                f.ranks_rolled_back,
+                f.ranks_rolled_back
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 if f.verified_all { "" } else { "  NOT VERIFIED" }
             );
             ok &= f.verified_all;
@@ -1304,7 +1330,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         backend: args.backend.clone(),
         listen: args.listen.clone(),
         hosts: "local".into(),
-        heartbeat_timeout: 200,
+        heartbeat_timeout: Config::default().heartbeat_timeout,
         max_frame: Config::default().max_frame,
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
@@ -1330,12 +1356,6 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
              (partner, xor, rs:M)",
         )));
     }
-    if !args.bound_s.is_finite() || args.bound_s <= 0.0 {
-        return Err(usage(lazarus::Error::config(
-            "--bound-s",
-            "must be a positive number of seconds",
-        )));
-    }
     let schedules = args.schedules.parse().map_err(usage)?;
     let plan = ChaosPlan {
         app,
@@ -1345,13 +1365,13 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         protocols: chosen,
         from: args.from,
         seeds: args.seeds,
-        bound: std::time::Duration::from_secs_f64(args.bound_s),
+        bound: args.bound_s,
         schedules,
     };
     let report = chaos(&plan, |c| {
         if c.verdict != Verdict::Pass {
             println!(
-                "seed {} {}: {:?} (kills {})\n  reproduce: {}",
+                "seed {} {}: {} (kills {})\n  reproduce: {}",
                 c.seed,
                 c.protocol,
                 c.verdict,
@@ -1400,7 +1420,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
     let pattern: Pattern = args.app.parse().map_err(usage)?;
     let params = PatternParams {
         iterations: args.iterations,
-        compute_s: args.compute_s,
+        compute_s: args.compute_s.as_secs_f64(),
         halo_bytes: args.halo_bytes,
         reduce_len: args.reduce_len,
     };
@@ -1420,7 +1440,11 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
     let rows = scale_study(pattern, &params, &base, &protocols(&args.protocols)?).map_err(usage)?;
     print!("{}", render(&rows));
     if let Some(path) = &args.json {
-        write_json(path, &rows)?;
+        #[derive(serde::Serialize)]
+        struct Rows<'a> {
+            rows: &'a [lazarus::tools::scale::ScaleRow],
+        }
+        write_json(path, &Rows { rows: &rows })?;
     }
     let ok = rows.iter().all(|r| r.verified);
     if !ok {
@@ -1436,6 +1460,7 @@ fn cmd_model(args: &ModelArgs) -> anyhow::Result<bool> {
     };
     match (args.checkpoint_cost, args.mtbf) {
         (Some(cost), Some(mtbf)) => {
+            let (cost, mtbf) = (cost.as_secs_f64(), mtbf.as_secs_f64());
             let tau = daly_interval(cost, mtbf).map_err(usage)?;
             println!(
                 "Daly's optimal interval (003 §6.1): checkpoint cost {cost} s, MTBF {mtbf} s -> compute {tau:.3} s between checkpoints"

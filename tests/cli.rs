@@ -286,7 +286,10 @@ fn failure_under_none_is_not_verified_with_exit_1() {
     assert_eq!(o.status.code(), Some(1));
     let line = last_line(&o);
     assert!(line.starts_with("NOT VERIFIED"), "{line}");
-    assert!(line.contains("[2]") && line.contains("none"), "{line}");
+    assert!(
+        line.contains("rank(s) 2 failed") && line.contains("none"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -654,7 +657,7 @@ fn bench_codec_reports_every_figure() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
-    let sizes = v.as_array().expect("one entry per size");
+    let sizes = v["figures"].as_array().expect("one entry per size");
     assert_eq!(sizes.len(), 2);
     for (f, bytes) in sizes.iter().zip([65536, 131072]) {
         assert_eq!(f["bytes"], bytes);
@@ -966,5 +969,512 @@ fn a_kill_that_never_fired_says_so() {
         err.lines()
             .any(|l| l.starts_with("lazarus launch:") && l.contains("kill never fired: 1@50%")),
         "{err}"
+    );
+}
+
+#[test]
+fn bench_defaults_to_the_fewest_reps_that_give_an_interval() {
+    let dir = std::env::temp_dir().join(format!("lazarus-reps-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bench.json");
+    let o = lazarus(&[
+        "bench",
+        "stencil",
+        "--ranks",
+        "2",
+        "--size",
+        "32",
+        "--iterations",
+        "10",
+        "--protocols",
+        "none,coordinated",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
+            .expect("valid JSON");
+    assert_eq!(v["reps"], 6);
+    let coordinated = &v["protocols"][1];
+    assert_eq!(coordinated["wall_s"].as_array().map(Vec::len), Some(6));
+    assert!(
+        coordinated["paired_ratio_ci95"].is_array(),
+        "no interval: {coordinated}"
+    );
+    let help = stdout(&lazarus(&["bench", "--help"]));
+    assert!(help.contains("[default: 6]"), "{help}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
+    // Daly's interval from humantime forms equals the one from bare seconds.
+    let daly = |cost: &str, mtbf: &str| -> String {
+        let o = lazarus(&["model", "--checkpoint-cost", cost, "--mtbf", mtbf]);
+        assert_eq!(o.status.code(), Some(0), "{cost} {mtbf}: {}", stderr(&o));
+        let out = stdout(&o);
+        (out.lines())
+            .find_map(|l| l.split("-> compute ").nth(1))
+            .unwrap_or_else(|| panic!("no interval in {out}"))
+            .to_string()
+    };
+    assert_eq!(daly("1m", "1d"), daly("60", "86400"));
+    assert_eq!(daly("1.5s", "90m"), daly("1.5", "5400"));
+    assert_ne!(daly("1m", "1d"), daly("1m", "1h"));
+    // Virtual compute per iteration: the same simulated run either way.
+    let sim = |compute: &str| -> Vec<String> {
+        let o = lazarus(&[
+            "sim",
+            "--app",
+            "allreduce",
+            "--ranks",
+            "4",
+            "--iterations",
+            "3",
+            "--protocols",
+            "none",
+            "--compute-s",
+            compute,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{compute}: {}", stderr(&o));
+        let out = stdout(&o);
+        let row: Vec<String> = (out.lines())
+            .find(|l| l.starts_with("none "))
+            .unwrap_or_else(|| panic!("no row in {out}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        // virtual_ms and trace_hash
+        vec![row[4].clone(), row[16].clone()]
+    };
+    assert_eq!(sim("2ms"), sim("0.002"));
+    assert_ne!(sim("2ms"), sim("3ms"));
+    // A bare heartbeat timeout is milliseconds: 5 is too short, 5s is not.
+    let run = |hb: &str| {
+        lazarus(&[
+            "run",
+            "stencil",
+            "--ranks",
+            "2",
+            "--size",
+            "16",
+            "--iterations",
+            "2",
+            "--heartbeat-timeout",
+            hb,
+        ])
+    };
+    assert_usage_error(
+        &["run", "stencil", "--ranks", "2", "--heartbeat-timeout", "5"],
+        "5ms is too short",
+    );
+    for hb in ["5s", "300", "1s 500ms"] {
+        assert_eq!(run(hb).status.code(), Some(0), "{hb}: {}", stderr(&run(hb)));
+    }
+    // Bad values are usage errors naming the option.
+    for (args, option) in [
+        (
+            &["model", "--mtbf", "1x", "--checkpoint-cost", "1"][..],
+            "--mtbf",
+        ),
+        (
+            &["model", "--mtbf", "0s", "--checkpoint-cost", "1"][..],
+            "--mtbf",
+        ),
+        (
+            &["model", "--mtbf", "1d", "--checkpoint-cost=-3s"][..],
+            "--checkpoint-cost",
+        ),
+        (
+            &["model", "--mtbf", "nan", "--checkpoint-cost", "1"][..],
+            "--mtbf",
+        ),
+        (
+            &[
+                "run",
+                "cg",
+                "--checkpoint-interval",
+                "daly",
+                "--mtbf",
+                "soon",
+            ][..],
+            "--mtbf",
+        ),
+        (
+            &["run", "cg", "--heartbeat-timeout", "2 fortnights"][..],
+            "--heartbeat-timeout",
+        ),
+        (
+            &[
+                "launch",
+                "-n",
+                "2",
+                "--heartbeat-timeout",
+                "x",
+                "--",
+                "true",
+            ][..],
+            "--heartbeat-timeout",
+        ),
+        (&["chaos", "--app", "cg", "--bound-s", "0"][..], "--bound-s"),
+        (
+            &["sim", "--app", "stencil", "--compute-s", "1parsec"][..],
+            "--compute-s",
+        ),
+    ] {
+        assert_usage_error(args, option);
+    }
+}
+
+/// Where `text` shows Debug formatting: `Some(..)`, `None`, a struct's
+/// `{ field: .. }`, or a list of numbers as `[1, 2]`.
+fn debug_formatting(text: &str) -> Option<String> {
+    for line in text.lines() {
+        if ["Some(", "None", "{", "}"].iter().any(|p| line.contains(p)) {
+            return Some(line.to_string());
+        }
+        for (i, _) in line.match_indices('[') {
+            let rest = &line[i + 1..];
+            let Some(end) = rest.find(']') else { continue };
+            let inner = &rest[..end];
+            if !inner.is_empty() && inner.split(", ").all(|n| n.parse::<u64>().is_ok()) {
+                return Some(line.to_string());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_debug_formatting_reaches_users() {
+    let chaos = lazarus(&[
+        "chaos",
+        "--app",
+        "stencil",
+        "--protocols",
+        "none",
+        "--seeds",
+        "1",
+        "--from",
+        "5",
+    ]);
+    let out = stdout(&chaos);
+    assert!(out.contains("seed 5 none: failed: rank(s) "), "{out}");
+    // A node failure: both of its ranks in the message, as a list.
+    let run = lazarus(&[
+        "run",
+        "stencil",
+        "--ranks",
+        "4",
+        "--nodes",
+        "2",
+        "--kill",
+        "node:1@50%",
+    ]);
+    assert!(
+        stderr(&run).contains("rank(s) 2, 3 failed"),
+        "{}",
+        stderr(&run)
+    );
+    let bench = lazarus(&[
+        "bench",
+        "stencil",
+        "--ranks",
+        "2",
+        "--size",
+        "32",
+        "--iterations",
+        "10",
+        "--protocols",
+        "none,coordinated",
+        "--reps",
+        "2",
+        "--failure",
+        "1@50%",
+    ]);
+    assert_eq!(bench.status.code(), Some(0), "{}", stderr(&bench));
+    // Coordinated rolls both ranks back, in each of the two runs.
+    assert!(
+        stdout(&bench).contains("ranks rolled back 2, 2 (per run)"),
+        "{}",
+        stdout(&bench)
+    );
+    for o in [&chaos, &run, &bench] {
+        for text in [stdout(o), stderr(o)] {
+            assert_eq!(debug_formatting(&text), None, "{text}");
+        }
+    }
+    // The detector itself catches what it must.
+    assert!(debug_formatting("seed 5 none: Failed { error: \"x\" }").is_some());
+    assert!(debug_formatting("rolled back to generation Some(21)").is_some());
+    assert!(debug_formatting("ranks rolled back [1, 1]").is_some());
+    assert!(debug_formatting("kills [1@50%]").is_none());
+}
+
+/// The example program `cargo test` builds next to the binary.
+fn example(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .map(|d| d.join("examples").join(name))
+        .expect("target directory");
+    assert!(path.exists(), "{} not built", path.display());
+    path.to_str().expect("utf-8").to_string()
+}
+
+#[test]
+fn every_json_output_carries_schema_and_version() {
+    let dir = std::env::temp_dir().join(format!("lazarus-schema-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = |name: &str| dir.join(name).to_str().expect("utf-8").to_string();
+    let ckpt = file("ckpt");
+    let small = ["--ranks", "2", "--size", "16", "--iterations", "4"];
+    let solver = example("launched_solver");
+    let disk = format!("disk:{ckpt}");
+    let mut runs: Vec<(&str, Vec<&str>)> = Vec::new();
+    let run_json = file("run.json");
+    let mut run = vec![
+        "run",
+        "stencil",
+        "--protocol",
+        "coordinated",
+        "--storage",
+        &disk,
+    ];
+    run.extend(small);
+    run.extend(["--json", &run_json]);
+    runs.push(("run.json", run));
+    // After the run, which wrote the checkpoints it reads.
+    let inspect_json = file("inspect.json");
+    runs.push((
+        "inspect.json",
+        vec!["inspect", &ckpt, "--json", &inspect_json],
+    ));
+    let bench_json = file("bench.json");
+    let mut bench = vec!["bench", "stencil", "--protocols", "none", "--reps", "1"];
+    bench.extend(small);
+    bench.extend(["--json", &bench_json]);
+    runs.push(("bench.json", bench));
+    let chaos_json = file("chaos.json");
+    runs.push((
+        "chaos.json",
+        vec![
+            "chaos",
+            "--app",
+            "stencil",
+            "--ranks",
+            "2",
+            "--seeds",
+            "1",
+            "--json",
+            &chaos_json,
+        ],
+    ));
+    let sim_json = file("sim.json");
+    runs.push((
+        "sim.json",
+        vec![
+            "sim",
+            "--app",
+            "allreduce",
+            "--ranks",
+            "4",
+            "--iterations",
+            "3",
+            "--protocols",
+            "none",
+            "--json",
+            &sim_json,
+        ],
+    ));
+    let codec_json = file("codec.json");
+    runs.push((
+        "codec.json",
+        vec!["bench-codec", "--bytes", "65536", "--json", &codec_json],
+    ));
+    let launch_json = file("launch.json");
+    runs.push((
+        "launch.json",
+        vec![
+            "launch",
+            "-n",
+            "2",
+            "--json",
+            &launch_json,
+            "--",
+            &solver,
+            "5",
+        ],
+    ));
+    for (name, args) in &runs {
+        let o = lazarus(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let text = std::fs::read_to_string(dir.join(name)).expect("JSON written");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert!(v["schema"].is_u64(), "{name}: no integer schema in {text}");
+        assert_eq!(v["schema"], lazarus::tools::JSON_SCHEMA, "{name}");
+        assert_eq!(v["lazarus_version"], env!("CARGO_PKG_VERSION"), "{name}");
+        // The report's own fields are still at top level beside them.
+        assert!(v.as_object().is_some_and(|o| o.len() > 2), "{name}: {text}");
+    }
+    let rows = serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(&sim_json).expect("sim JSON"),
+    )
+    .expect("valid JSON");
+    assert_eq!(rows["rows"].as_array().map(Vec::len), Some(1), "{rows}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The subcommands `lazarus --help` lists.
+fn subcommands() -> Vec<String> {
+    let help = stdout(&lazarus(&["--help"]));
+    (help.lines())
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(String::from)
+        .collect()
+}
+
+/// The example command lines of `sub --help`, without trailing comments.
+fn help_examples(sub: &str) -> Vec<String> {
+    let help = stdout(&lazarus(&[sub, "--help"]));
+    (help.lines())
+        .map(|l| l.split(" #").next().unwrap_or_default().trim())
+        .filter(|l| l.starts_with("lazarus "))
+        .map(String::from)
+        .collect()
+}
+
+/// Every example the help shows names a real subcommand and, where it
+/// names a program, one that exists; the examples of `run`, `model` and
+/// `launch` (seconds each) are run and must succeed. Those of `bench`,
+/// `chaos` and `sim` take minutes and are left to a person.
+#[test]
+fn help_examples_run() {
+    let subs = subcommands();
+    assert!(
+        subs.len() >= 9 && subs.contains(&"launch".to_string()),
+        "{subs:?}"
+    );
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .expect("target directory")
+        .to_str()
+        .expect("utf-8")
+        .to_string();
+    let dir = std::env::temp_dir().join(format!("lazarus-examples-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    example("launched_solver");
+    let mut ran = 0;
+    for sub in &subs {
+        for line in help_examples(sub) {
+            // The help names paths in the source tree; the test's build
+            // may live elsewhere (CARGO_TARGET_DIR).
+            let line = line.replace("./target/release", &bin_dir);
+            let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+            assert!(
+                subs.iter().any(|s| s == args[0]),
+                "`{line}`: no such subcommand"
+            );
+            if let Some(at) = args.iter().position(|a| *a == "--") {
+                let program = std::path::Path::new(args[at + 1]);
+                assert!(
+                    program.is_file(),
+                    "`{line}`: {} does not exist",
+                    program.display()
+                );
+            }
+            if ["run", "model", "launch"].contains(&args[0]) {
+                let o = Command::new(env!("CARGO_BIN_EXE_lazarus"))
+                    .args(&args)
+                    .current_dir(&dir)
+                    .output()
+                    .expect("the lazarus binary runs");
+                assert_eq!(o.status.code(), Some(0), "`{line}`: {}", stderr(&o));
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 10, "only {ran} examples ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The papers `text` cites by number: `003 eq. 7`, `004 §2.2`, `002 Table 2`.
+fn papers_cited(text: &str) -> std::collections::BTreeSet<String> {
+    let markers = ["§", "eq.", "Fig.", "Table", "Alg.", "Theorem"];
+    let mut cited = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("00") {
+        let Some(number) = text.get(i..i + 3) else {
+            continue;
+        };
+        let rest = &text[i + 3..];
+        let standalone = text[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_alphanumeric());
+        if number.chars().all(|c| c.is_ascii_digit())
+            && standalone
+            && rest.starts_with(' ')
+            && markers.iter().any(|m| rest[1..].starts_with(m))
+        {
+            cited.insert(number.to_string());
+        }
+    }
+    cited
+}
+
+/// docs/papers.md gives a full reference for every paper the code, the
+/// help and the docs cite, and the README links it and says how to put
+/// `lazarus` on PATH.
+#[test]
+fn every_cited_paper_is_in_docs_papers() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    let mut texts = vec![
+        read(&root.join("README.md")),
+        read(&root.join("ARCHITECTURE.md")),
+    ];
+    let mut dirs = vec![root.join("src"), root.join("examples")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("source directory").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                texts.push(read(&p));
+            }
+        }
+    }
+    for sub in subcommands() {
+        texts.push(stdout(&lazarus(&[&sub, "--help"])));
+    }
+    let cited: std::collections::BTreeSet<String> =
+        texts.iter().flat_map(|t| papers_cited(t)).collect();
+    assert!(cited.contains("003") && cited.contains("004"), "{cited:?}");
+    let papers = read(&root.join("docs/papers.md"));
+    for n in &cited {
+        // A row of the reference table: number, then authors and title.
+        let row = (papers.lines())
+            .find(|l| l.starts_with(&format!("| {n} | ")) && l.contains('*'))
+            .unwrap_or_else(|| panic!("docs/papers.md has no reference for {n}"));
+        assert!(row.contains(". *"), "{row}");
+    }
+    assert_eq!(
+        papers_cited("see 003 eq. 7 and 004 §2.2, not 1004 §1"),
+        ["003", "004"].map(String::from).into()
+    );
+    let readme = read(&root.join("README.md"));
+    assert!(
+        readme.contains("(docs/papers.md)"),
+        "README does not link docs/papers.md"
+    );
+    assert!(
+        readme.contains("cargo install --path ."),
+        "README does not say how to install"
     );
 }

@@ -1136,8 +1136,9 @@ impl Pessimistic {
     fn lost_with_holders(rank: Rank, holders: &[Rank]) -> Error {
         Error::Unrecoverable(
             format!(
-                "rank {rank}'s checkpoint and determinants were held by rank(s) {holders:?}, \
-                 which all failed before rank {rank}'s replacement fetched them"
+                "rank {rank}'s checkpoint and determinants were held by rank(s) {}, \
+                 which all failed before rank {rank}'s replacement fetched them",
+                crate::error::list(holders)
             )
             .into(),
         )
@@ -2355,7 +2356,7 @@ mod tests {
             if holder == 1 {
                 match a.as_slice() {
                     [Action::Fail(e)] => {
-                        assert!(e.to_string().contains("rank(s) [0, 1]"), "{e}")
+                        assert!(e.to_string().contains("held by rank(s) 0, 1, which"), "{e}")
                     }
                     other => panic!("{other:?}"),
                 }

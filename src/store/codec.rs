@@ -144,10 +144,13 @@ impl GroupLabel<'_> {
             "pieces"
         };
         if self.owners.is_empty() {
-            format!("group {word} {indices:?}")
+            format!("group {word} {}", crate::error::list(indices))
         } else {
-            let ranks: Vec<Rank> = indices.iter().map(|&i| self.owner(i)).collect();
-            format!("group {word} {indices:?} (rank(s) {ranks:?})")
+            let ranks = crate::error::list(indices.iter().map(|&i| self.owner(i)));
+            format!(
+                "group {word} {} (rank(s) {ranks})",
+                crate::error::list(indices)
+            )
         }
     }
 
@@ -523,10 +526,11 @@ impl Coder {
                 format!(
                     "cannot rebuild {}: {} rebuilds at most {m} lost shard(s), but {} data \
                      piece(s) are lost, {missing_parity} parity shard(s) are missing and \
-                     parity shard(s) {corrupt_parity:?} fail their checksum",
+                     parity shard(s) {} fail their checksum",
                     label.name(&lost),
                     enc.code,
                     lost.len(),
+                    crate::error::list(&corrupt_parity),
                 ),
             ));
         }
@@ -832,7 +836,7 @@ mod tests {
         let enc = encode_all(Code::Xor, &pieces);
         let e = decode(&enc, &survivors(&pieces, &[1, 3])).expect_err("two lost");
         assert!(matches!(e, Error::CorruptCheckpoint { owner: 1, .. }));
-        assert!(detail(&e).contains("[1, 3]"), "{e}");
+        assert!(detail(&e).contains("pieces 1, 3"), "{e}");
     }
 
     #[test]
@@ -899,7 +903,7 @@ mod tests {
         let e = decode(&enc, &survivors(&pieces, &[0, 2, 4])).expect_err("three lost");
         assert!(matches!(e, Error::CorruptCheckpoint { owner: 0, .. }));
         let d = detail(&e);
-        assert!(d.contains("[0, 2, 4]") && d.contains("rs:2"), "{d}");
+        assert!(d.contains("pieces 0, 2, 4") && d.contains("rs:2"), "{d}");
 
         // Two data pieces and one parity shard: also three losses.
         let mut dropped = enc.clone();
@@ -923,7 +927,7 @@ mod tests {
                 ..
             }
         ));
-        assert!(detail(&e).contains("[10, 12, 14]"), "{e}");
+        assert!(detail(&e).contains("(rank(s) 10, 12, 14)"), "{e}");
     }
 
     #[test]
@@ -973,7 +977,7 @@ mod tests {
         // (rather than rebuilt wrong).
         let e = decode(&xor, &survivors(&pieces, &[2])).expect_err("parity bad");
         assert!(
-            detail(&e).contains("parity shard(s) [0] fail their checksum"),
+            detail(&e).contains("parity shard(s) 0 fail their checksum"),
             "{e}"
         );
 
@@ -983,7 +987,7 @@ mod tests {
         assert_eq!(got, pieces);
         let e = decode(&rs, &survivors(&pieces, &[1, 3])).expect_err("one parity too few");
         assert!(
-            detail(&e).contains("[1, 3]") && detail(&e).contains("[0]"),
+            detail(&e).contains("pieces 1, 3") && detail(&e).contains("parity shard(s) 0 fail"),
             "{e}"
         );
         // A corrupt CRC field (rather than data) is caught the same way.

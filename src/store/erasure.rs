@@ -826,9 +826,11 @@ impl ErasureLevel {
                     owner: rank,
                     generation,
                     detail: format!(
-                        "parity shard {} of stripe {stripe} held by rank {rank} (group {group:?}, \
-                         protecting ranks {:?}) fails its CRC32C; treated as lost",
-                        shard.index, meta.owners
+                        "parity shard {} of stripe {stripe} held by rank {rank} (group of ranks {}, \
+                         protecting ranks {}) fails its CRC32C; treated as lost",
+                        shard.index,
+                        crate::error::list(&group),
+                        crate::error::list(&meta.owners)
                     ),
                 });
             }

@@ -34,6 +34,10 @@
 use serde::Serialize;
 
 use super::summary::RunSummary;
+
+/// The fewest repetitions whose paired ratio gets a 95% confidence
+/// interval (`median_ci95`), and so `lazarus bench`'s default.
+pub const MIN_REPS_FOR_CI: usize = 6;
 use crate::apps::{AppKind, AppParams, run_app};
 use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
@@ -472,8 +476,8 @@ mod tests {
         // n = 9: k = 2 (96.1%; k = 3 would be 82.0%); n = 21: k = 6 (97.3%;
         // k = 7 would be 92.2%).
         let ladder = |n: usize| (1..=n).map(|i| i as f64).collect::<Vec<_>>();
-        assert_eq!(median_ci95(&ladder(5)), None);
-        assert_eq!(median_ci95(&ladder(6)), Some([1.0, 6.0]));
+        assert_eq!(median_ci95(&ladder(MIN_REPS_FOR_CI - 1)), None);
+        assert_eq!(median_ci95(&ladder(MIN_REPS_FOR_CI)), Some([1.0, 6.0]));
         assert_eq!(median_ci95(&ladder(9)), Some([2.0, 8.0]));
         assert_eq!(median_ci95(&ladder(21)), Some([6.0, 16.0]));
         // Past the range of C(n, k) in floating point, the normal

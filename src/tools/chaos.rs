@@ -125,6 +125,21 @@ pub enum Verdict {
     Timeout,
 }
 
+/// What a user reads (the JSON keeps the variant's name and fields).
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Pass => f.write_str("pass"),
+            Verdict::NeedlessRestart { detail } => write!(f, "needless restart: {detail}"),
+            Verdict::Mismatch { got } => write!(f, "wrong value: {got}"),
+            Verdict::NotVerified { detail } => write!(f, "not verified: {detail}"),
+            Verdict::Unrecoverable { error } => write!(f, "unrecoverable: {error}"),
+            Verdict::Failed { error } => write!(f, "failed: {error}"),
+            Verdict::Timeout => f.write_str("timed out"),
+        }
+    }
+}
+
 /// One case of the sweep.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChaosCase {

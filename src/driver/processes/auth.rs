@@ -120,6 +120,16 @@ pub struct Identity {
     pub incarnation: u64,
 }
 
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.rank {
+            Some(r) => write!(f, "rank {r} (incarnation {})", self.incarnation),
+            None => f.write_str("the launcher"),
+        }?;
+        write!(f, " of job {}", self.job)
+    }
+}
+
 /// Which end of the connection is proving.
 #[derive(Debug, Clone, Copy)]
 #[repr(u8)]
@@ -148,7 +158,7 @@ pub enum HandshakeError {
         want: u64,
     },
     /// The peer's proof of the secret is wrong.
-    #[error("peer {0:?} failed authentication (wrong proof of the job secret)")]
+    #[error("peer {0} failed authentication (wrong proof of the job secret)")]
     BadProof(Identity),
 }
 

@@ -685,14 +685,18 @@ impl<'a> Launcher<'a> {
                     "agents",
                     format!(
                         "the agent starter (srun) ended ({status}) before the agents of nodes \
-                         {missing:?} connected; see its error output above"
+                         {} connected; see its error output above",
+                        crate::error::list(&missing)
                     ),
                 ));
             }
             if Instant::now() > deadline {
                 return Err(driver_err(
                     "agents",
-                    format!("the agents of nodes {missing:?} did not connect within 60 s"),
+                    format!(
+                        "the agents of nodes {} did not connect within 60 s",
+                        crate::error::list(&missing)
+                    ),
                 ));
             }
             match self.rx.recv_timeout(Duration::from_millis(5)) {
@@ -1435,7 +1439,8 @@ impl<'a> Launcher<'a> {
                 }
                 Err(_) => {
                     eprintln!(
-                        "lazarus launcher: the agent(s) of node(s) {asked:?} did not confirm a kill within 5 s"
+                        "lazarus launcher: the agent(s) of node(s) {} did not confirm a kill within 5 s",
+                        crate::error::list(&asked)
                     );
                     break;
                 }
@@ -1656,7 +1661,7 @@ fn spawn_acceptor(
                             }
                         };
                         let Some(id) = peer.rank else {
-                            eprintln!("lazarus launcher: refused a connection from {peer:?}");
+                            eprintln!("lazarus launcher: refused a connection from {peer}");
                             return;
                         };
                         let who = match acks {

@@ -958,7 +958,7 @@ fn connect(
         handshake(&mut s, &sh.secret, sh.me, Role::Connector).map_err(|e| retry(e.to_string()))?;
     if peer.rank != Some(dest) || peer.incarnation != incarnation {
         return Err(retry(format!(
-            "expected rank {dest} incarnation {incarnation}, reached {peer:?}"
+            "expected rank {dest} incarnation {incarnation}, reached {peer}"
         )));
     }
     let mut rd = s.try_clone().map_err(|e| retry(e.to_string()))?;
@@ -1369,7 +1369,7 @@ fn serve_connection(
     let peer = match authenticated {
         Ok(p) if p.rank.is_some() => p,
         Ok(p) => {
-            eprintln!("lazarus: rank {me}: refused a connection from {p:?}: not a rank");
+            eprintln!("lazarus: rank {me}: refused a connection from {p}: not a rank");
             return;
         }
         // A peer killed while it connected is no intruder: its death is
