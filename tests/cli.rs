@@ -972,25 +972,27 @@ fn a_kill_that_never_fired_says_so() {
     );
 }
 
+/// A bench of a few milliseconds per run: `none` against `coordinated` on a
+/// small stencil.
+const SMALL_BENCH: &[&str] = &[
+    "bench",
+    "stencil",
+    "--ranks",
+    "2",
+    "--size",
+    "32",
+    "--iterations",
+    "10",
+    "--protocols",
+    "none,coordinated",
+];
+
 #[test]
 fn bench_defaults_to_the_fewest_reps_that_give_an_interval() {
     let dir = std::env::temp_dir().join(format!("lazarus-reps-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("bench.json");
-    let o = lazarus(&[
-        "bench",
-        "stencil",
-        "--ranks",
-        "2",
-        "--size",
-        "32",
-        "--iterations",
-        "10",
-        "--protocols",
-        "none,coordinated",
-        "--json",
-        path.to_str().expect("utf-8 path"),
-    ]);
+    let o = lazarus(&[SMALL_BENCH, &["--json", path.to_str().expect("utf-8 path")]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
@@ -1177,22 +1179,7 @@ fn no_debug_formatting_reaches_users() {
         "{}",
         stderr(&run)
     );
-    let bench = lazarus(&[
-        "bench",
-        "stencil",
-        "--ranks",
-        "2",
-        "--size",
-        "32",
-        "--iterations",
-        "10",
-        "--protocols",
-        "none,coordinated",
-        "--reps",
-        "2",
-        "--failure",
-        "1@50%",
-    ]);
+    let bench = lazarus(&[SMALL_BENCH, &["--reps", "2", "--failure", "1@50%"]].concat());
     assert_eq!(bench.status.code(), Some(0), "{}", stderr(&bench));
     // Coordinated rolls both ranks back, in each of the two runs.
     assert!(

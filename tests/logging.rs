@@ -107,16 +107,10 @@ where
     T: Serialize + serde::de::DeserializeOwned + Send + 'static,
 {
     let cfg = common::config(backend, 4)
-        .protocol(protocol)
-        .nodes(nodes_for(protocol))
         .checkpoint_every(3)
         .kill(kill.parse().expect("valid kill"));
     let what = format!("{name} app under {protocol} on {backend}, kill {kill}");
-    let report = lazarus::run(&cfg, app);
-    let ranks = report
-        .outcome
-        .unwrap_or_else(|e| panic!("{what}: failed: {e}"));
-    (what, ranks, report.stats)
+    run_on_4(what, cfg, app, protocol)
 }
 
 /// Run `app` on 4 ranks under `protocol` on `backend` without a failure
@@ -131,11 +125,27 @@ fn run_failure_free<T>(
 where
     T: Serialize + serde::de::DeserializeOwned + Send + 'static,
 {
-    let cfg = common::config(backend, 4)
-        .protocol(protocol)
-        .nodes(nodes_for(protocol))
-        .checkpoint_every(0);
-    let what = format!("{name} under {protocol} on {backend}");
+    let cfg = common::config(backend, 4).checkpoint_every(0);
+    run_on_4(
+        format!("{name} under {protocol} on {backend}"),
+        cfg,
+        app,
+        protocol,
+    )
+}
+
+/// Run `app` with `cfg` under `protocol` (on its nodes): `what`, each
+/// rank's value and the statistics; a failed job fails the test.
+fn run_on_4<T>(
+    what: String,
+    cfg: Config,
+    app: fn(&mut Ctx) -> Result<T>,
+    protocol: ProtocolKind,
+) -> (String, Vec<T>, JobStats)
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    let cfg = cfg.protocol(protocol).nodes(nodes_for(protocol));
     let report = lazarus::run(&cfg, app);
     let ranks = report
         .outcome
