@@ -987,6 +987,19 @@ const SMALL_BENCH: &[&str] = &[
     "none,coordinated",
 ];
 
+/// A simulation of a few milliseconds: all-reduces on 4 ranks, no protocol.
+const SMALL_SIM: &[&str] = &[
+    "sim",
+    "--app",
+    "allreduce",
+    "--ranks",
+    "4",
+    "--iterations",
+    "3",
+    "--protocols",
+    "none",
+];
+
 #[test]
 fn bench_defaults_to_the_fewest_reps_that_give_an_interval() {
     let dir = std::env::temp_dir().join(format!("lazarus-reps-{}", std::process::id()));
@@ -1026,19 +1039,7 @@ fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
     assert_ne!(daly("1m", "1d"), daly("1m", "1h"));
     // Virtual compute per iteration: the same simulated run either way.
     let sim = |compute: &str| -> Vec<String> {
-        let o = lazarus(&[
-            "sim",
-            "--app",
-            "allreduce",
-            "--ranks",
-            "4",
-            "--iterations",
-            "3",
-            "--protocols",
-            "none",
-            "--compute-s",
-            compute,
-        ]);
+        let o = lazarus(&[SMALL_SIM, &["--compute-s", compute]].concat());
         assert_eq!(o.status.code(), Some(0), "{compute}: {}", stderr(&o));
         let out = stdout(&o);
         let row: Vec<String> = (out.lines())
@@ -1259,22 +1260,7 @@ fn every_json_output_carries_schema_and_version() {
         ],
     ));
     let sim_json = file("sim.json");
-    runs.push((
-        "sim.json",
-        vec![
-            "sim",
-            "--app",
-            "allreduce",
-            "--ranks",
-            "4",
-            "--iterations",
-            "3",
-            "--protocols",
-            "none",
-            "--json",
-            &sim_json,
-        ],
-    ));
+    runs.push(("sim.json", [SMALL_SIM, &["--json", &sim_json]].concat()));
     let codec_json = file("codec.json");
     runs.push((
         "codec.json",
