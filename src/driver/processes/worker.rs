@@ -48,9 +48,6 @@ use crate::job::RankFn;
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
-/// Yields in `poll` before it blocks.
-const SPIN_YIELDS: usize = 50;
-
 /// Checks of the rings' head words before the clock is first read in a
 /// blocking poll (a few microseconds).
 const TIGHT_SPIN: usize = 1024;
@@ -62,6 +59,67 @@ const REMOTE_SPIN_MAX: Duration = Duration::from_millis(10);
 /// Longest sleep of a rank that receives on rings: a doorbell lost with a
 /// broken connection costs at most this.
 const RING_NAP: Duration = Duration::from_millis(10);
+
+/// Yields in `poll` before it blocks (while `Yielding` allows them).
+const SPIN_YIELDS: usize = 50;
+
+/// How often a rank that would yield looks again at how many tasks the
+/// host runs (`Yielding`).
+const YIELD_RECHECK: Duration = Duration::from_millis(10);
+
+/// Whether a waiting rank may yield its core (to the rank it waits for, or
+/// to its own reading threads) before it sleeps.
+///
+/// With more ranks than cores a yield hands the core to that rank at once,
+/// three times cheaper than sleeping and being woken (dht under
+/// `pessimistic`, 3 ranks on 2 cores: 5.3 s, against 13.4 s). But under
+/// EEVDF (Linux 6.6 on) a yield forfeits the rest of the slice: beside
+/// busy processes that are not ranks, a rank that yields while it waits
+/// runs a few microseconds per round of their slices, and that job took
+/// over 150 s beside four busy loops on 2 cores, against 30 s sleeping
+/// (issue 33). So ranks yield unless the host ran more tasks than it has
+/// ranks (and their launcher) at two looks in a row, as `/proc/loadavg`
+/// counts them.
+#[derive(Debug)]
+struct Yielding {
+    /// Runnable tasks on the host up to which yields are allowed.
+    limit: usize,
+    checked: Option<Instant>,
+    /// Whether the last look found more tasks than `limit`.
+    over: bool,
+    allowed: bool,
+}
+
+impl Yielding {
+    fn new(host_ranks: usize) -> Self {
+        Self {
+            limit: host_ranks + 2,
+            checked: None,
+            over: false,
+            allowed: true,
+        }
+    }
+
+    fn may(&mut self, now: Instant) -> bool {
+        if self.checked.is_none_or(|t| now - t >= YIELD_RECHECK) {
+            self.checked = Some(now);
+            // Unknown (not Linux): as if alone. A count over the limit once
+            // is often the ranks' own reading threads woken together (5% of
+            // the looks of dht with 3 ranks on 2 cores); busy processes stay.
+            let over = runnable_tasks().is_some_and(|n| n > self.limit);
+            self.allowed = !(over && self.over);
+            self.over = over;
+        }
+        self.allowed
+    }
+}
+
+/// Tasks runnable on this host now: the fourth field of `/proc/loadavg`
+/// ("running/total").
+fn runnable_tasks() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+}
 
 /// What the reading threads hand to the rank's thread, in arrival order.
 enum Arrival {
@@ -310,6 +368,8 @@ struct ProcessEndpoint {
     /// longer than `WAIT_SPIN` (waking from a doorbell instead cost more
     /// than the copy saved: ping-pong at 1 MiB 110 -> 125 us one-way).
     remote_spin: Duration,
+    /// Whether a waiting rank may yield its core before it sleeps.
+    yielding: Yielding,
     ctl_rx: WatchedReceiver<WireMsg>,
     ctl: Arc<Mutex<Stream>>,
     peers: Vec<PeerState>,
@@ -327,7 +387,7 @@ struct ProcessEndpoint {
     /// Number of the newest outgoing connection.
     next_conn: u64,
     last_progress: f64,
-    /// Whether a waiting rank spins on its rings before it yields
+    /// Whether a waiting rank spins on its rings before it sleeps
     /// ([`core_per_rank`] of the ranks on this host: CG W with 8 ranks on
     /// 2 cores ran 36% faster without spinning).
     spin: bool,
@@ -911,7 +971,7 @@ impl ProcessEndpoint {
                 waits += 1;
                 if self.spin && waits < 64 {
                     std::hint::spin_loop();
-                } else if waits < 128 {
+                } else if waits < 128 && self.yielding.may(Instant::now()) {
                     std::thread::yield_now();
                 } else if waits < 4096 {
                     std::thread::sleep(Duration::from_micros(50));
@@ -1107,7 +1167,8 @@ impl Endpoint for ProcessEndpoint {
             // A frame is often a few microseconds away (a reply): spin on
             // the rings (only their head words: nothing else is touched
             // until one moves), then yield the core a few times (to the
-            // reading threads, or to other ranks), before sleeping.
+            // reading threads, or to other ranks) while `Yielding` allows,
+            // before sleeping.
             let spin_for = *spin_for
                 .get_or_insert_with(|| std::mem::take(&mut self.remote_spin).max(WAIT_SPIN));
             if self.spin && !self.rings.is_empty() && now - start < spin_for {
@@ -1119,7 +1180,7 @@ impl Endpoint for ProcessEndpoint {
                 }
                 continue;
             }
-            if yields < SPIN_YIELDS {
+            if yields < SPIN_YIELDS && self.yielding.may(now) {
                 yields += 1;
                 std::thread::yield_now();
                 continue;
@@ -1588,6 +1649,7 @@ pub(crate) fn run_worker<T: Serialize>(
         rings_made: 0,
         scratch: Vec::new(),
         remote_spin: Duration::ZERO,
+        yielding: Yielding::new(env.host_ranks),
         ctl_rx,
         ctl: ctl.clone(),
         peers: Vec::new(),
