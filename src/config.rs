@@ -246,6 +246,10 @@ pub struct Config {
     /// that name it to find its own, and replays the earlier ones from the
     /// launcher's record instead of running them again.
     pub worker_args: Option<Vec<String>>,
+    /// Record a timeline of the run ([`crate::trace`]): spans shorter than
+    /// this are merged with their neighbours of the same kind. `None`: no
+    /// timeline (nothing is recorded, nothing costs).
+    pub trace: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -274,6 +278,7 @@ impl Default for Config {
             heartbeat_timeout: std::time::Duration::from_millis(200),
             max_frame: DEFAULT_MAX_FRAME,
             worker_args: None,
+            trace: None,
         }
     }
 }
@@ -318,6 +323,13 @@ impl Config {
         if !p.logs_messages() {
             self.log_budget = None;
         }
+        self
+    }
+
+    /// Record a timeline of the run (`JobStats::trace`), merging spans
+    /// shorter than [`crate::trace::DEFAULT_THRESHOLD`].
+    pub fn traced(mut self) -> Self {
+        self.trace = Some(crate::trace::DEFAULT_THRESHOLD);
         self
     }
 

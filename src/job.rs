@@ -153,6 +153,10 @@ pub struct JobStats {
     /// faults of fresh memory, system calls, scheduling.
     #[serde(default)]
     pub system_cpu_s: Option<f64>,
+    /// The run's timeline, when `Config::trace` asked for one (written by
+    /// `--trace FILE`, not part of the JSON summary).
+    #[serde(skip)]
+    pub trace: Option<crate::trace::Trace>,
 }
 
 impl JobStats {
@@ -470,6 +474,7 @@ fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
         quiet_stdout: cfg.worker_args.is_some(),
         progress_bar: cfg.progress_bar,
         earlier,
+        trace: cfg.trace,
     }
 }
 

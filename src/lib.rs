@@ -87,6 +87,7 @@ pub mod segments;
 pub mod store;
 pub mod tools;
 pub mod topology;
+pub mod trace;
 
 /// A rank number.
 pub type Rank = usize;

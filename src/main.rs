@@ -92,6 +92,10 @@ enum Command {
     /// ratios per protocol, or ping-pong bandwidth against message size.
     #[command(after_help = PLOT_EXAMPLES)]
     Plot(PlotArgs),
+    /// What a run's timeline (`run --trace FILE`) shows: time per activity
+    /// and the failures, per rank; with `--svg`, a picture of it.
+    #[command(after_help = REPORT_EXAMPLES)]
+    Report(ReportArgs),
     /// Start a program built on the library as N rank processes (as
     /// `mpirun` does), detect failures and start replacements.
     #[command(after_help = LAUNCH_EXAMPLES)]
@@ -228,6 +232,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         call: None,
         protocol: "(the program's)".into(),
         protocol_override: None,
+        trace: None,
         quiet_stdout: false,
         progress_bar: false,
         earlier: Vec::new(),
@@ -364,6 +369,44 @@ fn cmd_plot(args: &PlotArgs) -> anyhow::Result<bool> {
     check_output("--out", &out)?;
     lazarus::tools::plot::plot_bench(&text, &out).map_err(usage)?;
     println!("plot written to {}", out.display());
+    Ok(true)
+}
+
+const REPORT_EXAMPLES: &str = "Examples:
+  lazarus run cg --ranks 8 --nodes 4 --protocol ulml --kill node:1@50% --trace t.json
+  lazarus report t.json --svg t.svg";
+
+#[derive(Args, Debug)]
+struct ReportArgs {
+    /// A timeline written by `lazarus run --trace FILE`.
+    trace: PathBuf,
+    /// Also draw it as an SVG picture here (one lane per rank).
+    #[arg(long, value_name = "OUT")]
+    svg: Option<PathBuf>,
+}
+
+fn cmd_report(args: &ReportArgs) -> anyhow::Result<bool> {
+    let unusable = |why: String| {
+        usage(lazarus::Error::config(
+            "TRACE",
+            format!("{}: {why}", args.trace.display()),
+        ))
+    };
+    check_output_opt("--svg", &args.svg)?;
+    let text = std::fs::read_to_string(&args.trace).map_err(|e| unusable(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| unusable(format!("not JSON: {e}")))?;
+    let trace = lazarus::trace::Trace::from_chrome(&value).map_err(unusable)?;
+    print!("{}", lazarus::tools::report::render_text(&trace));
+    if let Some(out) = &args.svg {
+        let title = value
+            .pointer("/traceEvents/0/args/name")
+            .and_then(|t| t.as_str())
+            .unwrap_or("lazarus timeline");
+        std::fs::write(out, lazarus::tools::report::render_svg(&trace, title))
+            .with_context(|| format!("writing {}", out.display()))?;
+        println!("picture written to {}", out.display());
+    }
     Ok(true)
 }
 
@@ -640,6 +683,14 @@ struct RunArgs {
     /// Write the JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the run's timeline here, in the Chrome trace event format
+    /// (open it in ui.perfetto.dev or chrome://tracing; draw it with
+    /// `lazarus report FILE --svg OUT`): per rank, spans of compute,
+    /// sends, receives, collectives, one-sided operations, safe points,
+    /// checkpoints, recovery, restore and replay, and marks of kills,
+    /// detections, commits and resends.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -661,6 +712,11 @@ struct BenchArgs {
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also run every protocol with its timeline recorded, alternating with
+    /// the untraced runs, report what tracing costs (paired ratio), and
+    /// write the last traced run's timeline here (see `run --trace`).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Also draw the report as an SVG picture here (as `lazarus plot`
     /// draws a saved report).
     #[arg(long, value_name = "SVG")]
@@ -801,6 +857,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         heartbeat_timeout: heartbeat(job.heartbeat_timeout)?,
         max_frame: job.max_frame,
         worker_args: None,
+        trace: None,
     };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
@@ -926,9 +983,27 @@ fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> anyhow::Result<(
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+/// Write a run's timeline as a Chrome trace, and say so.
+fn write_trace(path: &PathBuf, trace: &lazarus::trace::Trace, title: &str) -> anyhow::Result<()> {
+    let text = serde_json::to_string(&trace.to_chrome(title))?;
+    std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "trace: {} events of {} ranks, {} bytes, written to {} (open it in ui.perfetto.dev, or `lazarus report {} --svg OUT`)",
+        trace.len(),
+        trace.ranks.len(),
+        text.len(),
+        path.display(),
+        path.display()
+    );
+    Ok(())
+}
+
 fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     let protocol: ProtocolKind = args.protocol.parse().map_err(usage)?;
-    let (app, params, cfg) = build(&args.job, protocol)?;
+    let (app, params, mut cfg) = build(&args.job, protocol)?;
+    if args.trace.is_some() {
+        cfg = cfg.traced();
+    }
     if launched() {
         // A rank process of `--backend processes`: run the rank and leave
         // the printing to the launcher.
@@ -938,6 +1013,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     // Not in rank processes: they would create and remove the file at the
     // same time as one another.
     check_output_opt("--json", &args.json)?;
+    check_output_opt("--trace", &args.trace)?;
     println!(
         "lazarus run {app}: {} ranks on {} node(s), backend {}, protocol {}, checkpoint every {} of {} safe points, kills [{}]",
         cfg.ranks,
@@ -1057,6 +1133,13 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     if let Some(path) = &args.json {
         write_json(path, &summary)?;
     }
+    if let (Some(path), Some(trace)) = (&args.trace, &st.trace) {
+        write_trace(
+            path,
+            trace,
+            &format!("lazarus run {app} ({})", cfg.protocol),
+        )?;
+    }
     match &run.outcome {
         Ok(v) => {
             println!("{}", v.detail);
@@ -1101,23 +1184,39 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         )
         .map_err(usage)?;
     }
-    let report = bench(app, &params, &cfg, &protocols, args.reps, &failure, |r| {
-        eprintln!(
-            "  {:<12} wall {:.4} s  {}{}",
-            r.protocol,
-            r.stats.wall_s,
-            if r.stats.failures > 0 {
-                "(with failure) "
-            } else {
-                ""
-            },
-            if r.verified {
-                "verified"
-            } else {
-                "NOT VERIFIED"
-            }
-        );
-    })
+    check_output_opt("--trace", &args.trace)?;
+    let traced = args.trace.is_some();
+    let report = bench(
+        app,
+        &params,
+        &cfg,
+        &protocols,
+        args.reps,
+        &failure,
+        traced,
+        |r| {
+            eprintln!(
+                "  {:<12} wall {:.4} s  {}{}{}",
+                r.protocol,
+                r.stats.wall_s,
+                if r.stats.failures > 0 {
+                    "(with failure) "
+                } else {
+                    ""
+                },
+                if r.stats.trace.is_some() {
+                    "(traced) "
+                } else {
+                    ""
+                },
+                if r.verified {
+                    "verified"
+                } else {
+                    "NOT VERIFIED"
+                }
+            );
+        },
+    )
     .map_err(usage)?;
     println!(
         "bench {app}{} on {} ranks ({} node{}), backend {}, {} reps, {}",
@@ -1174,6 +1273,16 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 if f.verified_all { "" } else { "  NOT VERIFIED" }
             );
             ok &= f.verified_all;
+        }
+        if let Some(t) = &p.traced {
+            println!(
+                "    traced: median {:.4} s, {:.3}x its untraced time (paired, 95% CI {}), {:.0} events per rank per second",
+                t.median_wall_s,
+                t.paired_ratio_to_untraced,
+                ci(t.paired_ratio_to_untraced_ci95),
+                t.events_per_rank_s
+            );
+            ok &= t.runs.iter().all(|r| r.verified);
         }
         // The median over some of the protocol's runs of one of their
         // statistics; `per`: over all of them.
@@ -1285,6 +1394,18 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     }
     if let Some(path) = &args.json {
         write_json(path, &report)?;
+    }
+    if let Some(path) = &args.trace {
+        let last = (report.protocols.iter().rev())
+            .filter_map(|p| p.traced.as_ref())
+            .find_map(|t| Some((t.runs.last()?, t.runs.last()?.stats.trace.as_ref()?)));
+        if let Some((run, trace)) = last {
+            write_trace(
+                path,
+                trace,
+                &format!("lazarus bench {app} ({})", run.protocol),
+            )?;
+        }
     }
     if let Some(path) = &args.plot {
         // Drawn from the report's JSON, as `lazarus plot` draws a saved one.
@@ -1529,6 +1650,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Run(a) => cmd_run(a),
+        Command::Report(a) => cmd_report(a),
         Command::Bench(a) => cmd_bench(a),
         Command::Chaos(a) => cmd_chaos(a),
         Command::Sim(a) => cmd_sim(a),

@@ -1324,7 +1324,7 @@ fn help_examples(sub: &str) -> Vec<String> {
 
 /// Every example the help shows names a real subcommand and, where it
 /// names a program, one that exists; the examples of `run`, `model` and
-/// `launch` (seconds each) are run and must succeed. Those of `bench`,
+/// `launch` and `report` (seconds each) are run and must succeed. Those of `bench`,
 /// `chaos` and `sim` take minutes and are left to a person.
 #[test]
 fn help_examples_run() {
@@ -1362,7 +1362,7 @@ fn help_examples_run() {
                     program.display()
                 );
             }
-            if ["run", "model", "launch"].contains(&args[0]) {
+            if ["run", "model", "launch", "report"].contains(&args[0]) {
                 let o = Command::new(env!("CARGO_BIN_EXE_lazarus"))
                     .args(&args)
                     .current_dir(&dir)
@@ -1450,4 +1450,137 @@ fn every_cited_paper_is_in_docs_papers() {
         readme.contains("cargo install --path ."),
         "README does not say how to install"
     );
+}
+
+/// The ways a Chrome trace event file breaks Perfetto and chrome://tracing
+/// (the format's documented fields, and slices of one thread properly
+/// nested), or `None` if it has none.
+fn chrome_trace_defect(v: &serde_json::Value) -> Option<String> {
+    let events = v["traceEvents"].as_array()?;
+    let mut per_tid: std::collections::BTreeMap<u64, Vec<(f64, f64)>> = Default::default();
+    for e in events {
+        let (Some(_), Some(ph), Some(_), Some(tid)) = (
+            e["name"].as_str(),
+            e["ph"].as_str(),
+            e["pid"].as_u64(),
+            e["tid"].as_u64(),
+        ) else {
+            return Some(format!("an event without name, ph, pid or tid: {e}"));
+        };
+        match ph {
+            "M" => {}
+            "X" | "i" => {
+                let ts = e["ts"].as_f64().filter(|t| *t >= 0.0);
+                let Some(ts) = ts else {
+                    return Some(format!("no time: {e}"));
+                };
+                if ph == "i" {
+                    if !["t", "p", "g"].contains(&e["s"].as_str().unwrap_or("t")) {
+                        return Some(format!("bad instant scope: {e}"));
+                    }
+                    continue;
+                }
+                let Some(dur) = e["dur"].as_f64().filter(|d| *d >= 0.0) else {
+                    return Some(format!("no duration: {e}"));
+                };
+                per_tid.entry(tid).or_default().push((ts, ts + dur));
+            }
+            other => return Some(format!("unexpected phase {other}: {e}")),
+        }
+    }
+    // Slices of a thread must nest: each lies inside the enclosing open
+    // one or starts after it ends (1 ns of rounding allowed).
+    for (tid, mut spans) in per_tid {
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<f64> = Vec::new();
+        for (s, e) in spans {
+            while open.last().is_some_and(|&end| end <= s + 1e-3) {
+                open.pop();
+            }
+            if let Some(&end) = open.last()
+                && e > end + 1e-3
+            {
+                return Some(format!(
+                    "tid {tid}: [{s}, {e}] overlaps a slice ending at {end}"
+                ));
+            }
+            open.push(e);
+        }
+    }
+    None
+}
+
+/// `run --trace` writes a timeline on every backend that the Chrome trace
+/// format accepts, with the kill, its detection, the recovery, restore and
+/// replay of the killed rank, checkpoints and commits; `report` reads it
+/// back, as text and as a picture; bad trace files are usage errors.
+#[test]
+fn run_trace_is_a_valid_chrome_trace_and_report_draws_it() {
+    let dir = std::env::temp_dir().join(format!("lazarus-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for backend in ["threads", "processes", "sim"] {
+        let trace = dir.join(format!("{backend}.json"));
+        let trace_s = trace.to_str().expect("utf-8");
+        let o = lazarus(&[
+            "run",
+            "stencil",
+            "--class",
+            "S",
+            "--ranks",
+            "4",
+            "--nodes",
+            "2",
+            "--backend",
+            backend,
+            "--protocol",
+            "pessimistic",
+            "--kill",
+            "1@50%",
+            "--trace",
+            trace_s,
+        ]);
+        assert!(
+            last_line(&o).starts_with("VERIFIED"),
+            "{backend}: {}",
+            stderr(&o)
+        );
+        assert!(stdout(&o).contains("trace: "), "{backend}: {}", stdout(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
+                .expect("the trace is JSON");
+        assert_eq!(chrome_trace_defect(&v), None, "{backend}");
+        assert_eq!(v["otherData"]["schema"], 1);
+        let on = |tid: u64, name: &str| {
+            v["traceEvents"]
+                .as_array()
+                .is_some_and(|es| es.iter().any(|e| e["tid"] == tid && e["name"] == name))
+        };
+        for kind in ["kill", "recovery", "restore", "replay", "safe point"] {
+            assert!(on(1, kind), "{backend}: rank 1 has no `{kind}`");
+        }
+        for kind in [
+            "failure detected",
+            "checkpoint",
+            "storage",
+            "commit",
+            "send",
+            "receive",
+        ] {
+            assert!(on(0, kind), "{backend}: rank 0 has no `{kind}`");
+        }
+        // Under pessimistic only the killed rank rolls back.
+        assert!(!on(0, "recovery") && !on(0, "restore"), "{backend}");
+        let svg = dir.join(format!("{backend}.svg"));
+        let r = lazarus(&["report", trace_s, "--svg", svg.to_str().expect("utf-8")]);
+        assert_eq!(r.status.code(), Some(0), "{backend}: {}", stderr(&r));
+        assert!(stdout(&r).contains("killed "), "{}", stdout(&r));
+        let picture = std::fs::read_to_string(&svg).expect("picture written");
+        assert!(picture.contains("rank 1: kill") && picture.contains(">rank 3</text>"));
+    }
+    assert_usage_error(&["report", "/nonexistent/t.json"], "TRACE");
+    let not_a_trace = dir.join("other.json");
+    std::fs::write(&not_a_trace, "{\"rows\": []}").expect("write");
+    assert_usage_error(&["report", not_a_trace.to_str().expect("utf-8")], "TRACE");
+    let _ = std::fs::remove_dir_all(&dir);
 }

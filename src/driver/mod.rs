@@ -197,6 +197,8 @@ pub enum Stat {
         /// CPU time in the kernel, seconds.
         system_cpu_s: f64,
     },
+    /// A batch of this rank's timeline (`Config::trace`).
+    Trace(Vec<crate::trace::TraceEvent>),
 }
 
 /// One rank's view of the driver.

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -22,6 +22,67 @@ use crate::{Error, Rank, Result};
 /// usually this close, and waking a blocked thread takes several
 /// microseconds.
 pub(crate) const WAIT_SPIN: Duration = Duration::from_micros(20);
+
+/// Yields in `poll` before it blocks (while `Yielding` allows them).
+pub(crate) const SPIN_YIELDS: usize = 50;
+
+/// How often a rank that would yield looks again at how many tasks the
+/// host runs (`Yielding`).
+const YIELD_RECHECK: Duration = Duration::from_millis(10);
+
+/// Whether a waiting rank may yield its core (to the rank it waits for, or
+/// to a rank process's own reading threads) before it sleeps.
+///
+/// With more ranks than cores a yield hands the core to that rank at once,
+/// three times cheaper than sleeping and being woken (dht under
+/// `pessimistic`, 3 rank processes on 2 cores: 5.3 s, against 13.4 s). But under
+/// EEVDF (Linux 6.6 on) a yield forfeits the rest of the slice: beside
+/// busy processes that are not ranks, a rank that yields while it waits
+/// runs a few microseconds per round of their slices, and that job took
+/// over 150 s beside four busy loops on 2 cores, against 30 s sleeping
+/// (issue 33); on threads it never ended. So ranks yield unless the host ran more tasks than it has
+/// ranks (and their launcher) at two looks in a row, as `/proc/loadavg`
+/// counts them.
+#[derive(Debug)]
+pub(crate) struct Yielding {
+    /// Runnable tasks on the host up to which yields are allowed.
+    limit: usize,
+    checked: Option<Instant>,
+    /// Whether the last look found more tasks than `limit`.
+    over: bool,
+    allowed: bool,
+}
+
+impl Yielding {
+    pub(crate) fn new(host_ranks: usize) -> Self {
+        Self {
+            limit: host_ranks + 2,
+            checked: None,
+            over: false,
+            allowed: true,
+        }
+    }
+
+    pub(crate) fn may(&mut self, now: Instant) -> bool {
+        if self.checked.is_none_or(|t| now - t >= YIELD_RECHECK) {
+            self.checked = Some(now);
+            // Unknown (not Linux): as if alone. A count over the limit once
+            // is often the ranks' own reading threads woken together (5% of
+            // the looks of dht with 3 ranks on 2 cores); busy processes stay.
+            let over = runnable_tasks().is_some_and(|n| n > self.limit);
+            self.allowed = !(over && self.over);
+            self.over = over;
+        }
+        self.allowed
+    }
+}
+
+/// Tasks runnable on this host now: the fourth field of `/proc/loadavg`
+/// ("running/total").
+fn runnable_tasks() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+}
 
 /// Whether a host running `ranks` ranks has a core for each. Only then does
 /// a waiting rank spin: with more ranks than cores, the rank it waits for
@@ -414,6 +475,16 @@ pub(crate) struct StatsBook {
 }
 
 impl StatsBook {
+    /// Collect the ranks' timelines too (`Config::trace`), in virtual time
+    /// on the simulator.
+    pub fn traced(mut self, on: bool, virtual_time: bool) -> Self {
+        let ranks = self.protected.len();
+        self.stats.trace = on.then(|| crate::trace::Trace::new(ranks, virtual_time));
+        self
+    }
+}
+
+impl StatsBook {
     /// Statistics of a job under `protocol` on `ranks` ranks over `nodes`
     /// failure domains, correlated sets formed by `sets`.
     pub fn new(
@@ -450,6 +521,9 @@ impl StatsBook {
         }
         if self.recovery_open.is_none() {
             self.recovery_open = Some(now);
+        }
+        if let Some(t) = &mut self.stats.trace {
+            t.kill(victims, now);
         }
         for holders in self.protected.iter_mut() {
             if let Some(h) = holders {
@@ -566,6 +640,11 @@ impl StatsBook {
                     *p = (!holders.is_empty()).then_some(holders);
                 }
             }
+            Stat::Trace(events) => {
+                if let Some(t) = &mut st.trace {
+                    t.extend(rank, events);
+                }
+            }
             Stat::Usage {
                 peak_rss_bytes,
                 minor_faults,
@@ -645,6 +724,9 @@ pub(crate) fn rank_body<T>(
     );
     if cfg.restart.is_some() {
         engine.start_in_recovery();
+    }
+    if let Some(threshold) = cfg.trace {
+        engine.record_trace(threshold);
     }
     if cfg.failure_handling == crate::config::FailureHandling::Return {
         engine.report_failures();

@@ -785,7 +785,8 @@ pub(crate) fn run<T: Send + 'static>(
             bytes: 0,
             epoch: 0,
             plan: FaultPlan::new(&cfg.kills, placement, cfg.seed),
-            stats: StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes),
+            stats: StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes)
+                .traced(cfg.trace.is_some(), true),
             finals: Finals::new(size)
                 .reporting_failures(cfg.failure_handling == crate::config::FailureHandling::Return),
             respawning: RespawnHold::default(),

@@ -14,15 +14,15 @@
 //! protocol wants one.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, unbounded};
 
 use super::shared::{
-    ExitAction, Finals, RespawnHold, Slot, StatsBook, WAIT_SPIN, WindowRegistry, core_per_rank,
-    lock, progress_bar, rank_body,
+    ExitAction, Finals, RespawnHold, SPIN_YIELDS, Slot, StatsBook, WAIT_SPIN, WindowRegistry,
+    Yielding, core_per_rank, lock, progress_bar, rank_body,
 };
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
@@ -34,6 +34,97 @@ use crate::{Error, Rank, Result};
 
 /// `None` wakes a rank blocked in `poll` (to notice it was killed).
 type Mail = Option<Incoming>;
+
+/// The sending side of a rank's inbox.
+///
+/// The receiver blocks by parking its thread, never in crossbeam's
+/// blocking receive: that yields the core some eight times before it
+/// sleeps whatever the load, and under EEVDF (Linux 6.6 on) each yield
+/// beside busy processes costs a round of their slices: a dht cascade on
+/// threads never ended beside four busy loops on 2 cores (issue 33). It
+/// yields only while [`Yielding`] allows.
+#[derive(Clone)]
+struct MailTx {
+    tx: Sender<Mail>,
+    reader: Arc<OnceLock<Thread>>,
+}
+
+impl MailTx {
+    fn send(&self, m: Mail) -> std::result::Result<(), crossbeam_channel::SendError<Mail>> {
+        let r = self.tx.send(m);
+        // With the fence in `MailRx::recv`: a reader that registers after
+        // this sees the message before it parks (neither misses the other).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(t) = self.reader.get() {
+            t.unpark();
+        }
+        r
+    }
+}
+
+/// The receiving side of a rank's inbox (see [`MailTx`]).
+#[derive(Clone)]
+struct MailRx {
+    rx: Receiver<Mail>,
+    reader: Arc<OnceLock<Thread>>,
+}
+
+impl MailRx {
+    fn try_recv(&self) -> std::result::Result<Mail, TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// Wait for mail until `deadline` (`None`: for ever), yielding the
+    /// core first while `yielding` allows (with more ranks than cores, the
+    /// sender is often the rank that gets it).
+    fn recv(
+        &self,
+        deadline: Option<Instant>,
+        yielding: &mut Yielding,
+    ) -> std::result::Result<Mail, RecvTimeoutError> {
+        if self.reader.get().is_none() {
+            let _ = self.reader.set(std::thread::current());
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        let mut yields = 0;
+        loop {
+            match self.rx.try_recv() {
+                Ok(m) => return Ok(m),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {}
+            }
+            if yields < SPIN_YIELDS && yielding.may(Instant::now()) {
+                yields += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            // An unpark since the last park returns at once: nothing sent
+            // after the check above is missed.
+            match deadline {
+                None => std::thread::park(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(RecvTimeoutError::Timeout);
+                    }
+                    std::thread::park_timeout(d - now);
+                }
+            }
+        }
+    }
+}
+
+fn mailbox() -> (MailTx, MailRx) {
+    let (tx, rx) = unbounded();
+    let reader = Arc::new(OnceLock::new());
+    (
+        MailTx {
+            tx,
+            reader: reader.clone(),
+        },
+        MailRx { rx, reader },
+    )
+}
 
 struct KillState {
     epoch: u64,
@@ -47,7 +138,7 @@ enum SupMsg {
     Spawn {
         rank: Rank,
         slot: Arc<Slot>,
-        inbox: Receiver<Mail>,
+        inbox: MailRx,
         epoch: u64,
     },
     Exited {
@@ -61,7 +152,7 @@ struct World {
     size: usize,
     placement: Placement,
     replaces: bool,
-    inboxes: RwLock<Vec<Sender<Mail>>>,
+    inboxes: RwLock<Vec<MailTx>>,
     slots: Mutex<Vec<Arc<Slot>>>,
     windows: WindowRegistry,
     kills: Mutex<KillState>,
@@ -91,7 +182,7 @@ impl World {
             for &v in victims {
                 slots[v].killed.store(true, Ordering::SeqCst);
                 let _ = inboxes[v].send(None);
-                let (tx, rx) = unbounded();
+                let (tx, rx) = mailbox();
                 inboxes[v] = tx;
                 let slot = Slot::new(slots[v].incarnation + 1);
                 slots[v] = slot.clone();
@@ -127,9 +218,9 @@ impl World {
         cfg: &Config,
         placement: Placement,
         sup: Sender<SupMsg>,
-    ) -> (Arc<World>, Vec<Arc<Slot>>, Vec<Receiver<Mail>>) {
+    ) -> (Arc<World>, Vec<Arc<Slot>>, Vec<MailRx>) {
         let size = cfg.ranks;
-        let (inboxes, receivers) = (0..size).map(|_| unbounded()).unzip();
+        let (inboxes, receivers) = (0..size).map(|_| mailbox()).unzip();
         let slots: Vec<Arc<Slot>> = (0..size).map(|_| Slot::new(0)).collect();
         let world = Arc::new(World {
             size,
@@ -146,7 +237,10 @@ impl World {
             armed: AtomicBool::new(!cfg.kills.is_empty()),
             respawning: Mutex::default(),
             holding: AtomicBool::new(false),
-            stats: Mutex::new(StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes)),
+            stats: Mutex::new(
+                StatsBook::new(cfg.protocol, cfg.sets, cfg.ranks, cfg.nodes)
+                    .traced(cfg.trace.is_some(), false),
+            ),
             start: Instant::now(),
             sup,
             progress: AtomicU64::new(0),
@@ -167,7 +261,7 @@ impl World {
             });
         };
         let slot = Slot::new(old.incarnation + 1);
-        let (tx, rx) = unbounded();
+        let (tx, rx) = mailbox();
         ks.unreplaced.remove(&v);
         let mut hold = lock(&self.respawning);
         for (_, frame) in hold.release(v) {
@@ -192,8 +286,9 @@ struct ThreadEndpoint {
     world: Arc<World>,
     rank: Rank,
     slot: Arc<Slot>,
-    inbox: Receiver<Mail>,
+    inbox: MailRx,
     start_epoch: u64,
+    yielding: Yielding,
 }
 
 impl ThreadEndpoint {
@@ -263,12 +358,11 @@ impl Endpoint for ThreadEndpoint {
             }),
             None => match self.spin_for_mail() {
                 Some(m) => Ok(m),
-                None => self
-                    .inbox
-                    .recv()
-                    .map_err(|_| RecvTimeoutError::Disconnected),
+                None => self.inbox.recv(None, &mut self.yielding),
             },
-            Some(t) => self.inbox.recv_timeout(t),
+            Some(t) => self
+                .inbox
+                .recv(Some(Instant::now() + t), &mut self.yielding),
         };
         match got {
             Ok(Some(inc)) => Ok(Some(inc)),
@@ -386,33 +480,33 @@ pub(crate) fn run<T: Send + 'static>(
     let (world, slots, receivers) = World::new(cfg, placement, sup_tx.clone());
     let size = cfg.ranks;
 
-    let spawn =
-        |rank: Rank, slot: Arc<Slot>, inbox: Receiver<Mail>, epoch: u64| -> JoinHandle<()> {
-            let world = world.clone();
-            let f = f.clone();
-            let sup = sup_tx.clone();
-            let cfg = cfg.clone();
-            let incarnation = slot.incarnation;
-            std::thread::Builder::new()
-                .name(format!("rank-{rank}"))
-                .spawn(move || {
-                    let placement = world.placement.clone();
-                    let ep = ThreadEndpoint {
-                        world,
-                        rank,
-                        slot,
-                        inbox,
-                        start_epoch: epoch,
-                    };
-                    let outcome = rank_body(Box::new(ep), &cfg, placement, &*f);
-                    let _ = sup.send(SupMsg::Exited {
-                        rank,
-                        incarnation,
-                        outcome: Box::new(outcome),
-                    });
-                })
-                .unwrap_or_else(|e| panic!("cannot start a thread for rank {rank}: {e}"))
-        };
+    let spawn = |rank: Rank, slot: Arc<Slot>, inbox: MailRx, epoch: u64| -> JoinHandle<()> {
+        let world = world.clone();
+        let f = f.clone();
+        let sup = sup_tx.clone();
+        let cfg = cfg.clone();
+        let incarnation = slot.incarnation;
+        std::thread::Builder::new()
+            .name(format!("rank-{rank}"))
+            .spawn(move || {
+                let placement = world.placement.clone();
+                let ep = ThreadEndpoint {
+                    world,
+                    rank,
+                    slot,
+                    inbox,
+                    start_epoch: epoch,
+                    yielding: Yielding::new(size),
+                };
+                let outcome = rank_body(Box::new(ep), &cfg, placement, &*f);
+                let _ = sup.send(SupMsg::Exited {
+                    rank,
+                    incarnation,
+                    outcome: Box::new(outcome),
+                });
+            })
+            .unwrap_or_else(|e| panic!("cannot start a thread for rank {rank}: {e}"))
+    };
 
     let mut handles = Vec::new();
     for (rank, (slot, rx)) in slots.into_iter().zip(receivers).enumerate() {
@@ -499,7 +593,7 @@ mod tests {
     fn endpoint(
         world: &Arc<World>,
         slots: &[Arc<Slot>],
-        inboxes: &[Receiver<Mail>],
+        inboxes: &[MailRx],
         rank: Rank,
     ) -> ThreadEndpoint {
         ThreadEndpoint {
@@ -508,6 +602,7 @@ mod tests {
             slot: slots[rank].clone(),
             inbox: inboxes[rank].clone(),
             start_epoch: 0,
+            yielding: Yielding::new(inboxes.len()),
         }
     }
 
@@ -544,6 +639,7 @@ mod tests {
             panic!("no new incarnation was started");
         };
         let got: Vec<Rank> = inbox
+            .rx
             .try_iter()
             .map(|m| match m {
                 Some(Incoming::Frame(f)) => f.src,

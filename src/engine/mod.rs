@@ -27,6 +27,7 @@ use crate::segments::Segments;
 use crate::store::pool::BufferPool;
 use crate::store::{CheckpointStore, Piece, PieceWriter, StoreEvent, StoreOut};
 use crate::topology::Placement;
+use crate::trace::{Activity, Mark, Tracer};
 use crate::{Error, Rank, Result};
 use frame::{AgreeValue, AppMessage, Body, ContextId, Envelope, Frame, Incoming, RuntimeMsg, Tag};
 
@@ -421,6 +422,11 @@ pub struct Engine {
 
     /// ULFM: failures are reported to the program (FailureHandling::Return).
     ulfm: Option<Box<Ulfm>>,
+
+    /// The rank's timeline recorder (`Config::trace`; `None`: off).
+    trace: Option<Box<Tracer>>,
+    /// The last collective's result came from a log (the rank replays).
+    coll_replayed: bool,
 }
 
 /// ULFM state of a rank (failures reported to the program, 002 §3.2).
@@ -459,6 +465,9 @@ impl Ulfm {
             .retain(|&(c, s), _| c != context || s + 2 > seq);
     }
 }
+
+/// A send held by the protocol this long says what it waits for, once.
+const SEND_STALL_REPORT: Duration = Duration::from_secs(30);
 
 /// The first context id free for `dup`/`split`/windows (0 and 1 are the
 /// world communicator's point-to-point and collective contexts).
@@ -550,6 +559,80 @@ impl Engine {
             coll_synced: BTreeMap::new(),
             coll_outcome: None,
             ulfm: None,
+            trace: None,
+            coll_replayed: false,
+        }
+    }
+
+    /// Record a timeline of this rank, merging spans shorter than
+    /// `threshold` (module [`crate::trace`]).
+    pub fn record_trace(&mut self, threshold: Duration) {
+        self.trace = Some(Box::new(Tracer::new(threshold)));
+    }
+
+    /// Run `f` as one span of `activity` on the timeline (just `f` when
+    /// none is recorded).
+    fn traced<T>(
+        &mut self,
+        activity: Activity,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        if self.trace.is_none() {
+            return f(self);
+        }
+        self.span_open(activity);
+        let r = f(self);
+        self.span_close(activity);
+        r
+    }
+
+    fn span_open(&mut self, activity: Activity) {
+        let now = self.ep.now();
+        let replay_over = self
+            .trace
+            .as_ref()
+            .is_some_and(|t| t.is_open(Activity::Replay))
+            && !self.replaying();
+        if let Some(t) = &mut self.trace {
+            if replay_over {
+                t.close(Activity::Replay, now);
+            }
+            t.open(activity, now);
+        }
+    }
+
+    /// Whether a re-execution under a logging protocol has not caught up
+    /// yet: determinants still force receptions, sends are still ones
+    /// receivers have, or the last collective was answered from a log.
+    fn replaying(&self) -> bool {
+        !self.replay.is_empty() || self.proto.regenerating(&self.ssn_out) || self.coll_replayed
+    }
+
+    fn span_close(&mut self, activity: Activity) {
+        let now = self.ep.now();
+        if let Some(t) = &mut self.trace {
+            t.close(activity, now);
+        }
+        self.flush_trace(false);
+    }
+
+    fn trace_mark(&mut self, mark: Mark, arg: u64) {
+        let now = self.ep.now();
+        if let Some(t) = &mut self.trace {
+            t.mark(mark, now, arg);
+        }
+    }
+
+    /// Hand the driver what the timeline holds, if a batch is due (`end`:
+    /// everything, closing what is open: the rank ends or is killed).
+    fn flush_trace(&mut self, end: bool) {
+        let now = self.ep.now();
+        let Some(t) = &mut self.trace else { return };
+        if end {
+            t.close_all(now);
+        }
+        if let Some(batch) = t.batch(now, end) {
+            self.ep.record(Stat::Trace(batch));
         }
     }
 
@@ -634,7 +717,14 @@ impl Engine {
             checkpoint: self.in_checkpoint,
             finalizing: self.finalizing,
         };
-        self.ep.fault_point(&at)
+        let r = self.ep.fault_point(&at);
+        if r.is_err() {
+            // Killed here (threads, sim): what the timeline holds goes
+            // first. (A rank process is killed by its launcher: it loses
+            // at most the last batch's worth.)
+            self.flush_trace(true);
+        }
+        r
     }
 
     /// Entry of every application-level operation: pending interrupt, then
@@ -770,6 +860,7 @@ impl Engine {
                     return Ok(());
                 }
                 self.epoch = epoch;
+                self.trace_mark(Mark::Detected, epoch);
                 if self.logging || self.ulfm.is_some() {
                     let again = self.proto.rolled_back_with(&dead);
                     for &d in &again {
@@ -1051,6 +1142,7 @@ impl Engine {
                 Action::Commit { generation } => {
                     self.store.commit(generation)?;
                     self.committed_now = Some(generation);
+                    self.trace_mark(Mark::Commit, generation);
                 }
                 Action::ReleaseSafePoint => self.released = true,
                 Action::Rollback { epoch } => {
@@ -1081,12 +1173,18 @@ impl Engine {
                 Action::Resume { generation } => self.resume = Some(generation),
                 Action::Record(stat) => self.ep.record(stat),
                 Action::Withhold => self.withhold = true,
-                Action::Resend { msg } => match &mut self.held_resends {
-                    Some(held) => held.push(msg),
-                    None => self.transmit(msg.envelope.dest, Body::App(msg))?,
-                },
+                Action::Resend { msg } => {
+                    self.trace_mark(Mark::Resend, 1);
+                    match &mut self.held_resends {
+                        Some(held) => held.push(msg),
+                        None => self.transmit(msg.envelope.dest, Body::App(msg))?,
+                    }
+                }
                 Action::DropOlderPieces { owner, keep } => self.store.retain_owner(owner, keep),
-                Action::Checkpointed { generation } => self.committed_now = Some(generation),
+                Action::Checkpointed { generation } => {
+                    self.committed_now = Some(generation);
+                    self.trace_mark(Mark::Commit, generation);
+                }
                 Action::Replay { determinants } => self.load_replay(determinants)?,
                 Action::InRecovery(e) => self.serving = e,
                 Action::CollectiveResult {
@@ -1112,7 +1210,9 @@ impl Engine {
 
     /// Send `payload` to world rank `dest` (eager; completes at once).
     pub fn send(&mut self, dest: Rank, context: ContextId, tag: Tag, payload: Bytes) -> Result<()> {
-        self.send_message(dest, context, tag, payload, true)
+        self.traced(Activity::Send, |e| {
+            e.send_message(dest, context, tag, payload, true)
+        })
     }
 
     /// Send a message of a collective whose result is logged instead
@@ -1124,7 +1224,9 @@ impl Engine {
         tag: Tag,
         payload: Bytes,
     ) -> Result<()> {
-        self.send_message(dest, context, tag, payload, false)
+        self.traced(Activity::Send, |e| {
+            e.send_message(dest, context, tag, payload, false)
+        })
     }
 
     fn send_message(
@@ -1186,12 +1288,24 @@ impl Engine {
         if !self.proto.send_ready() {
             self.held_resends = Some(Vec::new());
             let mut told = false;
+            let since = self.ep.now();
+            let mut stall_told = false;
             while ready.is_ok() && !self.proto.send_ready() {
                 if !told && let Some(why) = self.proto.send_wait() {
                     // Said once per wait: it lasts until a checkpoint, and
                     // a rank that never reaches one waits for ever.
                     eprintln!("lazarus: rank {}: {why}", self.rank);
                     told = true;
+                }
+                if !stall_told && self.ep.now().saturating_sub(since) > SEND_STALL_REPORT {
+                    stall_told = true;
+                    if let Some(why) = self.proto.send_stalled() {
+                        eprintln!(
+                            "lazarus: rank {}: a send has waited {} s: {why}",
+                            self.rank,
+                            SEND_STALL_REPORT.as_secs()
+                        );
+                    }
                 }
                 ready = self.check().and_then(|()| self.progress(None));
             }
@@ -1269,15 +1383,19 @@ impl Engine {
 
     /// Wait for a receive to complete.
     pub fn wait(&mut self, id: ReqId) -> Result<AppMessage> {
-        self.enter()?;
-        self.wait_entered(id)
+        self.traced(Activity::Receive, |e| {
+            e.enter()?;
+            e.wait_entered(id)
+        })
     }
 
     /// A blocking receive: post it and wait for it, one operation (one
     /// entry: interrupt check, fault point, RMA service).
     pub fn receive(&mut self, spec: MatchSpec) -> Result<AppMessage> {
-        let id = self.post_receive(spec)?;
-        self.wait_entered(id)
+        self.traced(Activity::Receive, |e| {
+            let id = e.post_receive(spec)?;
+            e.wait_entered(id)
+        })
     }
 
     fn wait_entered(&mut self, id: ReqId) -> Result<AppMessage> {
@@ -1357,16 +1475,18 @@ impl Engine {
 
     /// Blocking probe.
     pub fn probe(&mut self, spec: MatchSpec) -> Result<(Envelope, usize)> {
-        loop {
-            if let Some(x) = self.iprobe(spec)? {
-                return Ok(x);
+        self.traced(Activity::Receive, |e| {
+            loop {
+                if let Some(x) = e.iprobe(spec)? {
+                    return Ok(x);
+                }
+                if let Some(err) = e.ulfm_receive_failure(&spec) {
+                    return Err(err);
+                }
+                e.progress(None)?;
+                e.check()?;
             }
-            if let Some(e) = self.ulfm_receive_failure(&spec) {
-                return Err(e);
-            }
-            self.progress(None)?;
-            self.check()?;
-        }
+        })
     }
 
     /// Reserve `count` fresh context ids locally; callers agree on a common
@@ -1405,6 +1525,15 @@ impl Engine {
         group: &[Rank],
     ) -> Result<CollStart> {
         self.check()?;
+        // Closed by `coll_end`, or by whatever span encloses it when a
+        // failure interrupts it.
+        if self
+            .trace
+            .as_ref()
+            .is_some_and(|t| !t.is_open(Activity::Collective))
+        {
+            self.span_open(Activity::Collective);
+        }
         let index = {
             let n = self.coll_seq.entry(context).or_insert(0);
             *n += 1;
@@ -1425,8 +1554,10 @@ impl Engine {
             group,
         })?;
         if let Some(CollOutcome::Result(result)) = self.coll_outcome.take() {
+            self.coll_replayed = true;
             return Ok(CollStart::Logged { index, result });
         }
+        self.coll_replayed = false;
         Ok(CollStart::Run {
             index,
             unlogged: true,
@@ -1452,6 +1583,7 @@ impl Engine {
         kind: Collective,
         result: Option<&Segments>,
     ) -> Result<()> {
+        self.span_close(Activity::Collective);
         if self.logging
             && matches!(
                 kind,
@@ -1491,6 +1623,10 @@ impl Engine {
     /// application's protected state to the buffer it is given when a
     /// checkpoint is taken.
     pub fn safe_point(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {
+        self.traced(Activity::SafePoint, |e| e.safe_point_here(serialize))
+    }
+
+    fn safe_point_here(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {
         self.enter()?;
         if self.restore_app.is_some() {
             return Err(Error::NotSafePoint(
@@ -1582,12 +1718,14 @@ impl Engine {
                 self.fault()?;
             }
             if let Some(generation) = self.capture_due.take() {
-                let data = self.snapshot(serialize)?;
+                let data = self.traced(Activity::Checkpoint, |e| e.snapshot(serialize))?;
                 self.stats.checkpoint_bytes = data.len();
-                let mut out = StoreOut::default();
-                self.store
-                    .put(Piece::new(generation, self.rank, data), &mut out)?;
-                self.apply_store_out(out)?;
+                self.traced(Activity::Storage, |e| {
+                    let mut out = StoreOut::default();
+                    e.store
+                        .put(Piece::new(generation, e.rank, data), &mut out)?;
+                    e.apply_store_out(out)
+                })?;
                 continue;
             }
             if self.released {
@@ -1703,6 +1841,19 @@ impl Engine {
     /// interrupts it, returning `Err(Rollback)` again, or the protocol fails).
     /// On success the restored state waits for `restore_or_else`.
     pub fn recover(&mut self) -> Result<()> {
+        // What the failure interrupted ends here on the timeline.
+        if let Some(t) = &mut self.trace {
+            t.close_all(self.ep.now());
+        }
+        self.traced(Activity::Recovery, Self::recover_here)?;
+        if self.logging {
+            self.coll_replayed = false;
+            self.span_open(Activity::Replay);
+        }
+        Ok(())
+    }
+
+    fn recover_here(&mut self) -> Result<()> {
         match &self.interrupt {
             Some(Error::Rollback { .. }) | None => {}
             Some(e) => return Err(e.clone()),
@@ -1727,7 +1878,7 @@ impl Engine {
             self.fault()?;
             if let Some(generation) = self.resume.take() {
                 self.recovering = false;
-                self.restore(generation)?;
+                self.traced(Activity::Restore, |e| e.restore(generation))?;
                 self.handle(Event::Restored { generation })?;
                 for msg in std::mem::take(&mut self.early) {
                     self.arrive(msg);
@@ -1846,6 +1997,9 @@ impl Engine {
         let fault = self.fault();
         self.finalizing = false;
         fault?;
+        // The timeline ends where the rank function did (a batch sent
+        // later might reach a launcher that has concluded).
+        self.flush_trace(true);
         self.handle(Event::Finish)?;
         self.sent_done = true;
         let mut told = None;
@@ -2331,6 +2485,10 @@ impl Engine {
 
     /// A communication action (PUT/GET family) of this rank as origin.
     pub fn rma(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
+        self.traced(Activity::OneSided, |e| e.rma_here(id, target, op))
+    }
+
+    fn rma_here(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
         self.enter()?;
         if target >= self.size {
             return Err(Error::RankOutOfRange {
@@ -2377,6 +2535,10 @@ impl Engine {
     /// GSYNC (fence): collective over the window's group; the API layer adds
     /// the barrier. Opens an access epoch to every target.
     pub fn window_fence(&mut self, id: WinId) -> Result<()> {
+        self.traced(Activity::OneSided, |e| e.window_fence_here(id))
+    }
+
+    fn window_fence_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
         let w = self.win(id)?;
         if w.lock_all || !w.locks.is_empty() {
@@ -2404,6 +2566,10 @@ impl Engine {
 
     /// LOCK(p -> q).
     pub fn window_lock(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
+        self.traced(Activity::OneSided, |e| e.window_lock_here(id, target, kind))
+    }
+
+    fn window_lock_here(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
         self.enter()?;
         let w = self.win(id)?;
         if w.locks.contains_key(&target) || w.lock_all {
@@ -2419,6 +2585,10 @@ impl Engine {
 
     /// UNLOCK(p -> q): closes the epoch to `target`.
     pub fn window_unlock(&mut self, id: WinId, target: Rank) -> Result<()> {
+        self.traced(Activity::OneSided, |e| e.window_unlock_here(id, target))
+    }
+
+    fn window_unlock_here(&mut self, id: WinId, target: Rank) -> Result<()> {
         self.enter()?;
         let kind = self.win(id)?.locks.remove(&target).ok_or(Error::Rma {
             window: id,
@@ -2431,6 +2601,10 @@ impl Engine {
 
     /// lock_all: a shared lock on every target.
     pub fn window_lock_all(&mut self, id: WinId) -> Result<()> {
+        self.traced(Activity::OneSided, |e| e.window_lock_all_here(id))
+    }
+
+    fn window_lock_all_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
         let w = self.win(id)?;
         if w.lock_all || !w.locks.is_empty() {
@@ -2448,6 +2622,10 @@ impl Engine {
 
     /// unlock_all.
     pub fn window_unlock_all(&mut self, id: WinId) -> Result<()> {
+        self.traced(Activity::OneSided, |e| e.window_unlock_all_here(id))
+    }
+
+    fn window_unlock_all_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
         if !self.win(id)?.lock_all {
             return Err(Error::Rma {
@@ -2467,6 +2645,10 @@ impl Engine {
     /// FLUSH(p -> q) (all targets if `None`): completes outstanding operations
     /// (on this driver they complete at issue) and closes the epoch.
     pub fn window_flush(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
+        self.traced(Activity::OneSided, |e| e.window_flush_here(id, target))
+    }
+
+    fn window_flush_here(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
         self.enter()?;
         let size = self.size;
         let w = self.win(id)?;

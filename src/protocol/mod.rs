@@ -682,6 +682,12 @@ pub trait Protocol: Send {
     fn send_wait(&self) -> Option<String> {
         None
     }
+    /// What a send that has waited long for `send_ready` waits for, in the
+    /// protocol's terms (said once, so that a wait that never ends can be
+    /// told from a slow one).
+    fn send_stalled(&self) -> Option<String> {
+        None
+    }
     /// Whether this rank's re-execution may still regenerate messages that
     /// receivers already have (`ssn_out`: the last SSN sent to each rank,
     /// indexed by rank). Their SSNs must come out as in the first execution, so

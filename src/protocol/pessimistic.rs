@@ -1348,6 +1348,16 @@ impl Protocol for Pessimistic {
         ))
     }
 
+    fn send_stalled(&self) -> Option<String> {
+        let st = &self.stability;
+        (!st.ready(&self.dead_holders)).then(|| {
+            format!(
+                "sends wait for the determinants up to RSN {} (stored up to {}) to be acknowledged by every live holder: holders {:?}, dead {:?}, acknowledged {:?}",
+                st.needed, st.floor, st.holders, self.dead_holders, st.acked
+            )
+        })
+    }
+
     fn regenerating(&self, ssn_out: &[u64]) -> bool {
         !self.hsr_pending.is_empty()
             || self

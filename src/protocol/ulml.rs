@@ -811,6 +811,10 @@ impl Protocol for Ulml {
         self.p2p.send_wait()
     }
 
+    fn send_stalled(&self) -> Option<String> {
+        self.p2p.send_stalled()
+    }
+
     fn regenerating(&self, ssn_out: &[u64]) -> bool {
         self.p2p.regenerating(ssn_out)
     }

@@ -72,6 +72,29 @@ pub struct ProtocolFigures {
     pub runs: Vec<RunSummary>,
     /// With failures (`--failure`): the same job with those kills.
     pub failure: Option<FailureFigures>,
+    /// With timelines recorded (`--trace`): the same job traced.
+    pub traced: Option<TraceFigures>,
+}
+
+/// A protocol's runs with its timeline recorded, next to its untraced
+/// runs: what tracing costs.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceFigures {
+    /// Median wall time traced, seconds.
+    pub median_wall_s: f64,
+    /// Median over repetitions of the traced run's wall time over the
+    /// untraced run of the same repetition.
+    pub paired_ratio_to_untraced: f64,
+    /// 95% confidence interval of that paired ratio.
+    pub paired_ratio_to_untraced_ci95: Option<[f64; 2]>,
+    /// Every traced run's wall time.
+    pub wall_s: Vec<f64>,
+    /// Median events recorded per rank and second of wall time.
+    pub events_per_rank_s: f64,
+    /// Summaries of every traced run (their timelines in `stats.trace`,
+    /// not serialised).
+    #[serde(skip)]
+    pub runs: Vec<RunSummary>,
 }
 
 /// A protocol's runs with the bench's failure scenario, next to its
@@ -328,7 +351,34 @@ fn run_order(rep: usize, n: usize) -> Vec<usize> {
     order
 }
 
-/// Run `app` under each protocol `reps` times, alternating.
+/// A protocol's traced runs, summarised against its untraced ones.
+fn trace_figures(traced: &mut Vec<RunSummary>, plain: &[RunSummary]) -> Option<TraceFigures> {
+    if traced.is_empty() {
+        return None;
+    }
+    let wall_s: Vec<f64> = traced.iter().map(|r| r.stats.wall_s).collect();
+    let plain_s: Vec<f64> = plain.iter().map(|r| r.stats.wall_s).collect();
+    let each = ratios(&wall_s, &plain_s);
+    let rates: Vec<f64> = (traced.iter())
+        .filter_map(|r| {
+            let t = r.stats.trace.as_ref()?;
+            Some(t.len() as f64 / t.ranks.len().max(1) as f64 / r.stats.wall_s.max(1e-9))
+        })
+        .collect();
+    Some(TraceFigures {
+        median_wall_s: median(&wall_s),
+        paired_ratio_to_untraced: median(&each),
+        paired_ratio_to_untraced_ci95: median_ci95(&each),
+        wall_s,
+        events_per_rank_s: median(&rates),
+        runs: std::mem::take(traced),
+    })
+}
+
+/// Run `app` under each protocol `reps` times, alternating; with `traced`,
+/// each run is followed or preceded (alternately) by the same run with its
+/// timeline recorded.
+#[allow(clippy::too_many_arguments)]
 pub fn bench(
     app: AppKind,
     params: &AppParams,
@@ -336,6 +386,7 @@ pub fn bench(
     protocols: &[ProtocolKind],
     reps: usize,
     failure: &[KillSpec],
+    traced: bool,
     mut on_run: impl FnMut(&RunSummary),
 ) -> Result<BenchReport> {
     if protocols.is_empty() {
@@ -351,15 +402,29 @@ pub fn bench(
     }
     let mut runs: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut failed: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
+    let mut with_trace: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     // Failure-free and failure runs alternate too, so noise hits both alike.
     for rep in 0..reps {
         for i in run_order(rep, protocols.len()) {
             let p = protocols[i];
             let cfg = base.clone().compared_under(p);
-            let run = run_app(app, params, &cfg);
-            let s = RunSummary::new(app, params, &cfg, &run);
-            on_run(&s);
-            runs[i].push(s);
+            // Traced and untraced runs take turns going first.
+            let variants: &[bool] = match (traced, rep % 2) {
+                (false, _) => &[false],
+                (true, 0) => &[false, true],
+                (true, _) => &[true, false],
+            };
+            for &t in variants {
+                let cfg = if t { cfg.clone().traced() } else { cfg.clone() };
+                let run = run_app(app, params, &cfg);
+                let s = RunSummary::new(app, params, &cfg, &run);
+                on_run(&s);
+                if t {
+                    with_trace[i].push(s);
+                } else {
+                    runs[i].push(s);
+                }
+            }
             if !failure.is_empty() && p.replaces_failed_ranks() {
                 let mut cfg = cfg.clone();
                 cfg.kills = failure.to_vec();
@@ -406,6 +471,7 @@ pub fn bench(
                 .unwrap_or_default(),
             metrics,
             failure: failure_figures(failure, &mut failed[i], &runs[i], m),
+            traced: trace_figures(&mut with_trace[i], &runs[i]),
             runs: std::mem::take(&mut runs[i]),
         });
     }

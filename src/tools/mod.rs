@@ -5,6 +5,7 @@ pub mod bench;
 pub mod chaos;
 pub mod model;
 pub mod plot;
+pub mod report;
 pub mod scale;
 pub mod summary;
 

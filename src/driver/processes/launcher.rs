@@ -93,6 +93,8 @@ pub struct LaunchSpec {
     /// Impose this protocol on the ranks (the launching `run` call's), or
     /// leave it to the program (`lazarus launch`).
     pub protocol_override: Option<crate::protocol::ProtocolKind>,
+    /// Record the ranks' timeline (`Config::trace`), into `JobStats::trace`.
+    pub trace: Option<Duration>,
     /// Where the rank processes run.
     pub hosts: Hosts,
     /// Protocol `correlated`: how ranks form correlated sets (for the
@@ -637,7 +639,8 @@ impl<'a> Launcher<'a> {
                 spec.sets,
                 spec.ranks,
                 spec.nodes,
-            ),
+            )
+            .traced(spec.trace.is_some(), false),
             finals: Finals::new(spec.ranks),
             peers_sent: false,
             detections: Vec::new(),
@@ -776,6 +779,9 @@ impl<'a> Launcher<'a> {
             None => s.ranks,
         };
         env.push((var::HOST_RANKS, host_ranks.to_string()));
+        if let Some(t) = s.trace {
+            env.push((var::TRACE_NS, t.as_nanos().to_string()));
+        }
         // The heap on transparent huge pages (`driver::heap`): memory a
         // logging protocol keeps is new memory for every message, and
         // faulting it in 4 KiB pages cost more than the copy (pingpong at
@@ -1885,6 +1891,7 @@ mod tests {
             progress_bar: false,
             quiet_stdout: true,
             protocol_override: Some(crate::ProtocolKind::Coordinated),
+            trace: None,
             hosts: Hosts::Local,
             sets: Default::default(),
             agent_program: "/bin/false".into(),

@@ -80,6 +80,7 @@ pub(crate) mod var {
     pub const EARLIER: &str = "LAZARUS_EARLIER";
     pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
     pub const HOST_RANKS: &str = "LAZARUS_HOST_RANKS";
+    pub const TRACE_NS: &str = "LAZARUS_TRACE_NS";
     /// Agent: the launcher's address for agents.
     pub const AGENT_LAUNCHER: &str = "LAZARUS_AGENT_LAUNCHER";
     /// Agent: the job secret, hexadecimal (never passed on to ranks).
@@ -128,6 +129,9 @@ pub(crate) struct LaunchEnv {
     /// host, this one included: with more than the host's cores, a rank
     /// that waits gives its core away instead of spinning.
     pub host_ranks: usize,
+    /// Record a timeline, merging spans shorter than this (the launcher's
+    /// `--trace`; a launched program's own `Config` need not ask).
+    pub trace: Option<Duration>,
 }
 
 /// Whether a file name a peer sent names a file directly inside a
@@ -197,6 +201,7 @@ impl LaunchEnv {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
             host_ranks: num(var::HOST_RANKS).unwrap_or(1),
+            trace: num(var::TRACE_NS).ok().map(Duration::from_nanos),
             protocol: match std::env::var(var::PROTOCOL) {
                 Ok(p) => Some(p.parse()?),
                 Err(_) => None,

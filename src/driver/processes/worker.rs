@@ -39,7 +39,8 @@ use super::wire::{
 };
 use crate::config::Config;
 use crate::driver::shared::{
-    Slot, WAIT_SPIN, WindowMemory, WindowRegistry, core_per_rank, lock, rank_body,
+    SPIN_YIELDS, Slot, WAIT_SPIN, WindowMemory, WindowRegistry, Yielding, core_per_rank, lock,
+    rank_body,
 };
 use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::engine::frame::{Body, Frame, Incoming};
@@ -59,67 +60,6 @@ const REMOTE_SPIN_MAX: Duration = Duration::from_millis(10);
 /// Longest sleep of a rank that receives on rings: a doorbell lost with a
 /// broken connection costs at most this.
 const RING_NAP: Duration = Duration::from_millis(10);
-
-/// Yields in `poll` before it blocks (while `Yielding` allows them).
-const SPIN_YIELDS: usize = 50;
-
-/// How often a rank that would yield looks again at how many tasks the
-/// host runs (`Yielding`).
-const YIELD_RECHECK: Duration = Duration::from_millis(10);
-
-/// Whether a waiting rank may yield its core (to the rank it waits for, or
-/// to its own reading threads) before it sleeps.
-///
-/// With more ranks than cores a yield hands the core to that rank at once,
-/// three times cheaper than sleeping and being woken (dht under
-/// `pessimistic`, 3 ranks on 2 cores: 5.3 s, against 13.4 s). But under
-/// EEVDF (Linux 6.6 on) a yield forfeits the rest of the slice: beside
-/// busy processes that are not ranks, a rank that yields while it waits
-/// runs a few microseconds per round of their slices, and that job took
-/// over 150 s beside four busy loops on 2 cores, against 30 s sleeping
-/// (issue 33). So ranks yield unless the host ran more tasks than it has
-/// ranks (and their launcher) at two looks in a row, as `/proc/loadavg`
-/// counts them.
-#[derive(Debug)]
-struct Yielding {
-    /// Runnable tasks on the host up to which yields are allowed.
-    limit: usize,
-    checked: Option<Instant>,
-    /// Whether the last look found more tasks than `limit`.
-    over: bool,
-    allowed: bool,
-}
-
-impl Yielding {
-    fn new(host_ranks: usize) -> Self {
-        Self {
-            limit: host_ranks + 2,
-            checked: None,
-            over: false,
-            allowed: true,
-        }
-    }
-
-    fn may(&mut self, now: Instant) -> bool {
-        if self.checked.is_none_or(|t| now - t >= YIELD_RECHECK) {
-            self.checked = Some(now);
-            // Unknown (not Linux): as if alone. A count over the limit once
-            // is often the ranks' own reading threads woken together (5% of
-            // the looks of dht with 3 ranks on 2 cores); busy processes stay.
-            let over = runnable_tasks().is_some_and(|n| n > self.limit);
-            self.allowed = !(over && self.over);
-            self.over = over;
-        }
-        self.allowed
-    }
-}
-
-/// Tasks runnable on this host now: the fourth field of `/proc/loadavg`
-/// ("running/total").
-fn runnable_tasks() -> Option<usize> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    s.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
-}
 
 /// What the reading threads hand to the rank's thread, in arrival order.
 enum Arrival {
@@ -1678,6 +1618,18 @@ pub(crate) fn run_worker<T: Serialize>(
             let _ = send_ctl(&report_ctl, &WireMsg::Finishing(bytes), max);
         }
         Ok(v)
+    };
+    // A launched program's ranks trace when the launcher asks.
+    let traced;
+    let cfg = match env.trace {
+        Some(t) if cfg.trace.is_none() => {
+            traced = Config {
+                trace: Some(t),
+                ..cfg.clone()
+            };
+            &traced
+        }
+        _ => cfg,
     };
     let outcome = rank_body(Box::new(ep), cfg, placement, &report);
     if let Some(usage) = crate::driver::shared::process_usage() {
