@@ -587,6 +587,9 @@ impl Engine {
     }
 
     fn span_open(&mut self, activity: Activity) {
+        if self.trace.is_none() {
+            return; // no clock read when off
+        }
         let now = self.ep.now();
         let replay_over = self
             .trace
@@ -609,6 +612,9 @@ impl Engine {
     }
 
     fn span_close(&mut self, activity: Activity) {
+        if self.trace.is_none() {
+            return;
+        }
         let now = self.ep.now();
         if let Some(t) = &mut self.trace {
             t.close(activity, now);
@@ -617,6 +623,9 @@ impl Engine {
     }
 
     fn trace_mark(&mut self, mark: Mark, arg: u64) {
+        if self.trace.is_none() {
+            return;
+        }
         let now = self.ep.now();
         if let Some(t) = &mut self.trace {
             t.mark(mark, now, arg);
@@ -626,6 +635,9 @@ impl Engine {
     /// Hand the driver what the timeline holds, if a batch is due (`end`:
     /// everything, closing what is open: the rank ends or is killed).
     fn flush_trace(&mut self, end: bool) {
+        if self.trace.is_none() {
+            return;
+        }
         let now = self.ep.now();
         let Some(t) = &mut self.trace else { return };
         if end {
