@@ -1022,6 +1022,53 @@ fn bench_defaults_to_the_fewest_reps_that_give_an_interval() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `bench --trace` runs each protocol traced too, alternating with its
+/// untraced runs, reports the paired cost in the JSON, and writes the last
+/// traced run's timeline.
+#[test]
+fn bench_trace_reports_what_tracing_costs_and_writes_a_timeline() {
+    let dir = std::env::temp_dir().join(format!("lazarus-bench-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (json, trace) = (dir.join("bench.json"), dir.join("t.json"));
+    let o = lazarus(
+        &[
+            SMALL_BENCH,
+            &[
+                "--reps",
+                "2",
+                "--json",
+                json.to_str().expect("utf-8"),
+                "--trace",
+                trace.to_str().expect("utf-8"),
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report written"))
+            .expect("valid JSON");
+    for p in v["protocols"].as_array().expect("protocols") {
+        let t = &p["traced"];
+        assert_eq!(t["wall_s"].as_array().map(Vec::len), Some(2), "{p}");
+        assert!(
+            t["paired_ratio_to_untraced"]
+                .as_f64()
+                .is_some_and(|r| r > 0.0),
+            "{p}"
+        );
+        assert!(
+            t["events_per_rank_s"].as_f64().is_some_and(|r| r > 0.0),
+            "{p}"
+        );
+    }
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
+            .expect("valid JSON");
+    assert_eq!(chrome_trace_defect(&t), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
     // Daly's interval from humantime forms equals the one from bare seconds.
