@@ -143,8 +143,9 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
     Err(Error::config(
         "--max-frame",
         format!(
-            "{bytes} bytes: a frame limit must lie between {MIN_MAX_FRAME} and {MAX_MAX_FRAME} \
-             bytes"
+            "{bytes} bytes: a frame limit must lie between {} and {}",
+            bytesize::ByteSize(MIN_MAX_FRAME as u64).display().iec(),
+            bytesize::ByteSize(MAX_MAX_FRAME as u64).display().iec()
         ),
     ))
 }

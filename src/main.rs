@@ -12,8 +12,9 @@ use clap::{Args, Parser, Subcommand};
 use lazarus::apps::{AppKind, AppParams, iterations, run_app};
 use lazarus::driver::processes::agent::Hosts;
 use lazarus::driver::processes::launched;
-use lazarus::tools::bench::{bench, median};
+use lazarus::tools::bench::{BenchEvent, bench, median};
 use lazarus::tools::summary::RunSummary;
+use lazarus::tools::{human_bytes, human_bytes_f64};
 use lazarus::{Backend, Config, KillSpec, ProtocolKind};
 
 const RUN_EXAMPLES: &str = "Examples:
@@ -34,23 +35,36 @@ Kill specifications (repeatable):
 Exit status: 0 VERIFIED, 1 NOT VERIFIED (or the job failed), 2 bad usage.";
 
 const CHAOS_EXAMPLES: &str = "Examples:
-  lazarus chaos --app cg --class S --protocols coordinated --seeds 200
-  lazarus chaos --app dht --ranks 6 --nodes 3 --protocols coordinated --seeds 50 --from 1000 --json chaos.json
-  lazarus chaos --app stencil --class S --ranks 8 --nodes 4 --backend processes --protocols pessimistic,ulml --seeds 20
+  lazarus chaos cg --class S --protocols coordinated --seeds 200
+  lazarus chaos dht --ranks 6 --nodes 3 --protocols coordinated --seeds 50 --from 1000 --json chaos.json
+  lazarus chaos stencil --class S --ranks 8 --nodes 4 --backend processes --protocols pessimistic,ulml --seeds 20
 
 Each failing case is printed with a `lazarus run ... --seed S --kill ...` command that runs it again:
 exactly on the simulator; with the same kills (real SIGKILLs) but the machine's timing on processes.
 Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
 
 const SIM_EXAMPLES: &str = "Examples:
-  lazarus sim --app stencil --ranks 4096 --protocols none,coordinated --kill 5@50%
-  lazarus sim --app allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json";
+  lazarus sim stencil --ranks 4096 --protocols none,coordinated --kill 5@50%
+  lazarus sim allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json";
 
 const MODEL_EXAMPLES: &str = "Examples:
   lazarus model --checkpoint-cost 60 --mtbf 86400
   lazarus model --processes 4000 --plot pcf.svg
   lazarus model --group-size 21 --t-aware 3
   lazarus model --level nodes:1000:0.4:1.2 --level racks:40:0.01:2.0 --group-size 8 --t-aware 2";
+
+const INSPECT_EXAMPLES: &str = "Examples:
+  lazarus run stencil --ranks 4 --protocol coordinated --storage disk:ckpt@5
+  lazarus inspect ckpt
+  lazarus inspect ckpt --json ckpt.json
+
+Exit status: 0 when a restart would find a usable generation, 1 when none would, 2 bad usage.";
+
+const BENCH_CODEC_EXAMPLES: &str = "Examples:
+  lazarus bench-codec --bytes 1MiB --group 4 --parity 2
+  lazarus bench-codec --bytes 64KiB,4MiB --group 8 --parity 3 --json codec.json
+
+Sizes are bytes, or a number with a unit (64KiB, 16MiB, 1GB).";
 
 const BENCH_EXAMPLES: &str = "Examples:
   lazarus bench cg --class W --ranks 4 --protocols none,coordinated --json bench.json
@@ -84,9 +98,11 @@ enum Command {
     Model(ModelArgs),
     /// What a checkpoint directory holds, whether it is intact, and which
     /// generation a restart would use.
+    #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(InspectArgs),
     /// Encode throughput of XOR and Reed–Solomon parity next to a plain
     /// memcpy of the same bytes, in the same run.
+    #[command(after_help = BENCH_CODEC_EXAMPLES)]
     BenchCodec(BenchCodecArgs),
     /// Draw a `lazarus bench --json` report as an SVG picture: wall-time
     /// ratios per protocol, or ping-pong bandwidth against message size.
@@ -111,7 +127,8 @@ const LAUNCH_EXAMPLES: &str = "Examples (from the source tree, after `cargo buil
   lazarus launch -n 8 --nodes 2 --kill node:1@50% --json job.json -- ./target/release/examples/launched_solver 200
 
 The program calls `lazarus::run(&config, rank_fn)` as usual; started by the launcher, that call
-runs one rank (size, nodes and kills come from the launcher) and returns that rank's value.
+runs one rank (size, nodes and kills come from the launcher; the protocol and checkpoint interval
+from the program's config) and returns that rank's value.
 Under Slurm, -n and --nodes default to SLURM_NTASKS and SLURM_NNODES.
 Exit status: 0 when every rank succeeded, 1 otherwise, 2 bad usage.";
 
@@ -145,8 +162,8 @@ struct LaunchArgs {
     #[arg(long, default_value = "200ms", value_parser = millis, allow_hyphen_values = true)]
     heartbeat_timeout: Duration,
     /// Largest frame (one message, or one checkpoint piece) a connection
-    /// carries, in bytes (64 KiB to 1 TiB).
-    #[arg(long, default_value_t = Config::default().max_frame)]
+    /// carries: bytes, or with a unit (64KiB to 1TiB).
+    #[arg(long, value_name = "BYTES", default_value = DEFAULT_MAX_FRAME, value_parser = parse_bytes)]
     max_frame: usize,
     /// Write the job statistics as JSON here.
     #[arg(long)]
@@ -174,8 +191,9 @@ fn unfired_kills(stats: &lazarus::JobStats) -> String {
     format!("; kill never fired: {}", stats.unfired_kills.join(", "))
 }
 
-/// Bytes in a mebibyte, for printing.
-const MIB: f64 = 1024.0 * 1024.0;
+/// `--max-frame`'s default, [`lazarus::config::DEFAULT_MAX_FRAME`] as
+/// the help shows it (a test checks that they agree).
+const DEFAULT_MAX_FRAME: &str = "16GiB";
 
 /// `-n`/`--nodes`, or Slurm's task and node counts.
 fn slurm_default(given: Option<usize>, var: &str) -> Option<usize> {
@@ -285,10 +303,11 @@ fn check_program(program: &str) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 struct BenchCodecArgs {
-    /// Bytes per piece (one rank's checkpoint); repeatable. The default
-    /// sizes show a group that fits in this machine's cache (where memcpy
-    /// runs at cache speed) and two that do not.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize << 20, 16 << 20, 64 << 20])]
+    /// Bytes per piece (one rank's checkpoint), or with a unit (1MiB);
+    /// comma-separated. The default sizes show a group that fits in this
+    /// machine's cache (where memcpy runs at cache speed) and two that do
+    /// not.
+    #[arg(long, value_delimiter = ',', default_value = "1MiB,16MiB,64MiB", value_parser = parse_bytes)]
     bytes: Vec<usize>,
     /// Pieces per group.
     #[arg(long, default_value_t = 4)]
@@ -308,9 +327,9 @@ fn cmd_bench_codec(args: &BenchCodecArgs) -> anyhow::Result<bool> {
         let f =
             lazarus::store::codec::bench_encode(bytes, args.group, args.parity).map_err(usage)?;
         println!(
-            "{} pieces of {} bytes: memcpy {:.2} GB/s, XOR {:.2} GB/s ({:.2}x), RS(+{}) {:.2} GB/s ({:.2}x)",
+            "{} pieces of {}: memcpy {:.2} GB/s, XOR {:.2} GB/s ({:.2}x), RS(+{}) {:.2} GB/s ({:.2}x)",
             f.group,
-            f.bytes,
+            lazarus::tools::binary_size(f.bytes as u64),
             f.memcpy_gb_s,
             f.xor_gb_s,
             f.xor_gb_s / f.memcpy_gb_s,
@@ -431,22 +450,14 @@ fn cmd_inspect(args: &InspectArgs) -> anyhow::Result<bool> {
 
 #[derive(Args, Debug)]
 struct ChaosArgs {
-    /// The app: stencil, cg, dht, pingpong.
-    #[arg(long)]
-    app: String,
-    /// Problem class.
-    #[arg(long)]
-    class: Option<char>,
-    /// Problem size.
-    #[arg(long)]
-    size: Option<usize>,
-    /// Iterations.
-    #[arg(long)]
-    iterations: Option<u64>,
+    #[command(flatten)]
+    what: AppArgs,
     /// Number of ranks.
     #[arg(long, default_value_t = 4)]
     ranks: usize,
-    /// Failure domains.
+    /// Failure domains (nodes) ranks are placed on, in blocks. The default
+    /// is 2, not run's 1: so that the drawn schedules kill whole nodes too,
+    /// and checkpoint copies live on another node than their rank.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
     /// Comma-separated protocols to test.
@@ -495,14 +506,14 @@ struct ChaosArgs {
 
 #[derive(Args, Debug)]
 struct SimArgs {
-    /// The pattern: stencil, allreduce.
-    #[arg(long)]
+    /// The communication pattern: stencil, allreduce.
+    #[arg(value_name = "PATTERN")]
     app: String,
     /// Number of simulated ranks (at most 1000000, and what the kernel's
     /// vm.max_map_count holds).
     #[arg(long, default_value_t = 1024)]
     ranks: usize,
-    /// Failure domains.
+    /// Failure domains (nodes) ranks are placed on, in blocks.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
     /// Comma-separated protocols.
@@ -515,15 +526,18 @@ struct SimArgs {
     /// seconds).
     #[arg(long, default_value = "1ms", value_parser = secs, allow_hyphen_values = true)]
     compute_s: Duration,
-    /// Stencil halo message size, bytes.
-    #[arg(long, default_value_t = 8192)]
+    /// Stencil halo message size: bytes, or with a unit (8KiB).
+    #[arg(long, default_value = "8KiB", value_parser = parse_bytes)]
     halo_bytes: usize,
     /// Allreduce length, f64 elements.
     #[arg(long, default_value_t = 1)]
     reduce_len: usize,
-    /// Checkpoint every N iterations.
-    #[arg(long, default_value_t = 5)]
-    checkpoint_every: u64,
+    /// Checkpoint every N iterations (0: never), or every P% of them, as
+    /// for `run`. The default is 5, not run's 10%: a scale study runs few
+    /// iterations (20 by default), and at 10% every other one would end in
+    /// a checkpoint.
+    #[arg(long, default_value = "5")]
+    checkpoint_every: String,
     /// Failure to inject (repeatable).
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
@@ -586,19 +600,28 @@ fn parse_level(text: &str) -> anyhow::Result<lazarus::tools::model::Level> {
     })
 }
 
+/// The app and its problem, positional and the same in every subcommand
+/// that runs an app (`run`, `bench`, `chaos`).
 #[derive(Args, Debug, Clone)]
-struct JobArgs {
+struct AppArgs {
     /// The app: stencil, cg, dht, pingpong.
     app: String,
     /// Problem class (cg: S, W, A, B; stencil and dht: S, W, A).
     #[arg(long)]
     class: Option<char>,
-    /// Problem size (stencil: grid side; dht: keys per rank; pingpong: largest message in bytes).
-    #[arg(long)]
+    /// Problem size (stencil: grid side; dht: keys per rank; pingpong:
+    /// largest message in bytes, or with a unit: 4MiB).
+    #[arg(long, value_parser = parse_bytes)]
     size: Option<usize>,
     /// Iterations (stencil: sweeps; dht: insert batches; pingpong: round trips per size).
     #[arg(long)]
     iterations: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+struct JobArgs {
+    #[command(flatten)]
+    what: AppArgs,
     /// Number of ranks (at most 4096 on threads and processes, 1000000 on
     /// sim).
     #[arg(long, default_value_t = 4)]
@@ -625,9 +648,9 @@ struct JobArgs {
     #[arg(long, default_value = "200ms", value_parser = millis, allow_hyphen_values = true)]
     heartbeat_timeout: Duration,
     /// Processes backend: largest frame (one message, or one checkpoint
-    /// piece with its message log) a connection carries, in bytes (64 KiB
-    /// to 1 TiB).
-    #[arg(long, default_value_t = Config::default().max_frame)]
+    /// piece with its message log) a connection carries: bytes, or with a
+    /// unit (64KiB to 1TiB).
+    #[arg(long, value_name = "BYTES", default_value = DEFAULT_MAX_FRAME, value_parser = parse_bytes)]
     max_frame: usize,
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N],
     /// R@checkpoint[:N], R@finalize.
@@ -727,30 +750,17 @@ struct BenchArgs {
 #[derive(Debug)]
 struct Usage(String);
 
-/// A byte count: digits, optionally followed by K, M, G (powers of 1000)
-/// or KiB, MiB, GiB (powers of 1024), as `--log-budget 64MiB`.
+/// A size option's value, as `bytesize` reads it: a bare number of bytes
+/// (`1000000`), or a number and a unit, SI or IEC (`500K`, `64MiB`,
+/// `16GiB`, `1.5GB`). A clap value parser: a bad value exits 2 naming the
+/// option.
 fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits);
-    let n: usize = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a byte count (like 67108864 or 64MiB)"))?;
-    let scale: usize = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "k" | "KB" | "kB" => 1_000,
-        "M" | "MB" => 1_000_000,
-        "G" | "GB" => 1_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        u => {
-            return Err(format!(
-                "unknown unit `{u}` in `{s}` (B, K, M, G, KiB, MiB, GiB)"
-            ));
-        }
-    };
-    n.checked_mul(scale)
+    let b: bytesize::ByteSize = s.trim().parse().map_err(|e| {
+        format!("`{s}` is not a byte count ({e}); write e.g. 1000000, 500K, 64MiB, 16GiB")
+    })?;
+    usize::try_from(b.as_u64())
+        .ok()
+        .filter(|&n| n != usize::MAX)
         .ok_or_else(|| format!("`{s}` is too many bytes"))
 }
 
@@ -767,30 +777,15 @@ fn usage(e: lazarus::Error) -> anyhow::Error {
 }
 
 fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppParams, Config)> {
-    let app: AppKind = job.app.parse().map_err(usage)?;
+    let what = &job.what;
+    let app: AppKind = what.app.parse().map_err(usage)?;
     let params = AppParams {
-        class: job.class.map(|c| c.to_ascii_uppercase()),
-        size: job.size,
-        iterations: job.iterations,
+        class: what.class.map(|c| c.to_ascii_uppercase()),
+        size: what.size,
+        iterations: what.iterations,
     };
     let n = iterations(app, &params).map_err(usage)?;
-    let every = match job.checkpoint_every.strip_suffix('%') {
-        Some(p) => {
-            let p: f64 = p.parse().ok().filter(|p: &f64| *p > 0.0 && *p <= 100.0).ok_or_else(|| {
-                anyhow::Error::new(Usage(format!(
-                    "invalid configuration `--checkpoint-every`: `{}` is not a percentage in (0, 100]",
-                    job.checkpoint_every
-                )))
-            })?;
-            ((n as f64 * p / 100.0).round() as u64).max(1)
-        }
-        None => job.checkpoint_every.parse().map_err(|_| {
-            anyhow::Error::new(Usage(format!(
-                "invalid configuration `--checkpoint-every`: `{}` is neither N nor P%",
-                job.checkpoint_every
-            )))
-        })?,
-    };
+    let every = checkpoint_every(&job.checkpoint_every, n)?;
     let kills = parse_kills(&job.kills)?;
     let backend: Backend = job.backend.parse().map_err(usage)?;
     let mtbf = match (job.checkpoint_interval.as_str(), &job.mtbf) {
@@ -861,6 +856,26 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
     };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
+}
+
+/// `--checkpoint-every` of a job of `n` iterations: N safe points (0:
+/// never), or P% of the run (at least one safe point).
+fn checkpoint_every(text: &str, n: u64) -> anyhow::Result<u64> {
+    let bad = |why: &str| {
+        usage(lazarus::Error::config(
+            "--checkpoint-every",
+            format!("`{text}` {why}"),
+        ))
+    };
+    match text.strip_suffix('%') {
+        Some(p) => {
+            let p: f64 = (p.parse().ok())
+                .filter(|p: &f64| *p > 0.0 && *p <= 100.0)
+                .ok_or_else(|| bad("is not a percentage in (0, 100]"))?;
+            Ok(((n as f64 * p / 100.0).round() as u64).max(1))
+        }
+        None => text.parse().map_err(|_| bad("is neither N nor P%")),
+    }
 }
 
 /// `--kill` specifications.
@@ -988,10 +1003,10 @@ fn write_trace(path: &PathBuf, trace: &lazarus::trace::Trace, title: &str) -> an
     let text = serde_json::to_string(&trace.to_chrome(title))?;
     std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
     println!(
-        "trace: {} events of {} ranks, {} bytes, written to {} (open it in ui.perfetto.dev, or `lazarus report {} --svg OUT`)",
+        "trace: {} events of {} ranks, {}, written to {} (open it in ui.perfetto.dev, or `lazarus report {} --svg OUT`)",
         trace.len(),
         trace.ranks.len(),
-        text.len(),
+        human_bytes(text.len() as u64),
         path.display(),
         path.display()
     );
@@ -1054,23 +1069,23 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     let st = &summary.stats;
     let unfired = unfired_kills(st);
     println!(
-        "wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s; checkpoints {} ({} bytes, longest {:.4} s){unfired}",
+        "wall {:.3} s; failures {} ({} ranks killed); ranks rolled back {}; recovery {:.4} s; checkpoints {} ({}, longest {:.4} s){unfired}",
         st.wall_s,
         st.failures,
         st.ranks_killed,
         st.ranks_rolled_back,
         st.recovery_s,
         st.checkpoints,
-        st.checkpoint_bytes,
+        human_bytes(st.checkpoint_bytes),
         st.checkpoint_s
     );
     if st.log_records > 0 || st.job_restarts > 0 {
         println!(
-            "log: {} records ({} bytes) logged, peak {} bytes in memory on one rank, {} bytes spilled, {} determinants, {} resent, {} collectives from the log; job restarts {}",
+            "log: {} records ({}) logged, peak {} in memory on one rank, {} spilled, {} determinants, {} resent, {} collectives from the log; job restarts {}",
             st.log_records,
-            st.log_bytes,
-            st.peak_log_bytes,
-            st.spilled_log_bytes,
+            human_bytes(st.log_bytes),
+            human_bytes(st.peak_log_bytes),
+            human_bytes(st.spilled_log_bytes),
             st.determinants,
             st.messages_resent,
             st.collectives_from_log,
@@ -1087,9 +1102,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         (st.peak_rss_bytes, st.mean_peak_rss_bytes, st.minor_faults)
     {
         println!(
-            "memory: peak resident set {:.1} MiB (largest rank process), {:.1} MiB (mean); {} minor page faults",
-            peak as f64 / MIB,
-            mean as f64 / MIB,
+            "memory: peak resident set {} (largest rank process), {} (mean); {} minor page faults",
+            human_bytes(peak),
+            human_bytes(mean),
             faults
         );
     }
@@ -1098,9 +1113,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     if st.set_syncs > 0 || st.spared_log_bytes > 0 {
         println!(
-            "correlated sets (up to {} ranks): {} bytes sent inside sets without a log copy; {} set synchronisations, mean {:.1} us, longest {:.1} us",
+            "correlated sets (up to {} ranks): {} sent inside sets without a log copy; {} set synchronisations, mean {:.1} us, longest {:.1} us",
             st.set_size,
-            st.spared_log_bytes,
+            human_bytes(st.spared_log_bytes),
             st.set_syncs,
             st.set_sync_s * 1e6,
             st.set_sync_max_s * 1e6
@@ -1186,6 +1201,7 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     }
     check_output_opt("--trace", &args.trace)?;
     let traced = args.trace.is_some();
+    let progress = Progress::new();
     let report = bench(
         app,
         &params,
@@ -1194,8 +1210,23 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         args.reps,
         &failure,
         traced,
-        |r| {
-            eprintln!(
+        |e| match e {
+            BenchEvent::Start {
+                run,
+                of,
+                protocol,
+                with_failure,
+                traced,
+            } => progress.start(
+                run,
+                of,
+                format!(
+                    "{protocol}{}{}",
+                    if with_failure { " with failure" } else { "" },
+                    if traced { " traced" } else { "" }
+                ),
+            ),
+            BenchEvent::Done(r) => progress.eprintln(format!(
                 "  {:<12} wall {:.4} s  {}{}{}",
                 r.protocol,
                 r.stats.wall_s,
@@ -1214,10 +1245,11 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 } else {
                     "NOT VERIFIED"
                 }
-            );
+            )),
         },
-    )
-    .map_err(usage)?;
+    );
+    progress.finish();
+    let report = report.map_err(usage)?;
     println!(
         "bench {app}{} on {} ranks ({} node{}), backend {}, {} reps, {}",
         report
@@ -1293,12 +1325,12 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         let per = |f| over(&all, f);
         if p.runs.iter().any(|r| r.stats.log_records > 0) {
             println!(
-                "    log: {:.0} records ({:.0} bytes), peak {:.0} records ({:.0} bytes) on one rank, \
+                "    log: {:.0} records ({}), peak {:.0} records ({}) on one rank, \
                  {:.0} determinants",
                 per(|s| s.log_records as f64),
-                per(|s| s.log_bytes as f64),
+                human_bytes_f64(per(|s| s.log_bytes as f64)),
                 per(|s| s.peak_log_records as f64),
-                per(|s| s.peak_log_bytes as f64),
+                human_bytes_f64(per(|s| s.peak_log_bytes as f64)),
                 per(|s| s.determinants as f64)
             );
         }
@@ -1313,19 +1345,21 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             let of = |f| over(&with_pieces, f);
             let in_checkpoints = of(|s| s.checkpoint_s_total);
             println!(
-                "    checkpoints: {:.0} generations per run, {:.0} bytes per piece, {:.4} s per rank \
+                "    checkpoints: {:.0} generations per run, {} per piece, {:.4} s per rank \
                  in them ({:.1}% of the median wall time)",
                 of(|s| s.checkpoints as f64),
-                of(|s| s.checkpoint_bytes as f64 / s.checkpoint_pieces as f64),
+                human_bytes_f64(of(
+                    |s| s.checkpoint_bytes as f64 / s.checkpoint_pieces as f64
+                )),
                 in_checkpoints,
                 100.0 * in_checkpoints / p.median_wall_s
             );
         }
         if p.runs.iter().all(|r| r.stats.mean_peak_rss_bytes.is_some()) {
             println!(
-                "    memory: peak resident set {:.1} MiB per rank process (mean), {:.1} MiB (largest); {:.0} minor page faults",
-                per(|s| s.mean_peak_rss_bytes.unwrap_or(0) as f64) / MIB,
-                per(|s| s.peak_rss_bytes.unwrap_or(0) as f64) / MIB,
+                "    memory: peak resident set {} per rank process (mean), {} (largest); {:.0} minor page faults",
+                human_bytes_f64(per(|s| s.mean_peak_rss_bytes.unwrap_or(0) as f64)),
+                human_bytes_f64(per(|s| s.peak_rss_bytes.unwrap_or(0) as f64)),
                 per(|s| s.minor_faults.unwrap_or(0) as f64)
             );
         }
@@ -1338,9 +1372,9 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         }
         if p.runs.iter().any(|r| r.stats.set_syncs > 0) {
             println!(
-                "    correlated sets of up to {:.0}: {:.0} bytes spared from the log, set sync mean {:.1} us, longest {:.1} us",
+                "    correlated sets of up to {:.0}: {} spared from the log, set sync mean {:.1} us, longest {:.1} us",
                 per(|s| s.set_size as f64),
-                per(|s| s.spared_log_bytes as f64),
+                human_bytes_f64(per(|s| s.spared_log_bytes as f64)),
                 per(|s| s.set_sync_s * 1e6),
                 per(|s| s.set_sync_max_s * 1e6)
             );
@@ -1381,8 +1415,8 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                     _ => String::new(),
                 };
                 println!(
-                    "    {:>8} B: latency {:.2} us, bandwidth {:.0} MB/s{}, forwarded {:.0} MB/s{}",
-                    pt["bytes"],
+                    "    {:>7}: latency {:.2} us, bandwidth {:.0} MB/s{}, forwarded {:.0} MB/s{}",
+                    lazarus::tools::binary_size(pt["bytes"].as_u64().unwrap_or(0)),
                     f("latency_us"),
                     f("bandwidth_mb_s"),
                     of_reference("bandwidth_mb_s"),
@@ -1419,6 +1453,66 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
+/// The progress of `bench`'s runs or `chaos`'s cases on stderr: run i of
+/// N, what it runs, the time elapsed and the time left. Only when stderr is
+/// a terminal, so never in a test's or CI's output; the lines printed
+/// meanwhile go above the bar.
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn new() -> Self {
+        Progress(std::io::stderr().is_terminal().then(|| {
+            // Drawn from the first run on (not during a reference run).
+            let bar = indicatif::ProgressBar::with_draw_target(
+                Some(0),
+                indicatif::ProgressDrawTarget::hidden(),
+            );
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{elapsed_precise} elapsed, ETA {eta}] {wide_bar}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        }))
+    }
+
+    /// Run `done` (from 0) of `of` starts, running `what`.
+    fn start(&self, done: usize, of: usize, what: String) {
+        if let Some(bar) = &self.0 {
+            bar.set_length(of as u64);
+            bar.set_position(done as u64);
+            bar.set_message(format!("run {} of {of}: {what}", done + 1));
+            if bar.is_hidden() {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                bar.tick();
+            }
+        }
+    }
+
+    /// `line` on stderr, above the bar.
+    fn eprintln(&self, line: String) {
+        match &self.0 {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// `line` on stdout, with the bar out of the way.
+    fn println(&self, line: String) {
+        match &self.0 {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 fn protocols(list: &str) -> anyhow::Result<Vec<ProtocolKind>> {
     list.split(',')
         .map(|p| p.trim().parse::<ProtocolKind>())
@@ -1440,19 +1534,16 @@ fn validated_as(chosen: &[ProtocolKind]) -> ProtocolKind {
 }
 
 fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
-    use lazarus::tools::chaos::{ChaosPlan, Verdict, chaos};
+    use lazarus::tools::chaos::{ChaosEvent, ChaosPlan, Verdict, chaos};
     let job = JobArgs {
-        app: args.app.clone(),
-        class: args.class,
-        size: args.size,
-        iterations: args.iterations,
+        what: args.what.clone(),
         ranks: args.ranks,
         nodes: args.nodes,
         backend: args.backend.clone(),
         listen: args.listen.clone(),
         hosts: "local".into(),
         heartbeat_timeout: Config::default().heartbeat_timeout,
-        max_frame: Config::default().max_frame,
+        max_frame: lazarus::config::DEFAULT_MAX_FRAME,
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),
@@ -1489,16 +1580,26 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         bound: args.bound_s,
         schedules,
     };
-    let report = chaos(&plan, |c| {
+    let progress = Progress::new();
+    let report = chaos(&plan, |e| {
+        let c = match e {
+            ChaosEvent::Start {
+                case,
+                of,
+                protocol,
+                seed,
+            } => return progress.start(case, of, format!("{protocol}, seed {seed}")),
+            ChaosEvent::Done(c) => c,
+        };
         if c.verdict != Verdict::Pass {
-            println!(
+            progress.println(format!(
                 "seed {} {}: {} (kills {})\n  reproduce: {}",
                 c.seed,
                 c.protocol,
                 c.verdict,
                 c.kills.join(" "),
                 c.reproduce
-            );
+            ));
         } else {
             let trace = if c.trace_hash.is_empty() {
                 String::new()
@@ -1510,13 +1611,14 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
             } else {
                 String::new()
             };
-            eprintln!(
+            progress.eprintln(format!(
                 "seed {} {}: pass ({} failures{restarts}{trace}, {:.2} s)",
                 c.seed, c.protocol, c.failures, c.wall_s
-            );
+            ));
         }
-    })
-    .map_err(usage)?;
+    });
+    progress.finish();
+    let report = report.map_err(usage)?;
     println!(
         "chaos {}: {} cases, {} failed ({} declared unrecoverable by the protocol, {} hung or \
          timed out), {} passed after a necessary job restart, {:.1} s; every case must print {}",
@@ -1551,7 +1653,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         ranks: args.ranks,
         nodes: args.nodes,
         kills,
-        checkpoint_every: args.checkpoint_every,
+        checkpoint_every: checkpoint_every(&args.checkpoint_every, args.iterations)?,
         seed: args.seed,
         iterations: Some(args.iterations),
         ..Config::default()

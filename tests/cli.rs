@@ -166,6 +166,10 @@ fn json_summary_has_the_documented_fields() {
 fn malformed_input_exits_2_with_a_clear_message() {
     let cases: &[(&[&str], &str)] = &[
         (&["run", "fft"], "unknown app `fft`"),
+        // The app is positional in every subcommand.
+        (&["chaos", "fft"], "unknown app `fft`"),
+        (&["sim", "fft"], "PATTERN"),
+        (&["chaos", "--app", "cg"], "--app"),
         (
             &["run", "cg", "--ranks", "4", "--kill", "9@50%"],
             "rank 9 is out of range",
@@ -340,11 +344,13 @@ fn bench_reports_ratios_to_none() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
             .expect("valid JSON");
-    // Its piece size is the median over the runs of bytes over pieces.
-    let shown: f64 = (lines[at[0]].split(", ").nth(1))
-        .and_then(|f| f.strip_suffix(" bytes per piece"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no piece size in `{}`", lines[at[0]]));
+    // Its piece size is the median over the runs of bytes over pieces,
+    // printed as people read sizes (`22.4 MB`).
+    let shown = (lines[at[0]].split(", ").nth(1))
+        .and_then(|f| f.strip_suffix(" per piece"))
+        .and_then(|n| n.parse::<bytesize::ByteSize>().ok())
+        .unwrap_or_else(|| panic!("no piece size in `{}`", lines[at[0]]))
+        .as_u64() as f64;
     let sizes: Vec<f64> = (v["protocols"][1]["runs"].as_array().expect("runs").iter())
         .map(|r| {
             let n = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("`{k}` in {r}"));
@@ -353,7 +359,8 @@ fn bench_reports_ratios_to_none() {
         .collect();
     let median = lazarus::tools::bench::median(&sizes);
     assert!(
-        shown > 0.0 && (shown - median).abs() <= 0.5,
+        shown > 0.0
+            && lazarus::tools::human_bytes_f64(median) == lazarus::tools::human_bytes_f64(shown),
         "{shown} against {sizes:?}"
     );
     // The picture drawn with the bench, and the one `plot` draws from the
@@ -426,7 +433,6 @@ fn chaos_sweep_passes_and_reports_json() {
     let path = dir.join("chaos.json");
     let o = lazarus(&[
         "chaos",
-        "--app",
         "cg",
         "--class",
         "S",
@@ -451,7 +457,7 @@ fn chaos_sweep_passes_and_reports_json() {
 #[test]
 fn chaos_takes_the_logging_and_storage_options_of_run() {
     let base = [
-        "chaos", "--app", "dht", "--size", "64", "--ranks", "8", "--nodes", "4", "--seeds", "2",
+        "chaos", "dht", "--size", "64", "--ranks", "8", "--nodes", "4", "--seeds", "2",
     ];
     let run = |extra: &[&str]| {
         let mut args = base.to_vec();
@@ -489,7 +495,6 @@ fn chaos_takes_the_logging_and_storage_options_of_run() {
 fn chaos_failure_prints_a_replay_command_and_exits_1() {
     let o = lazarus(&[
         "chaos",
-        "--app",
         "stencil",
         "--protocols",
         "none",
@@ -547,7 +552,6 @@ fn model_prints_daly_and_the_pcf_table() {
 fn sim_scale_study_reports_rows() {
     let o = lazarus(&[
         "sim",
-        "--app",
         "stencil",
         "--ranks",
         "256",
@@ -644,21 +648,16 @@ fn daly_interval_is_used_and_reported() {
 fn bench_codec_reports_every_figure() {
     let dir = std::env::temp_dir().join(format!("lazarus-codec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("codec.json");
-    let o = lazarus(&[
-        "bench-codec",
-        "--bytes",
-        "65536,131072",
-        "--group",
-        "4",
-        "--json",
-        path.to_str().expect("utf-8"),
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
+    // A size with a unit and a bare number of bytes (`sizes_parse_...`).
+    let (o, v) = succeeds_with_json(
+        &["bench-codec", "--bytes", "64KiB,131072", "--group", "4"],
+        &dir.join("codec.json"),
+    );
     let sizes = v["figures"].as_array().expect("one entry per size");
     assert_eq!(sizes.len(), 2);
+    for shown in ["4 pieces of 64 KiB", "4 pieces of 128 KiB"] {
+        assert!(stdout(&o).contains(shown), "{}", stdout(&o));
+    }
     for (f, bytes) in sizes.iter().zip([65536, 131072]) {
         assert_eq!(f["bytes"], bytes);
         assert_eq!(f["group"], 4);
@@ -700,19 +699,11 @@ fn hostile_inputs_are_usage_errors_naming_the_option() {
             "at most 1000000",
         ),
         (&["bench", "cg", "--ranks", huge], "--ranks"),
-        (&["chaos", "--app", "cg", "--ranks", huge], "--ranks"),
-        (&["sim", "--app", "stencil", "--ranks", huge], "--ranks"),
+        (&["chaos", "cg", "--ranks", huge], "--ranks"),
+        (&["sim", "stencil", "--ranks", huge], "--ranks"),
         (&["launch", "-n", huge, "--", "/bin/true"], "--ranks"),
         (
-            &[
-                "sim",
-                "--app",
-                "stencil",
-                "--ranks",
-                "16",
-                "--halo-bytes",
-                huge,
-            ],
+            &["sim", "stencil", "--ranks", "16", "--halo-bytes", huge],
             "--halo-bytes",
         ),
         (
@@ -839,7 +830,7 @@ fn hostile_inputs_are_usage_errors_naming_the_option() {
         .ok()
         .and_then(|t| t.trim().parse().ok());
     if limit.is_some_and(|l| l < 4 * 900_000) {
-        let o = lazarus(&["sim", "--app", "stencil", "--ranks", "900000"]);
+        let o = lazarus(&["sim", "stencil", "--ranks", "900000"]);
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains("--ranks"), "{}", stderr(&o));
     }
@@ -990,7 +981,6 @@ const SMALL_BENCH: &[&str] = &[
 /// A simulation of a few milliseconds: all-reduces on 4 ranks, no protocol.
 const SMALL_SIM: &[&str] = &[
     "sim",
-    "--app",
     "allreduce",
     "--ranks",
     "4",
@@ -1089,14 +1079,25 @@ fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
         let o = lazarus(&[SMALL_SIM, &["--compute-s", compute]].concat());
         assert_eq!(o.status.code(), Some(0), "{compute}: {}", stderr(&o));
         let out = stdout(&o);
-        let row: Vec<String> = (out.lines())
-            .find(|l| l.starts_with("none "))
-            .unwrap_or_else(|| panic!("no row in {out}"))
-            .split_whitespace()
-            .map(String::from)
-            .collect();
-        // virtual_ms and trace_hash
-        vec![row[4].clone(), row[16].clone()]
+        // Cells are two spaces apart (a size is `22.4 kB`).
+        let cells = |l: &str| -> Vec<String> {
+            (l.split("  ").map(str::trim))
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let header = cells(out.lines().next().unwrap_or_default());
+        let row = cells(
+            (out.lines())
+                .find(|l| l.starts_with("none "))
+                .unwrap_or_else(|| panic!("no row in {out}")),
+        );
+        let cell = |name: &str| -> String {
+            let at = (header.iter().position(|h| h == name))
+                .unwrap_or_else(|| panic!("no `{name}` column in {out}"));
+            row[at].clone()
+        };
+        vec![cell("virtual_ms"), cell("trace_hash")]
     };
     assert_eq!(sim("2ms"), sim("0.002"));
     assert_ne!(sim("2ms"), sim("3ms"));
@@ -1167,9 +1168,9 @@ fn durations_take_humantime_forms_and_bare_numbers_in_the_documented_unit() {
             ][..],
             "--heartbeat-timeout",
         ),
-        (&["chaos", "--app", "cg", "--bound-s", "0"][..], "--bound-s"),
+        (&["chaos", "cg", "--bound-s", "0"][..], "--bound-s"),
         (
-            &["sim", "--app", "stencil", "--compute-s", "1parsec"][..],
+            &["sim", "stencil", "--compute-s", "1parsec"][..],
             "--compute-s",
         ),
     ] {
@@ -1200,7 +1201,6 @@ fn debug_formatting(text: &str) -> Option<String> {
 fn no_debug_formatting_reaches_users() {
     let chaos = lazarus(&[
         "chaos",
-        "--app",
         "stencil",
         "--protocols",
         "none",
@@ -1296,7 +1296,6 @@ fn every_json_output_carries_schema_and_version() {
         "chaos.json",
         vec![
             "chaos",
-            "--app",
             "stencil",
             "--ranks",
             "2",
@@ -1370,8 +1369,9 @@ fn help_examples(sub: &str) -> Vec<String> {
 }
 
 /// Every example the help shows names a real subcommand and, where it
-/// names a program, one that exists; the examples of `run`, `model` and
-/// `launch` and `report` (seconds each) are run and must succeed. Those of `bench`,
+/// names a program, one that exists; the examples of `run`, `model`,
+/// `launch`, `report`, `inspect` and `bench-codec` (seconds each) are run,
+/// in the order the help shows them, and must succeed. Those of `bench`,
 /// `chaos` and `sim` take minutes and are left to a person.
 #[test]
 fn help_examples_run() {
@@ -1390,7 +1390,9 @@ fn help_examples_run() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     example("launched_solver");
+    let run_here = ["run", "model", "launch", "report", "inspect", "bench-codec"];
     let mut ran = 0;
+    let mut ran_in: std::collections::BTreeSet<&str> = Default::default();
     for sub in &subs {
         for line in help_examples(sub) {
             // The help names paths in the source tree; the test's build
@@ -1409,7 +1411,7 @@ fn help_examples_run() {
                     program.display()
                 );
             }
-            if ["run", "model", "launch", "report"].contains(&args[0]) {
+            if run_here.contains(&args[0]) {
                 let o = Command::new(env!("CARGO_BIN_EXE_lazarus"))
                     .args(&args)
                     .current_dir(&dir)
@@ -1417,10 +1419,20 @@ fn help_examples_run() {
                     .expect("the lazarus binary runs");
                 assert_eq!(o.status.code(), Some(0), "`{line}`: {}", stderr(&o));
                 ran += 1;
+                if args[0] == sub.as_str() {
+                    ran_in.insert(sub.as_str());
+                }
             }
         }
     }
-    assert!(ran >= 10, "only {ran} examples ran");
+    assert!(ran >= 15, "only {ran} examples ran");
+    // Each of them shows examples of its own.
+    for sub in run_here {
+        assert!(
+            ran_in.contains(sub),
+            "`{sub} --help` shows no example of it"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1630,4 +1642,168 @@ fn run_trace_is_a_valid_chrome_trace_and_report_draws_it() {
     std::fs::write(&not_a_trace, "{\"rows\": []}").expect("write");
     assert_usage_error(&["report", not_a_trace.to_str().expect("utf-8")], "TRACE");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run `lazarus args --json path`, which must succeed, and read the JSON
+/// it wrote.
+fn succeeds_with_json(args: &[&str], path: &std::path::Path) -> (Output, serde_json::Value) {
+    let o = lazarus(&[args, &["--json", path.to_str().expect("utf-8 path")]].concat());
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    let text = std::fs::read_to_string(path).expect("JSON written");
+    (o, serde_json::from_str(&text).expect("valid JSON"))
+}
+
+/// The help paragraph of `option` in `sub --help` (its line and the
+/// description under it).
+fn option_help(sub: &str, option: &str) -> Option<String> {
+    let help = stdout(&lazarus(&[sub, "--help"]));
+    let mut lines = help.lines().skip_while(|l| {
+        let l = l.trim_start();
+        !(l.starts_with(&format!("{option} ")) || l.contains(&format!(", {option} ")))
+    });
+    let head = lines.next()?;
+    let rest: Vec<&str> = lines
+        .take_while(|l| !l.trim().is_empty() && !l.trim_start().starts_with('-'))
+        .collect();
+    Some(format!("{head} {}", rest.join(" ")))
+}
+
+/// The default a help paragraph shows: clap's `[default: X]`, or the
+/// `else X)` of a default that depends on the environment.
+fn shown_default(paragraph: &str) -> Option<String> {
+    let from = |tag: &str, end: char| {
+        let at = paragraph.rfind(tag)? + tag.len();
+        paragraph[at..].split(end).next().map(String::from)
+    };
+    from("[default: ", ']').or_else(|| from("else ", ')'))
+}
+
+/// `--nodes` and `--checkpoint-every` have run's defaults in every
+/// subcommand that takes them, or the help says why not ("not run's").
+#[test]
+fn defaults_agree_across_subcommands_or_the_help_says_why() {
+    for option in ["--nodes", "--checkpoint-every"] {
+        let run = option_help("run", option).expect("run takes it");
+        let run_default = shown_default(&run).expect("run shows its default");
+        let mut seen = 0;
+        for sub in ["bench", "chaos", "sim", "launch", "model"] {
+            let Some(help) = option_help(sub, option) else {
+                continue;
+            };
+            seen += 1;
+            let default = shown_default(&help);
+            assert!(
+                default.as_ref() == Some(&run_default) || help.contains("not run's"),
+                "{sub} {option}: default {default:?}, run's {run_default}, and no reason: {help}"
+            );
+        }
+        assert!(seen >= 3, "{option} in only {seen} other subcommands");
+    }
+    // The two that differ, and say why.
+    let chaos = option_help("chaos", "--nodes").expect("chaos --nodes");
+    assert_eq!(shown_default(&chaos).as_deref(), Some("2"), "{chaos}");
+    let sim = option_help("sim", "--checkpoint-every").expect("sim --checkpoint-every");
+    assert_eq!(shown_default(&sim).as_deref(), Some("5"), "{sim}");
+}
+
+/// Size options take bytes or a number with a unit (`bytesize`'s forms;
+/// `bench_codec_reports_every_figure` gives both) and refuse anything
+/// else, naming the option; summaries print sizes as people read them,
+/// and the JSON keeps the exact integers.
+#[test]
+fn sizes_parse_and_print_human_readably() {
+    let dir = std::env::temp_dir().join(format!("lazarus-sizes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (args, option) in [
+        (
+            &["run", "cg", "--log-budget", "12parsecs"][..],
+            "--log-budget",
+        ),
+        (&["chaos", "cg", "--log-budget", "lots"][..], "--log-budget"),
+        (&["run", "cg", "--max-frame", "1XB"][..], "--max-frame"),
+        (
+            &["launch", "-n", "2", "--max-frame", "big", "--", "/bin/true"][..],
+            "--max-frame",
+        ),
+        (&["run", "pingpong", "--size", "4ZiB"][..], "--size"),
+        (
+            &["sim", "stencil", "--halo-bytes", "8 KB/s"][..],
+            "--halo-bytes",
+        ),
+        (&["bench-codec", "--bytes", "1MiB,x"][..], "--bytes"),
+    ] {
+        assert_usage_error(args, option);
+    }
+    // The default frame limit as the help shows it is the library's.
+    let help = option_help("run", "--max-frame").expect("run --max-frame");
+    let shown: bytesize::ByteSize = shown_default(&help)
+        .expect("a default")
+        .parse()
+        .expect("a size");
+    assert_eq!(shown.as_u64(), lazarus::config::DEFAULT_MAX_FRAME as u64);
+    // A run's summary: the checkpoint and log sizes as the JSON's bytes
+    // print.
+    let (o, v) = succeeds_with_json(
+        &[
+            "run",
+            "stencil",
+            "--ranks",
+            "2",
+            "--protocol",
+            "pessimistic",
+            "--log-budget",
+            "64MiB",
+        ],
+        &dir.join("run.json"),
+    );
+    let out = stdout(&o);
+    for key in ["checkpoint_bytes", "log_bytes", "peak_log_bytes"] {
+        let n = v[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("integer `{key}` in {v}"));
+        let human = lazarus::tools::human_bytes(n);
+        assert!(n >= 1000 && !human.ends_with(" B"), "{key}: {n} as {human}");
+        assert!(out.contains(&human), "{key}: no `{human}` in {out}");
+    }
+    assert!(!out.contains(" bytes"), "raw byte counts in {out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `bench` and `chaos` show a progress bar (run i of N, protocol, elapsed,
+/// ETA) on a terminal, and nothing of it anywhere else.
+#[test]
+fn progress_shows_on_a_terminal_only() {
+    let chaos: &[&str] = &["chaos", "stencil", "--ranks", "2", "--seeds", "2"];
+    for args in [SMALL_BENCH, chaos] {
+        let o = lazarus(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        for text in [stdout(&o), stderr(&o)] {
+            assert!(
+                !text.contains("ETA") && !text.contains("run 1 of"),
+                "{args:?}: a progress bar off a terminal: {text}"
+            );
+        }
+        // Under a pseudo-terminal (util-linux `script`, where present).
+        let line = format!("{} {}", env!("CARGO_BIN_EXE_lazarus"), args.join(" "));
+        let Ok(o) = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env("TERM", "xterm")
+            .output()
+        else {
+            eprintln!("no `script` here: the terminal half is not checked");
+            continue;
+        };
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{args:?} under script: {}",
+            stdout(&o)
+        );
+        let text = stdout(&o);
+        assert!(
+            text.contains("run 1 of ") && text.contains("ETA"),
+            "{args:?}: no progress on a terminal: {text}"
+        );
+    }
 }

@@ -719,7 +719,7 @@ fn correlated_forced_checkpoints_survive_a_double_kill() {
 #[test]
 fn chaos_sweeps_run_on_real_processes() {
     for app in [&["stencil", "--class", "S"][..], &["dht", "--size", "128"]] {
-        let mut args = vec!["chaos", "--app"];
+        let mut args = vec!["chaos"];
         args.extend_from_slice(app);
         args.extend_from_slice(&[
             "--ranks",

@@ -66,7 +66,7 @@ impl FromStr for Pattern {
             .ok_or_else(|| {
                 let names: Vec<_> = Pattern::ALL.iter().map(|p| p.name()).collect();
                 Error::config(
-                    "--app",
+                    "PATTERN",
                     format!(
                         "unknown communication pattern `{s}` (known: {})",
                         names.join(", ")

@@ -1402,23 +1402,6 @@ pub fn inspect(dir: &Path) -> Result<InspectReport> {
 /// Damaged pieces listed per generation by [`render`].
 const MAX_DAMAGED_LINES: usize = 20;
 
-fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    format!("{v:.2} {unit}")
-}
-
 impl fmt::Display for InspectReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "Checkpoint directory {}", self.dir.display())?;
@@ -1448,7 +1431,7 @@ impl fmt::Display for InspectReport {
                     if g.committed { "yes" } else { "no" },
                     g.ranks,
                     format!("{ok}/{}", g.pieces.len()),
-                    human_bytes(g.total_bytes),
+                    crate::tools::human_bytes(g.total_bytes),
                 )?;
             }
         }
@@ -2146,8 +2129,5 @@ mod tests {
         assert_eq!(parse_piece_name("rank-000003.piece"), Some(3));
         assert_eq!(parse_piece_name("rank-1234567.piece"), Some(1_234_567));
         assert_eq!(parse_piece_name("rank-000003.piece.1-0.tmp"), None);
-        assert_eq!(human_bytes(100), "100 B");
-        assert_eq!(human_bytes(1536), "1.50 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
     }
 }

@@ -375,9 +375,29 @@ fn trace_figures(traced: &mut Vec<RunSummary>, plain: &[RunSummary]) -> Option<T
     })
 }
 
+/// What [`bench`] tells its caller as it goes (a progress display).
+#[derive(Debug)]
+pub enum BenchEvent<'a> {
+    /// Run `run` (counted from 0) of the bench's `of` runs starts.
+    Start {
+        /// Runs done so far.
+        run: usize,
+        /// Runs in all.
+        of: usize,
+        /// The protocol it runs.
+        protocol: ProtocolKind,
+        /// Whether it runs with the bench's failure scenario.
+        with_failure: bool,
+        /// Whether it records its timeline.
+        traced: bool,
+    },
+    /// A run ended.
+    Done(&'a RunSummary),
+}
+
 /// Run `app` under each protocol `reps` times, alternating; with `traced`,
 /// each run is followed or preceded (alternately) by the same run with its
-/// timeline recorded.
+/// timeline recorded. `on_event` sees every run start and end.
 #[allow(clippy::too_many_arguments)]
 pub fn bench(
     app: AppKind,
@@ -387,7 +407,7 @@ pub fn bench(
     reps: usize,
     failure: &[KillSpec],
     traced: bool,
-    mut on_run: impl FnMut(&RunSummary),
+    mut on_event: impl FnMut(BenchEvent<'_>),
 ) -> Result<BenchReport> {
     if protocols.is_empty() {
         return Err(Error::config("--protocols", "name at least one protocol"));
@@ -403,6 +423,26 @@ pub fn bench(
     let mut runs: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut failed: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut with_trace: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
+    let with_failure = |p: ProtocolKind| !failure.is_empty() && p.replaces_failed_ranks();
+    let of = reps
+        * (protocols.iter())
+            .map(|&p| 1 + usize::from(traced) + usize::from(with_failure(p)))
+            .sum::<usize>();
+    let mut done = 0;
+    let mut run_one = |cfg: &Config, with_failure| {
+        on_event(BenchEvent::Start {
+            run: done,
+            of,
+            protocol: cfg.protocol,
+            with_failure,
+            traced: cfg.trace.is_some(),
+        });
+        let run = run_app(app, params, cfg);
+        let s = RunSummary::new(app, params, cfg, &run);
+        on_event(BenchEvent::Done(&s));
+        done += 1;
+        s
+    };
     // Failure-free and failure runs alternate too, so noise hits both alike.
     for rep in 0..reps {
         for i in run_order(rep, protocols.len()) {
@@ -416,22 +456,17 @@ pub fn bench(
             };
             for &t in variants {
                 let cfg = if t { cfg.clone().traced() } else { cfg.clone() };
-                let run = run_app(app, params, &cfg);
-                let s = RunSummary::new(app, params, &cfg, &run);
-                on_run(&s);
+                let s = run_one(&cfg, false);
                 if t {
                     with_trace[i].push(s);
                 } else {
                     runs[i].push(s);
                 }
             }
-            if !failure.is_empty() && p.replaces_failed_ranks() {
+            if with_failure(p) {
                 let mut cfg = cfg.clone();
                 cfg.kills = failure.to_vec();
-                let run = run_app(app, params, &cfg);
-                let s = RunSummary::new(app, params, &cfg, &run);
-                on_run(&s);
-                failed[i].push(s);
+                failed[i].push(run_one(&cfg, true));
             }
         }
     }

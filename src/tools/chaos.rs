@@ -434,8 +434,26 @@ fn run_case(
     case
 }
 
-/// Run the sweep; `on_case` sees every case as it ends.
-pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<ChaosReport> {
+/// What [`chaos`] tells its caller as it goes (a progress display).
+#[derive(Debug)]
+pub enum ChaosEvent<'a> {
+    /// Case `case` (counted from 0) of the sweep's `of` starts.
+    Start {
+        /// Cases done so far.
+        case: usize,
+        /// Cases in all (fewer run when a hung case stops the sweep).
+        of: usize,
+        /// Its protocol.
+        protocol: ProtocolKind,
+        /// Its seed.
+        seed: u64,
+    },
+    /// A case ended.
+    Done(&'a ChaosCase),
+}
+
+/// Run the sweep; `on_event` sees every case start and end.
+pub fn chaos(plan: &ChaosPlan, mut on_event: impl FnMut(ChaosEvent<'_>)) -> Result<ChaosReport> {
     if plan.seeds == 0 {
         return Err(Error::config("--seeds", "at least one seed"));
     }
@@ -480,9 +498,17 @@ pub fn chaos(plan: &ChaosPlan, mut on_case: impl FnMut(&ChaosCase)) -> Result<Ch
                 Schedules::Mixed => scenario(seed, &cfg, n),
                 Schedules::Cascade => cascade(seed, &cfg, n),
             };
+            on_event(ChaosEvent::Start {
+                case: cases,
+                of: usize::try_from(plan.seeds)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(plan.protocols.len()),
+                protocol,
+                seed,
+            });
             let case = run_case(plan.app, &plan.params, &cfg, &expected, plan.bound);
             cases += 1;
-            on_case(&case);
+            on_event(ChaosEvent::Done(&case));
             // A hung job on a real backend still holds its processes and
             // cores: nothing after it would be measured fairly.
             let stop = case.verdict == Verdict::Timeout && base.backend != Backend::Sim;
@@ -562,6 +588,7 @@ mod tests {
         };
         let mut seen = 0;
         let r = chaos(&plan, |_| seen += 1);
+        // Not even a case's start.
         assert!(
             matches!(&r, Err(Error::Config { option, .. }) if option == "--storage"),
             "{r:?}"

@@ -11,6 +11,25 @@ pub mod summary;
 
 use serde::Serialize;
 
+/// A byte count as summaries and tables print it: `bytesize`'s SI form
+/// (`22.4 MB`, `512 B`). The JSON reports keep the exact integer.
+pub fn human_bytes(n: u64) -> String {
+    bytesize::ByteSize(n).display().si().to_string()
+}
+
+/// A size chosen as a power of two (a ping-pong message, a `bench-codec`
+/// piece) in IEC units: `8 B`, `64 KiB`, `1.5 MiB`.
+pub fn binary_size(n: u64) -> String {
+    let s = bytesize::ByteSize(n).display().iec().to_string();
+    s.replace(".0 ", " ")
+}
+
+/// [`human_bytes`] of a median or a mean (rounded to whole bytes; NaN and
+/// negative values print as 0 B).
+pub fn human_bytes_f64(n: f64) -> String {
+    human_bytes(n.round() as u64)
+}
+
 /// The version of the JSON that `--json` writes, whatever the subcommand:
 /// raised when a field is renamed, removed or changes meaning, so that a
 /// script reading an old report can tell. 1: the first versioned one (the
@@ -40,5 +59,23 @@ impl<'a, T: Serialize> Versioned<'a, T> {
             lazarus_version: env!("CARGO_PKG_VERSION"),
             body,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_as_people_read_them() {
+        assert_eq!(human_bytes(100), "100 B");
+        assert_eq!(human_bytes(22_400_000), "22.4 MB");
+        assert_eq!(human_bytes(3 << 30), "3.2 GB");
+        assert_eq!(human_bytes_f64(1536.4), "1.5 kB");
+        assert_eq!(human_bytes_f64(f64::NAN), "0 B");
+        assert_eq!(binary_size(8), "8 B");
+        assert_eq!(binary_size(64 << 10), "64 KiB");
+        assert_eq!(binary_size(3 << 19), "1.5 MiB");
+        assert_eq!(binary_size(4 << 20), "4 MiB");
     }
 }

@@ -540,7 +540,7 @@ pub fn plot_svg(rows: &[Fig10Row], path: &Path) -> Result<()> {
         .configure_mesh()
         .x_desc("|CH| / N [%]")
         .y_desc("P_cf per day")
-        .y_label_formatter(&|v| format!("{v:.0e}"))
+        .y_label_formatter(&|v| super::plot::log_tick(*v))
         .draw()
         .map_err(|e| fail(&e))?;
 

@@ -116,6 +116,9 @@ struct Report {
     baseline: String,
     pingpong: bool,
     protocols: Vec<Protocol>,
+    /// What failed, one entry per protocol (and failure scenario) with a
+    /// run that did not verify: the picture says so.
+    failed: Vec<String>,
 }
 
 fn bad(detail: impl Into<String>) -> Error {
@@ -195,6 +198,7 @@ impl Report {
             v["backend"].as_str().unwrap_or("?"),
             v["reps"]
         );
+        let failed = list.iter().flat_map(failed_runs).collect();
         let failure = list.iter().find_map(|p| {
             let kills = p["failure"]["kills"].as_array()?;
             Some(
@@ -211,7 +215,130 @@ impl Report {
             baseline,
             pingpong: app == "pingpong",
             protocols,
+            failed,
         })
+    }
+
+    /// The line that says which runs failed, if any did.
+    fn failure_note(&self) -> Option<String> {
+        (!self.failed.is_empty()).then(|| format!("NOT VERIFIED: {}", self.failed.join("; ")))
+    }
+}
+
+/// What failed among one protocol's runs of a bench report, failure-free
+/// and with the failure scenario: "coordinated: 1 of 6 runs failed",
+/// "ulml with 1@70%: 2 of 6 runs failed" (or "a run failed" in a report
+/// without its runs).
+fn failed_runs(p: &Value) -> Vec<String> {
+    let name = p["protocol"].as_str().unwrap_or("?");
+    let scenario = |v: &Value| -> Option<String> {
+        let runs = v["runs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let bad = (runs.iter())
+            .filter(|r| r["verified"].as_bool() == Some(false))
+            .count();
+        if v["verified_all"].as_bool() != Some(false) && bad == 0 {
+            return None;
+        }
+        Some(if bad > 0 {
+            format!("{bad} of {} runs failed", runs.len())
+        } else {
+            "a run failed".into()
+        })
+    };
+    let kills = (p["failure"]["kills"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join(" ");
+    [
+        scenario(p).map(|s| format!("{name}: {s}")),
+        scenario(&p["failure"])
+            .filter(|_| p["failure"].is_object())
+            .map(|s| format!("{name} with {kills}: {s}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Title font size, pixels.
+const TITLE_PX: u32 = 18;
+/// The failure note's font size, pixels.
+const NOTE_PX: u32 = 15;
+/// Space around the picture's content, pixels.
+const MARGIN: u32 = 15;
+
+/// A generous width of `text` in a sans-serif font of `px` pixels (0.6 em
+/// per character: wider than the average glyph, so a title estimated to
+/// fit does).
+fn text_width(text: &str, px: u32) -> u32 {
+    let chars = u32::try_from(text.chars().count()).unwrap_or(u32::MAX);
+    chars.saturating_mul(px).saturating_mul(3) / 5
+}
+
+/// The width of a picture whose content needs `content` pixels: wider when
+/// the title or the failure note needs it, so that they fit.
+fn picture_width(r: &Report, content: u32) -> u32 {
+    let note = r.failure_note().map_or(0, |n| text_width(&n, NOTE_PX));
+    content
+        .max(text_width(&r.title, TITLE_PX))
+        .max(note)
+        .saturating_add(2 * MARGIN)
+}
+
+/// Draw the title and, when a run failed, the failure note (in red) at the
+/// top of `root`; returns the area below them, for the chart.
+fn heading<'a>(
+    root: &plotters::drawing::DrawingArea<
+        plotters::backend::SVGBackend<'a>,
+        plotters::coord::Shift,
+    >,
+    r: &Report,
+    fail: &dyn Fn(&dyn std::fmt::Display) -> Error,
+) -> Result<plotters::drawing::DrawingArea<plotters::backend::SVGBackend<'a>, plotters::coord::Shift>>
+{
+    use plotters::prelude::*;
+    let note = r.failure_note();
+    let height = MARGIN + TITLE_PX + 8 + note.as_ref().map_or(0, |_| NOTE_PX + 8);
+    let (top, rest) = root.split_vertically(height);
+    let x = i32::try_from(MARGIN).unwrap_or(0);
+    let mut y = i32::try_from(MARGIN).unwrap_or(0);
+    top.draw(&Text::new(
+        r.title.clone(),
+        (x, y),
+        ("sans-serif", TITLE_PX).into_font(),
+    ))
+    .map_err(|e| fail(&e))?;
+    if let Some(note) = note {
+        y += i32::try_from(TITLE_PX + 8).unwrap_or(0);
+        let style = ("sans-serif", NOTE_PX)
+            .into_font()
+            .color(&RGBColor(200, 0, 0));
+        top.draw(&Text::new(note, (x, y), style))
+            .map_err(|e| fail(&e))?;
+    }
+    Ok(rest)
+}
+
+/// A tick label of a logarithmic axis (and of the ratio axis): plain
+/// decimals from 0.01 to 999,999 (`0.1`, `2.5`, `1000`), with no more than
+/// 3 significant digits and no trailing zeros; scientific notation
+/// (`1e-3`) outside, so that an axis of small probabilities reads alike
+/// throughout.
+pub(crate) fn log_tick(v: f64) -> String {
+    let a = v.abs();
+    if !(1e-2..1e6).contains(&a) {
+        return if v == 0.0 || !v.is_finite() {
+            format!("{v}")
+        } else {
+            format!("{v:.0e}")
+        };
+    }
+    let decimals = usize::try_from((2 - a.log10().floor() as i64).max(0)).unwrap_or(0);
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
     }
 }
 
@@ -237,38 +364,72 @@ pub(crate) fn draw_error(out: &Path) -> impl Fn(&dyn std::fmt::Display) -> Error
     move |e| bad(format!("cannot draw SVG `{}`: {e}", out.display()))
 }
 
+/// The y range of a ratio plot: from a little below the lowest figure
+/// (never below 0) to above the highest, with room for the bars' labels,
+/// so that differences of a few percent show.
+fn ratio_range(r: &Report) -> (f64, f64) {
+    let figures = r.protocols.iter().flat_map(|p| {
+        let ci = p.paired.and_then(|(_, ci)| ci).unwrap_or([f64::NAN; 2]);
+        [Some(p.ratio), p.failure_ratio, Some(ci[0]), Some(ci[1])]
+            .into_iter()
+            .flatten()
+    });
+    // The baseline's level, 1, is always shown.
+    let (lo, hi) = figures
+        .filter(|v| v.is_finite())
+        .fold((1.0f64, 1.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let span = (hi - lo).max(0.05 * hi);
+    ((lo - 0.3 * span).max(0.0), hi + 0.25 * span)
+}
+
 /// Bars of wall-time ratios to the baseline, per protocol.
 fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
     use plotters::prelude::*;
     let fail = draw_error(out);
     let with_failure = r.protocols.iter().any(|p| p.failure_ratio.is_some());
-    let top = r
-        .protocols
-        .iter()
-        .flat_map(|p| {
-            let whisker = p.paired.and_then(|(_, ci)| ci).map(|[_, hi]| hi);
-            [Some(p.ratio), p.failure_ratio, whisker]
-                .into_iter()
-                .flatten()
-        })
-        .filter(|v| v.is_finite())
-        .fold(1.0f64, f64::max)
-        * 1.15;
+    let (bottom, top) = ratio_range(r);
+    let label_room = (top - bottom) * 0.04;
     let n = r.protocols.len();
-    let width = 180 + 130 * u32::try_from(n).unwrap_or(64).min(64);
-    let root = SVGBackend::new(out, (width, 520)).into_drawing_area();
+    let free_color = RGBColor(30, 60, 200);
+    let failure_color = RGBColor(200, 30, 30);
+    // Legend: which bar is which.
+    let legend = [
+        (
+            free_color,
+            "failure-free (dot and whisker: paired ratio, its 95% CI)".to_string(),
+        ),
+        (
+            failure_color,
+            format!(
+                "with {} (in brackets: over its own failure-free time)",
+                r.failure.as_deref().unwrap_or("the failure")
+            ),
+        ),
+    ];
+    let legend = &legend[..if with_failure { 2 } else { 1 }];
+    const LEGEND_PX: u32 = 13;
+    let bars = 180 + 130 * u32::try_from(n).unwrap_or(64).min(64);
+    let widest_legend = (legend.iter())
+        .map(|(_, l)| 30 + text_width(l, LEGEND_PX))
+        .max()
+        .unwrap_or(0);
+    let width = picture_width(r, bars.max(widest_legend));
+    let legend_h = 10 + 20 * u32::try_from(legend.len()).unwrap_or(2);
+    let root = SVGBackend::new(out, (width, 520 + legend_h)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&r.title, ("sans-serif", 18))
-        .margin(15)
+    let below = heading(&root, r, &fail)?;
+    let (plot, legend_area) = below.split_vertically(below.dim_in_pixel().1 - legend_h);
+    let mut chart = ChartBuilder::on(&plot)
+        .margin(i32::try_from(MARGIN).unwrap_or(15))
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n as f64, 0.0..top)
+        .build_cartesian_2d(0.0..n as f64, bottom..top)
         .map_err(|e| fail(&e))?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(0)
+        .y_label_formatter(&|v| log_tick(*v))
         .y_desc(format!("median wall time / {}", r.baseline))
         .draw()
         .map_err(|e| fail(&e))?;
@@ -279,8 +440,6 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
             BLACK.mix(0.4).stroke_width(1),
         ))
         .map_err(|e| fail(&e))?;
-    let free_color = RGBColor(30, 60, 200);
-    let failure_color = RGBColor(200, 30, 30);
     for (i, p) in r.protocols.iter().enumerate() {
         let x = i as f64;
         // Side by side with a failure bar, else one centred bar.
@@ -302,14 +461,14 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
             }
             chart
                 .draw_series(std::iter::once(Rectangle::new(
-                    [(x0, 0.0), (x1, y)],
+                    [(x0, bottom), (x1, y)],
                     c.filled(),
                 )))
                 .map_err(|e| fail(&e))?;
             chart
                 .draw_series(std::iter::once(Text::new(
                     label,
-                    (x0, y + top * 0.045),
+                    (x0, y + label_room),
                     ("sans-serif", 13),
                 )))
                 .map_err(|e| fail(&e))?;
@@ -337,8 +496,9 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
                 )))
                 .map_err(|e| fail(&e))?;
         }
-        // The protocol's name under its bars, in the label area.
-        let (px, py) = chart.backend_coord(&(x + 0.2, 0.0));
+        // The protocol's name under its bars, in the label area (in the
+        // backend's coordinates, which are the whole picture's).
+        let (px, py) = chart.backend_coord(&(x + 0.2, bottom));
         root.draw(&Text::new(
             p.name.clone(),
             (px, py + 12),
@@ -346,38 +506,19 @@ fn ratio_svg(r: &Report, out: &Path) -> Result<()> {
         ))
         .map_err(|e| fail(&e))?;
     }
-    // Legend: which bar is which.
-    let legend = [
-        (
-            free_color,
-            "failure-free (dot and whisker: paired ratio, its 95% CI)".to_string(),
-        ),
-        (
-            failure_color,
-            format!(
-                "with {} (in brackets: over its own failure-free time)",
-                r.failure.as_deref().unwrap_or("the failure")
-            ),
-        ),
-    ];
-    for (k, (c, label)) in legend
-        .iter()
-        .take(if with_failure { 2 } else { 1 })
-        .enumerate()
-    {
-        let y = top * (0.97 - 0.06 * k as f64);
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(0.05, y), (0.15, y - top * 0.03)],
-                c.filled(),
-            )))
+    // The legend, under the chart.
+    for (k, (c, label)) in legend.iter().enumerate() {
+        let x = i32::try_from(MARGIN).unwrap_or(15);
+        let y = 5 + 20 * i32::try_from(k).unwrap_or(0);
+        legend_area
+            .draw(&Rectangle::new([(x, y), (x + 20, y + 12)], c.filled()))
             .map_err(|e| fail(&e))?;
-        chart
-            .draw_series(std::iter::once(Text::new(
+        legend_area
+            .draw(&Text::new(
                 label.clone(),
-                (0.2, y),
-                ("sans-serif", 13),
-            )))
+                (x + 30, y),
+                ("sans-serif", LEGEND_PX),
+            ))
             .map_err(|e| fail(&e))?;
     }
     root.present().map_err(|e| fail(&e))?;
@@ -410,11 +551,11 @@ fn bandwidth_svg(r: &Report, out: &Path) -> Result<()> {
         x_lo.log2().floor(),
         x_hi.log2().ceil().max(x_lo.log2().floor() + 1.0),
     );
-    let root = SVGBackend::new(out, (800, 560)).into_drawing_area();
+    let root = SVGBackend::new(out, (picture_width(r, 770), 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&r.title, ("sans-serif", 18))
-        .margin(15)
+    let below = heading(&root, r, &fail)?;
+    let mut chart = ChartBuilder::on(&below)
+        .margin(i32::try_from(MARGIN).unwrap_or(15))
         .x_label_area_size(45)
         .y_label_area_size(70)
         .build_cartesian_2d(x_lo..x_hi, (y_lo / 2.0..y_hi * 2.0).log_scale())
@@ -426,12 +567,12 @@ fn bandwidth_svg(r: &Report, out: &Path) -> Result<()> {
         .x_labels(((x_hi - x_lo) as usize / 2).max(2))
         .x_label_formatter(&|v| {
             if (v - v.round()).abs() < 1e-6 {
-                human_bytes(v.round().exp2())
+                super::binary_size(v.round().exp2() as u64)
             } else {
                 String::new()
             }
         })
-        .y_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| log_tick(*v))
         .draw()
         .map_err(|e| fail(&e))?;
     for (i, p) in r.protocols.iter().enumerate() {
@@ -443,18 +584,6 @@ fn bandwidth_svg(r: &Report, out: &Path) -> Result<()> {
         line_with_points(&mut chart, points, i, label, &fail)?;
     }
     finish(&mut chart, SeriesLabelPosition::UpperLeft, &fail)
-}
-
-/// `1024.0` as `1 KiB`, and so on.
-fn human_bytes(v: f64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut v = v;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.0} {}", UNITS[u])
 }
 
 #[cfg(test)]
@@ -518,6 +647,109 @@ mod tests {
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The texts of an SVG's `<text>` elements.
+    fn texts(svg: &str) -> Vec<String> {
+        (svg.split("<text").skip(1))
+            .filter_map(|t| Some(t.split_once('>')?.1.split("</text>").next()?.trim()))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Draw `report` and return the SVG's text.
+    fn drawn(report: &Value, name: &str) -> String {
+        // Not in the directory of the test above, which removes it.
+        let out = std::env::temp_dir().join(format!("lazarus-plot-{}-{name}", std::process::id()));
+        plot_bench(&report.to_string(), &out).expect("drawn");
+        let svg = std::fs::read_to_string(&out).expect("written");
+        let _ = std::fs::remove_file(&out);
+        svg
+    }
+
+    #[test]
+    fn log_ticks_read_as_decimals() {
+        for (v, shown) in [
+            (0.1, "0.1"),
+            (0.01, "0.01"),
+            (0.25, "0.25"),
+            (1.0, "1"),
+            (1.05, "1.05"),
+            (10.0, "10"),
+            (1000.0, "1000"),
+            (1e-3, "1e-3"),
+            (1e-6, "1e-6"),
+            (1e7, "1e7"),
+        ] {
+            assert_eq!(log_tick(v), shown, "{v}");
+        }
+    }
+
+    #[test]
+    fn a_log_axis_labels_a_tenth_as_0_1() {
+        let mut r = report("pingpong");
+        r["protocols"][0]["metrics"] = serde_json::json!([
+            {"bytes": 1, "bandwidth_mb_s": 0.08},
+            {"bytes": 1024, "bandwidth_mb_s": 3.0},
+            {"bytes": 1048576, "bandwidth_mb_s": 40.0}
+        ]);
+        let t = texts(&drawn(&r, "log.svg"));
+        for tick in ["0.1", "1", "10"] {
+            assert!(t.iter().any(|x| x == tick), "no `{tick}` tick in {t:?}");
+        }
+        assert!(
+            !t.iter().any(|x| x == "0" || x == "1e-1" || x == "1e0"),
+            "{t:?}"
+        );
+    }
+
+    #[test]
+    fn a_ratio_axis_starts_near_the_data() {
+        let t = texts(&drawn(&report("cg"), "ratio.svg"));
+        let numbers: Vec<f64> = t.iter().filter_map(|x| x.parse().ok()).collect();
+        assert!(numbers.len() > 4, "{t:?}");
+        // Every figure is 1 or more: no tick near 0.
+        let lowest = numbers.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(lowest > 0.8, "lowest tick {lowest} in {t:?}");
+        let (bottom, top) = ratio_range(&Report::from_json(&report("cg")).expect("report"));
+        assert!(bottom > 0.8 && top > 1.32, "{bottom}..{top}");
+    }
+
+    #[test]
+    fn the_title_fits_the_picture() {
+        // One protocol: a narrow picture by its bars alone.
+        let mut r = report("cg");
+        r["backend"] = "processes, with a long name to make the title long".into();
+        r["protocols"] = serde_json::json!([r["protocols"][0].clone()]);
+        let svg = drawn(&r, "title.svg");
+        let width: u32 = (svg.split("width=\"").nth(1))
+            .and_then(|w| w.split('"').next())
+            .and_then(|w| w.parse().ok())
+            .expect("an SVG width");
+        let title = Report::from_json(&r).expect("report").title;
+        assert!(texts(&svg).contains(&title), "{svg}");
+        assert!(
+            width >= text_width(&title, TITLE_PX) + 2 * MARGIN,
+            "{width} px for `{title}`"
+        );
+    }
+
+    #[test]
+    fn a_bench_whose_run_failed_says_so() {
+        let mut r = report("cg");
+        r["protocols"][1]["verified_all"] = false.into();
+        r["protocols"][1]["runs"] = serde_json::json!([{"verified": true}, {"verified": false}]);
+        r["protocols"][1]["failure"]["kills"] = serde_json::json!(["1@70%"]);
+        r["protocols"][1]["failure"]["verified_all"] = false.into();
+        let note = "NOT VERIFIED: ulml: 1 of 2 runs failed; ulml with 1@70%: a run failed";
+        for app in ["cg", "pingpong"] {
+            r["app"] = app.into();
+            let t = texts(&drawn(&r, &format!("failed-{app}.svg")));
+            assert!(t.iter().any(|x| x == note), "{app}: {t:?}");
+        }
+        // A report whose runs all verified has no such note.
+        let t = texts(&drawn(&report("cg"), "verified.svg"));
+        assert!(!t.iter().any(|x| x.contains("NOT VERIFIED")), "{t:?}");
     }
 
     #[test]
