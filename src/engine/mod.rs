@@ -1300,7 +1300,11 @@ impl Engine {
         if !self.proto.send_ready() {
             self.held_resends = Some(Vec::new());
             let mut told = false;
-            let since = self.ep.now();
+            // The clock is first read after a few arrivals: a send that
+            // waits for one acknowledgement (most, under pessimistic) pays
+            // nothing for the stall report.
+            let mut since = None;
+            let mut arrivals = 0u32;
             let mut stall_told = false;
             while ready.is_ok() && !self.proto.send_ready() {
                 if !told && let Some(why) = self.proto.send_wait() {
@@ -1309,7 +1313,12 @@ impl Engine {
                     eprintln!("lazarus: rank {}: {why}", self.rank);
                     told = true;
                 }
-                if !stall_told && self.ep.now().saturating_sub(since) > SEND_STALL_REPORT {
+                arrivals = arrivals.wrapping_add(1);
+                if !stall_told
+                    && arrivals.is_multiple_of(64)
+                    && let now = self.ep.now()
+                    && now.saturating_sub(*since.get_or_insert(now)) > SEND_STALL_REPORT
+                {
                     stall_told = true;
                     if let Some(why) = self.proto.send_stalled() {
                         eprintln!(
