@@ -4,11 +4,13 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::driver::processes::net::Listen;
-use crate::driver::sim::NetworkModel;
+pub use crate::driver::processes::agent::Hosts;
+pub use crate::driver::processes::net::Listen;
+pub use crate::driver::sim::NetworkModel;
 use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
-use crate::store::levels::LevelSpec;
+pub use crate::protocol::correlated::SetRule;
+pub use crate::store::levels::LevelSpec;
 use crate::topology::Placement;
 use crate::{Error, Result};
 
@@ -72,7 +74,7 @@ pub fn check_ranks(backend: Backend, ranks: usize) -> Result<()> {
     let max = backend.max_ranks();
     if ranks > max {
         return Err(Error::config(
-            "--ranks",
+            "ranks",
             format!("{ranks} ranks: backend {backend} runs at most {max}"),
         ));
     }
@@ -93,7 +95,7 @@ impl FromStr for Backend {
             .find(|b| b.name() == s)
             .ok_or_else(|| {
                 Error::config(
-                    "--backend",
+                    "backend",
                     format!("unknown backend `{s}` (available: threads, processes, sim)"),
                 )
             })
@@ -141,7 +143,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
         return Ok(());
     }
     Err(Error::config(
-        "--max-frame",
+        "max_frame",
         format!(
             "{bytes} bytes: a frame limit must lie between {} and {}",
             bytesize::ByteSize(MIN_MAX_FRAME as u64).display().iec(),
@@ -179,66 +181,66 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where ranks run.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// The rollback-recovery protocol.
-    pub protocol: ProtocolKind,
+    pub(crate) protocol: ProtocolKind,
     /// Number of ranks.
-    pub ranks: usize,
+    pub(crate) ranks: usize,
     /// Number of failure domains ranks are placed on.
-    pub nodes: usize,
+    pub(crate) nodes: usize,
     /// Failures to inject.
-    pub kills: Vec<KillSpec>,
+    pub(crate) kills: Vec<KillSpec>,
     /// Checkpoint at every N-th safe point (0: never). With `mtbf`, the
     /// first interval only: later ones follow Daly's formula.
-    pub checkpoint_every: u64,
+    pub(crate) checkpoint_every: u64,
     /// Checkpoint storage levels (see `store::levels`: partner is on unless
     /// `xor` or `rs:M` replaces it).
-    pub storage: Vec<LevelSpec>,
+    pub(crate) storage: Vec<LevelSpec>,
     /// Restart the whole job from the newest committed generation in this
     /// checkpoint directory (written by a `disk:DIR` level).
-    pub restart: Option<std::path::PathBuf>,
+    pub(crate) restart: Option<std::path::PathBuf>,
     /// The generation a restart resumes from (set by [`crate::run`] from the
     /// restart directory before any rank starts).
-    pub restart_generation: Option<u64>,
+    pub(crate) restart_generation: Option<u64>,
     /// What the job runs, with the parameters that shape its checkpointed
     /// state (`cg class S`): recorded in the manifest of a disk level's
     /// directory, and a restart from a directory that records another
     /// program is refused. `None` (a library job that does not say): not
     /// recorded, and not compared.
-    pub program: Option<String>,
+    pub(crate) program: Option<String>,
     /// Message logging: a sender whose log passes half of this many bytes
     /// asks its largest receiver to checkpoint (trimming the log).
-    pub log_budget: Option<usize>,
+    pub(crate) log_budget: Option<usize>,
     /// Protocol `correlated`: how ranks form correlated sets.
-    pub sets: crate::protocol::correlated::SetRule,
+    pub(crate) sets: SetRule,
     /// Whether failures end the run (or are recovered by the protocol), or
     /// are reported to the program (ULFM).
-    pub failure_handling: FailureHandling,
+    pub(crate) failure_handling: FailureHandling,
     /// Mean time between failures: when set, the checkpoint interval is
     /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
-    pub mtbf: Option<std::time::Duration>,
+    pub(crate) mtbf: Option<std::time::Duration>,
     /// Seed of every random choice the runtime makes (fault timing).
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Safe points the application will pass, if known (validates kills).
-    pub iterations: Option<u64>,
+    pub(crate) iterations: Option<u64>,
     /// Draw a progress bar on stderr.
-    pub progress_bar: bool,
+    pub(crate) progress_bar: bool,
     /// The simulated network (backend `sim` only).
-    pub network: NetworkModel,
+    pub(crate) network: NetworkModel,
     /// Socket kind of the processes backend.
-    pub listen: Listen,
+    pub(crate) listen: Listen,
     /// Processes backend: where rank processes run (`Slurm`: an agent on
     /// every node of the allocation starts them; needs `listen` TCP on an
     /// address the nodes reach).
-    pub hosts: crate::driver::processes::agent::Hosts,
+    pub(crate) hosts: Hosts,
     /// Processes backend: the failure detector's shortest timeout. No rank
     /// is suspected before this much silence; the timeout grows with the
     /// observed heartbeat jitter, and only a rank on another host is
     /// declared dead (and killed) for silence.
-    pub heartbeat_timeout: std::time::Duration,
+    pub(crate) heartbeat_timeout: std::time::Duration,
     /// Processes backend: largest frame a connection accepts; a bigger one
     /// closes the connection.
-    pub max_frame: usize,
+    pub(crate) max_frame: usize,
     /// Processes backend: the arguments rank processes are started with
     /// (the program is this executable). `None`: this process's own
     /// arguments, which is right for a program whose `main` builds the same
@@ -246,11 +248,11 @@ pub struct Config {
     /// it on its jobs of every backend: a rank process counts the calls
     /// that name it to find its own, and replays the earlier ones from the
     /// launcher's record instead of running them again.
-    pub worker_args: Option<Vec<String>>,
+    pub(crate) worker_args: Option<Vec<String>>,
     /// Record a timeline of the run ([`crate::trace`]): spans shorter than
     /// this are merged with their neighbours of the same kind. `None`: no
     /// timeline (nothing is recorded, nothing costs).
-    pub trace: Option<std::time::Duration>,
+    pub(crate) trace: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -306,12 +308,6 @@ impl Config {
         }
     }
 
-    /// Choose the protocol.
-    pub fn protocol(mut self, p: ProtocolKind) -> Self {
-        self.protocol = p;
-        self
-    }
-
     /// This configuration as one protocol of a comparison (`lazarus bench`,
     /// `chaos`, `scale`): options only protocol `correlated` takes
     /// (`--sets`) are kept for it and dropped for the others, and likewise
@@ -319,7 +315,7 @@ impl Config {
     pub fn compared_under(mut self, p: ProtocolKind) -> Self {
         self.protocol = p;
         if p != ProtocolKind::Correlated {
-            self.sets = crate::protocol::correlated::SetRule::default();
+            self.sets = SetRule::default();
         }
         if !p.logs_messages() {
             self.log_budget = None;
@@ -334,39 +330,9 @@ impl Config {
         self
     }
 
-    /// Place ranks on `k` failure domains.
-    pub fn nodes(mut self, k: usize) -> Self {
-        self.nodes = k;
-        self
-    }
-
     /// Add a failure to inject.
     pub fn kill(mut self, k: KillSpec) -> Self {
         self.kills.push(k);
-        self
-    }
-
-    /// Checkpoint every `n` safe points.
-    pub fn checkpoint_every(mut self, n: u64) -> Self {
-        self.checkpoint_every = n;
-        self
-    }
-
-    /// Choose the backend.
-    pub fn backend(mut self, b: Backend) -> Self {
-        self.backend = b;
-        self
-    }
-
-    /// Report failures to the program instead of ending the run (ULFM).
-    pub fn failure_handling(mut self, h: FailureHandling) -> Self {
-        self.failure_handling = h;
-        self
-    }
-
-    /// Seed.
-    pub fn seed(mut self, s: u64) -> Self {
-        self.seed = s;
         self
     }
 
@@ -384,7 +350,7 @@ impl Config {
             check_max_frame(self.max_frame)?;
             if self.heartbeat_timeout < MIN_HEARTBEAT_TIMEOUT {
                 return Err(Error::config(
-                    "--heartbeat-timeout",
+                    "heartbeat_timeout",
                     format!(
                         "{} ms is too short to tell a slow rank from a dead one (at least {})",
                         self.heartbeat_timeout.as_millis(),
@@ -393,19 +359,17 @@ impl Config {
                 ));
             }
         }
-        if let crate::protocol::correlated::SetRule::Consecutive(n) = self.sets
+        if let SetRule::Consecutive(n) = self.sets
             && (n == 0 || n > self.ranks)
         {
             return Err(Error::config(
-                "--sets",
+                "sets",
                 format!("a correlated set needs 1 to {} ranks, not {n}", self.ranks),
             ));
         }
-        if self.sets != crate::protocol::correlated::SetRule::default()
-            && self.protocol != ProtocolKind::Correlated
-        {
+        if self.sets != SetRule::default() && self.protocol != ProtocolKind::Correlated {
             return Err(Error::config(
-                "--sets",
+                "sets",
                 format!(
                     "correlated sets are formed by protocol `correlated` only, not `{}`",
                     self.protocol
@@ -415,13 +379,13 @@ impl Config {
         match self.log_budget {
             Some(0) => {
                 return Err(Error::config(
-                    "--log-budget",
+                    "log_budget",
                     "a budget of 0 bytes holds no message; give a positive number of bytes",
                 ));
             }
             Some(_) if !self.protocol.logs_messages() => {
                 return Err(Error::config(
-                    "--log-budget",
+                    "log_budget",
                     format!(
                         "protocol `{}` keeps no message log to bound (a log budget is for \
                          pessimistic, ulml and correlated)",
@@ -433,8 +397,8 @@ impl Config {
         }
         if self.restart.is_some() && self.protocol == ProtocolKind::None {
             return Err(Error::config(
-                "--restart",
-                "restarting from a checkpoint needs a checkpointing protocol (--protocol coordinated)",
+                "restart",
+                "restarting from a checkpoint needs a checkpointing protocol (coordinated, for one)",
             ));
         }
         if self.failure_handling == FailureHandling::Return && self.protocol != ProtocolKind::None {
@@ -461,7 +425,7 @@ impl Config {
             });
             if !partner_only || self.restart.is_some() {
                 return Err(Error::config(
-                    "--storage",
+                    "storage",
                     format!(
                         "protocol `{}` takes uncoordinated checkpoints, stored by the partner \
                          level only (xor, rs:M, disk and --restart need coordinated generations)",
@@ -472,6 +436,106 @@ impl Config {
         }
         Ok(pl)
     }
+}
+
+/// Each field's builder method (named after it; an `Option` field takes
+/// the value or `None`) and its reader, named `get_` and the field, as
+/// `std::process::Command` names its readers (the field's name is the
+/// builder's).
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident: $arg:ty => $get:ident($read:path) -> $out:ty;
+    )*) => {
+        impl Config {$(
+            $(#[doc = $doc])*
+            pub fn $name(mut self, value: $arg) -> Self {
+                self.$name = value.into();
+                self
+            }
+
+            #[doc = concat!("What [`Config::", stringify!($name), "`] set (see the table on [`Config`]).")]
+            pub fn $get(&self) -> $out {
+                $read(&self.$name)
+            }
+        )*}
+    };
+}
+
+/// A field read as a copy.
+fn copied<T: Copy>(value: &T) -> T {
+    *value
+}
+
+settings! {
+    /// Where ranks run.
+    backend: Backend => get_backend(copied) -> Backend;
+    /// The rollback-recovery protocol.
+    protocol: ProtocolKind => get_protocol(copied) -> ProtocolKind;
+    /// Number of ranks ([`Config::new`] sets it too).
+    ranks: usize => get_ranks(copied) -> usize;
+    /// Place ranks on `k` failure domains (block placement).
+    nodes: usize => get_nodes(copied) -> usize;
+    /// The failures to inject (replacing any given before; [`Config::kill`]
+    /// adds one).
+    kills: Vec<KillSpec> => get_kills(Vec::as_slice) -> &[KillSpec];
+    /// Checkpoint at every `n`-th safe point (0: never). With
+    /// [`Config::mtbf`], the first interval only: later ones follow Daly's
+    /// formula.
+    checkpoint_every: u64 => get_checkpoint_every(copied) -> u64;
+    /// Checkpoint storage levels, in the order given (the partner copy is
+    /// kept unless `xor` or `rs:M` replaces it; see [`LevelSpec`]).
+    storage: Vec<LevelSpec> => get_storage(Vec::as_slice) -> &[LevelSpec];
+    /// Restart the whole job from the newest committed generation in this
+    /// checkpoint directory (written by a `disk:DIR` level).
+    restart: impl Into<Option<std::path::PathBuf>> => get_restart(Option::as_deref) -> Option<&std::path::Path>;
+    /// What the job runs, with the parameters that shape its checkpointed
+    /// state (`cg class S`): recorded by a disk level, and a restart from a
+    /// directory that records another program is refused.
+    program: impl Into<Option<String>> => get_program(Option::as_deref) -> Option<&str>;
+    /// Message logging: a sender whose log passes half of this many bytes
+    /// asks its largest receiver to checkpoint (trimming the log); past
+    /// the budget, payloads spill to disk.
+    log_budget: impl Into<Option<usize>> => get_log_budget(copied) -> Option<usize>;
+    /// Protocol `correlated`: how ranks form correlated sets (004 §3).
+    sets: SetRule => get_sets(copied) -> SetRule;
+    /// Whether the protocol recovers failures, or the program handles them
+    /// (ULFM; protocol `none` only).
+    failure_handling: FailureHandling => get_failure_handling(copied) -> FailureHandling;
+    /// Mean time between failures: the checkpoint interval becomes Daly's
+    /// optimum (003 §6.1) for the measured checkpoint cost.
+    mtbf: impl Into<Option<std::time::Duration>> => get_mtbf(copied) -> Option<std::time::Duration>;
+    /// Seed of every random choice the runtime makes (fault timing, the
+    /// simulator's schedule).
+    seed: u64 => get_seed(copied) -> u64;
+    /// Safe points the application will pass, if known (kills at a
+    /// percentage of the run need it).
+    iterations: impl Into<Option<u64>> => get_iterations(copied) -> Option<u64>;
+    /// Draw a progress bar on stderr.
+    progress_bar: bool => get_progress_bar(copied) -> bool;
+    /// The simulated network and failure detector (backend `sim` only).
+    network: NetworkModel => get_network(copied) -> NetworkModel;
+    /// Processes backend: the kind of socket ranks listen on.
+    listen: Listen => get_listen(copied) -> Listen;
+    /// Processes backend: where rank processes run (`Slurm`: an agent on
+    /// every node of the allocation starts them; needs TCP on an address
+    /// the nodes reach).
+    hosts: Hosts => get_hosts(copied) -> Hosts;
+    /// Processes backend: the failure detector's shortest timeout (at least
+    /// [`MIN_HEARTBEAT_TIMEOUT`]). No rank is suspected before this much
+    /// silence; the timeout grows with the observed heartbeat jitter.
+    heartbeat_timeout: std::time::Duration => get_heartbeat_timeout(copied) -> std::time::Duration;
+    /// Processes backend: the largest frame a connection accepts
+    /// ([`MIN_MAX_FRAME`] to [`MAX_MAX_FRAME`] bytes).
+    max_frame: usize => get_max_frame(copied) -> usize;
+    /// Processes backend: the arguments rank processes are started with
+    /// (the program is this executable); `None`: this process's own. A
+    /// test harness names the test to run.
+    worker_args: impl Into<Option<Vec<String>>> => get_worker_args(Option::as_deref) -> Option<&[String]>;
+    /// Record a timeline of the run (`JobStats::trace`): spans shorter than
+    /// this are merged with their neighbours of the same kind; `None`: no
+    /// timeline, and nothing costs ([`Config::traced`] sets the default).
+    trace: impl Into<Option<std::time::Duration>> => get_trace(copied) -> Option<std::time::Duration>;
 }
 
 #[cfg(test)]
@@ -489,7 +553,7 @@ mod tests {
         };
         for ms in [0, 1, 9] {
             match cfg(ms).validate() {
-                Err(Error::Config { option, .. }) => assert_eq!(option, "--heartbeat-timeout"),
+                Err(Error::Config { option, .. }) => assert_eq!(option, "heartbeat_timeout"),
                 other => panic!("{ms} ms: {other:?}"),
             }
         }

@@ -73,7 +73,7 @@ impl FromStr for KillSpec {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |detail: &str| Error::config("--kill", format!("`{s}`: {detail}"));
+        let bad = |detail: &str| Error::config("kills", format!("`{s}`: {detail}"));
         let (who, when) = s.split_once('@').ok_or_else(|| {
             bad("expected VICTIM@MOMENT, e.g. 3@40%, 1@i5, node:1@30%, 2@recovery")
         })?;
@@ -125,7 +125,7 @@ impl KillSpec {
     /// Check the spec against the job: victim in range, iteration within the
     /// run (`iterations` safe points in all).
     pub fn validate(&self, placement: &Placement, iterations: u64) -> Result<()> {
-        let bad = |detail: String| Error::config("--kill", format!("`{self}`: {detail}"));
+        let bad = |detail: String| Error::config("kills", format!("`{self}`: {detail}"));
         match self.victim {
             Victim::Rank(r) if r >= placement.ranks() => {
                 return Err(bad(format!(

@@ -548,7 +548,7 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
             }
             let g = plan.generation.ok_or_else(|| {
                 Error::config(
-                    "--restart",
+                    "restart",
                     format!(
                         "{} holds no committed generation usable by {} ranks",
                         dir.display(),
@@ -566,7 +566,7 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
         };
         let unusable = |e: Error| {
             Error::config(
-                "--storage",
+                "storage",
                 format!(
                     "cannot write checkpoints to {}: {}",
                     dir.display(),
@@ -586,7 +586,7 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
             Some((rdir, g)) if rdir == dir => disk::remove_newer_than(dir, *g)?,
             _ if !existing.is_empty() => {
                 return Err(Error::config(
-                    "--storage",
+                    "storage",
                     format!(
                         "{} already holds checkpoints of an earlier run (generations {}); \
                          resume from them with --restart {0}, or choose an empty directory",

@@ -42,9 +42,9 @@
 //!   confused with an **RMA epoch** (003 §2.2): the period between two
 //!   synchronisation actions of an origin towards a target (`E(p -> q)`).
 //! - **protocol**: a state machine from events to actions (module
-//!   [`protocol`]); it owns no thread, socket or clock.
+//!   `protocol`); it owns no thread, socket or clock.
 //! - **driver / backend**: what runs ranks and carries frames (module
-//!   [`driver`]): `threads`, `processes` and `sim`; `mpi` plugs in there.
+//!   `driver`): `threads`, `processes` and `sim`; `mpi` plugs in there.
 //! - **SSN**: send sequence number, per channel (002 §3.1).
 //! - **determinant**: the logged outcome of a nondeterministic reception
 //!   (004 §2; logging protocols): which message a wildcard receive matched,
@@ -69,37 +69,54 @@
 //!
 //! ## Layers
 //!
-//! [`api`] (what the program calls) → [`engine`] (matching, requests, safe
-//! points, windows) → [`protocol`] (events to actions) → [`store`]
-//! (checkpoint levels) → [`driver`] (threads; the world). See
+//! [`api`] (what the program calls) → `engine` (matching, requests, safe
+//! points, windows) → `protocol` (events to actions) → `store`
+//! (checkpoint levels) → `driver` (threads; the world). See
 //! `ARCHITECTURE.md`.
 
+// What a program uses: the API, its configuration, errors, fault plans,
+// the job's report and its timeline.
 pub mod api;
-pub mod apps;
 pub mod config;
-pub mod driver;
-pub mod engine;
 pub mod error;
 pub mod fault;
 pub mod job;
-pub mod protocol;
-pub mod segments;
-pub mod store;
-pub mod tools;
-pub mod topology;
 pub mod trace;
+
+// The runtime's layers below the API, and the `lazarus` command's tools:
+// public so the command, the tests and the benchmarks reach them, hidden
+// from the documentation because programs should not depend on them.
+#[doc(hidden)]
+pub mod apps;
+#[doc(hidden)]
+pub mod driver;
+#[doc(hidden)]
+pub mod engine;
+#[doc(hidden)]
+pub mod protocol;
+#[doc(hidden)]
+pub mod segments;
+#[doc(hidden)]
+pub mod store;
+#[doc(hidden)]
+pub mod tools;
+#[doc(hidden)]
+pub mod topology;
 
 /// A rank number.
 pub type Rank = usize;
 
 pub use api::Ctx;
-pub use api::comm::{Communicator, Message, ReceiveRequest, Request, Source, Status, TagMatch};
+pub use api::comm::{
+    Communicator, Message, ReceiveRequest, Request, Source, Status, TagMatch, wait_all,
+};
 pub use api::datatype::{DType, Equivalence, ReduceOp, bulk};
 pub use api::window::Window;
 pub use config::{Backend, Config, FailureHandling};
-pub use driver::LockType;
+pub use driver::{LockType, WinId};
 pub use engine::frame::Tag;
 pub use error::{Error, Result};
 pub use fault::KillSpec;
 pub use job::{JobReport, JobStats, run};
 pub use protocol::ProtocolKind;
+pub use topology::Placement;

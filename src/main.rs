@@ -10,7 +10,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 use lazarus::apps::{AppKind, AppParams, iterations, run_app};
-use lazarus::driver::processes::agent::Hosts;
+use lazarus::config::Hosts;
+use lazarus::config::{LevelSpec, SetRule};
 use lazarus::driver::processes::launched;
 use lazarus::tools::bench::{BenchEvent, bench, median};
 use lazarus::tools::summary::RunSummary;
@@ -772,8 +773,28 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// A library error as a usage error of the command: a setting the library
+/// names (`log_budget`) is named as the option that sets it.
 fn usage(e: lazarus::Error) -> anyhow::Error {
-    anyhow::Error::new(Usage(e.to_string()))
+    let text = match &e {
+        lazarus::Error::Config { option, detail } => {
+            format!("invalid configuration `{}`: {detail}", flag(option))
+        }
+        _ => e.to_string(),
+    };
+    anyhow::Error::new(Usage(text))
+}
+
+/// The option that sets a `Config` field or a tool's parameter
+/// (`log_budget`: `--log-budget`, `kills`: `--kill`; `size/iterations`:
+/// `--size/--iterations`). A name that is an option already stays.
+fn flag(setting: &str) -> String {
+    let one = |s: &str| match s {
+        s if s.starts_with("--") => s.to_string(),
+        "kills" => "--kill".to_string(),
+        s => format!("--{}", s.replace('_', "-")),
+    };
+    setting.split('/').map(one).collect::<Vec<_>>().join("/")
 }
 
 fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppParams, Config)> {
@@ -810,50 +831,41 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
             )));
         }
     };
-    let cfg = Config {
-        backend,
-        protocol,
-        ranks: job.ranks,
-        nodes: job.nodes,
-        kills,
-        checkpoint_every: every,
-        mtbf,
-        storage: {
-            // No flag: the default (partner). Otherwise exactly the named
-            // levels; `levels::partner_on` adds the partner copy when no
-            // in-memory level is named.
-            let mut levels = Vec::new();
-            if job.storage.is_empty() {
-                levels.push(lazarus::store::levels::LevelSpec::Partner);
-            }
-            for s in &job.storage {
-                let l: lazarus::store::levels::LevelSpec = s.parse().map_err(usage)?;
-                if !levels.contains(&l) {
-                    levels.push(l);
-                }
-            }
-            levels
-        },
-        restart: job.restart.clone(),
-        restart_generation: None,
-        program: Some(lazarus::apps::program(app, &params).map_err(usage)?),
-        log_budget: job.log_budget,
-        sets: match job.sets {
-            Some(n) => lazarus::protocol::correlated::SetRule::Consecutive(n),
-            None => Default::default(),
-        },
-        failure_handling: lazarus::FailureHandling::Fatal,
-        seed: job.seed,
-        iterations: Some(n),
-        progress_bar: std::io::stdout().is_terminal(),
-        network: Default::default(),
-        listen: job.listen.parse().map_err(usage)?,
-        hosts: job.hosts.parse().map_err(usage)?,
-        heartbeat_timeout: heartbeat(job.heartbeat_timeout)?,
-        max_frame: job.max_frame,
-        worker_args: None,
-        trace: None,
-    };
+    // No flag: the default (partner). Otherwise exactly the named levels;
+    // `levels::partner_on` adds the partner copy when no in-memory level
+    // is named.
+    let mut levels = Vec::new();
+    if job.storage.is_empty() {
+        levels.push(LevelSpec::Partner);
+    }
+    for s in &job.storage {
+        let l: LevelSpec = s.parse().map_err(usage)?;
+        if !levels.contains(&l) {
+            levels.push(l);
+        }
+    }
+    let cfg = Config::new(job.ranks)
+        .backend(backend)
+        .protocol(protocol)
+        .nodes(job.nodes)
+        .kills(kills)
+        .checkpoint_every(every)
+        .mtbf(mtbf)
+        .storage(levels)
+        .restart(job.restart.clone())
+        .program(lazarus::apps::program(app, &params).map_err(usage)?)
+        .log_budget(job.log_budget)
+        .sets(match job.sets {
+            Some(n) => SetRule::Consecutive(n),
+            None => SetRule::default(),
+        })
+        .seed(job.seed)
+        .iterations(n)
+        .progress_bar(std::io::stdout().is_terminal())
+        .listen(job.listen.parse().map_err(usage)?)
+        .hosts(job.hosts.parse().map_err(usage)?)
+        .heartbeat_timeout(heartbeat(job.heartbeat_timeout)?)
+        .max_frame(job.max_frame);
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
 }
@@ -1031,15 +1043,15 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     check_output_opt("--trace", &args.trace)?;
     println!(
         "lazarus run {app}: {} ranks on {} node(s), backend {}, protocol {}, checkpoint every {} of {} safe points, kills [{}]",
-        cfg.ranks,
-        cfg.nodes,
-        cfg.backend,
-        cfg.protocol,
-        cfg.checkpoint_every,
-        cfg.iterations.unwrap_or(0),
+        cfg.get_ranks(),
+        cfg.get_nodes(),
+        cfg.get_backend(),
+        cfg.get_protocol(),
+        cfg.get_checkpoint_every(),
+        cfg.get_iterations().unwrap_or(0),
         args.job.kills.join(", ")
     );
-    if let Some(dir) = &cfg.restart {
+    if let Some(dir) = cfg.get_restart() {
         let plan = lazarus::store::disk::plan_restart(dir, &cfg)
             .map_err(usage)?
             .1;
@@ -1054,7 +1066,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
                     format!(
                         "{} holds no committed generation usable by {} ranks (see `lazarus inspect {}`)",
                         dir.display(),
-                        cfg.ranks,
+                        cfg.get_ranks(),
                         dir.display()
                     ),
                 )));
@@ -1152,7 +1164,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         write_trace(
             path,
             trace,
-            &format!("lazarus run {app} ({})", cfg.protocol),
+            &format!("lazarus run {app} ({})", cfg.get_protocol()),
         )?;
     }
     match &run.outcome {
@@ -1178,11 +1190,8 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     let (app, params, cfg) = build(&args.job, validated_as(&protocols))?;
     check_output_opt("--json", &args.json)?;
     check_output_opt("--plot", &args.plot)?;
-    let cfg = Config {
-        progress_bar: false,
-        ..cfg
-    };
-    if !cfg.kills.is_empty() {
+    let cfg = cfg.progress_bar(false);
+    if !cfg.get_kills().is_empty() {
         // The failure-free runs are the baseline of every ratio: a kill
         // there would fail `none` and inflate the others.
         return Err(usage(lazarus::Error::config(
@@ -1195,7 +1204,7 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
     for k in &failure {
         k.validate(
             &cfg.placement().map_err(usage)?,
-            cfg.iterations.unwrap_or(u64::MAX),
+            cfg.get_iterations().unwrap_or(u64::MAX),
         )
         .map_err(usage)?;
     }
@@ -1262,7 +1271,7 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         if report.nodes == 1 { "" } else { "s" },
         report.backend,
         report.reps,
-        match cfg.checkpoint_every {
+        match cfg.get_checkpoint_every() {
             0 => "no periodic checkpoint".to_string(),
             n => format!("checkpoint every {n} safe points"),
         }
@@ -1542,7 +1551,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         backend: args.backend.clone(),
         listen: args.listen.clone(),
         hosts: "local".into(),
-        heartbeat_timeout: Config::default().heartbeat_timeout,
+        heartbeat_timeout: Config::default().get_heartbeat_timeout(),
         max_frame: lazarus::config::DEFAULT_MAX_FRAME,
         kills: Vec::new(),
         checkpoint_every: args.checkpoint_every.clone(),
@@ -1558,9 +1567,9 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     let (app, params, base) = build(&job, validated_as(&chosen))?;
     check_output_opt("--json", &args.json)?;
     if base
-        .storage
+        .get_storage()
         .iter()
-        .any(|l| matches!(l, lazarus::store::levels::LevelSpec::Disk { .. }))
+        .any(|l| matches!(l, LevelSpec::Disk { .. }))
     {
         return Err(usage(lazarus::Error::config(
             "--storage",
@@ -1572,7 +1581,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     let plan = ChaosPlan {
         app,
         params,
-        backend: base.backend,
+        backend: base.get_backend(),
         base,
         protocols: chosen,
         from: args.from,
@@ -1648,16 +1657,13 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         reduce_len: args.reduce_len,
     };
     let kills = parse_kills(&args.kills)?;
-    let base = Config {
-        backend: Backend::Sim,
-        ranks: args.ranks,
-        nodes: args.nodes,
-        kills,
-        checkpoint_every: checkpoint_every(&args.checkpoint_every, args.iterations)?,
-        seed: args.seed,
-        iterations: Some(args.iterations),
-        ..Config::default()
-    };
+    let base = Config::new(args.ranks)
+        .backend(Backend::Sim)
+        .nodes(args.nodes)
+        .kills(kills)
+        .checkpoint_every(checkpoint_every(&args.checkpoint_every, args.iterations)?)
+        .seed(args.seed)
+        .iterations(args.iterations);
     base.validate().map_err(usage)?;
     check_output_opt("--json", &args.json)?;
     let rows = scale_study(pattern, &params, &base, &protocols(&args.protocols)?).map_err(usage)?;

@@ -19,11 +19,11 @@ impl Placement {
     /// Place `ranks` ranks on `nodes` nodes in blocks.
     pub fn block(ranks: usize, nodes: usize) -> Result<Self> {
         if ranks == 0 {
-            return Err(Error::config("--ranks", "at least one rank is needed"));
+            return Err(Error::config("ranks", "at least one rank is needed"));
         }
         if nodes == 0 || nodes > ranks {
             return Err(Error::config(
-                "--nodes",
+                "nodes",
                 format!("{nodes} nodes cannot host {ranks} ranks (need 1 ..= ranks)"),
             ));
         }

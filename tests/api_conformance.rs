@@ -1831,3 +1831,155 @@ fn handles_debug_format() {
         }
     }
 }
+
+// ----- element types ----------------------------------------------------------
+
+/// A user's plain struct of one basic type, made an element type in one
+/// line: reductions and accumulates act on each field.
+#[derive(
+    Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable, Serialize, Deserialize,
+)]
+#[repr(C)]
+struct Moments {
+    count: f64,
+    sum: f64,
+    sum_sq: f64,
+}
+
+impl lazarus::Equivalence for Moments {
+    const DTYPE: lazarus::DType = lazarus::DType::F64;
+}
+
+/// Every primitive element type, `bool` and a user struct reduce, travel
+/// and live in windows; a message whose bytes are no valid `bool` is an
+/// error, not undefined behaviour.
+#[test]
+fn datatypes_every_element_type_reduces_travels_and_lives_in_windows() {
+    type Reduced = (usize, isize, i8, i16, u16, i128, u128, bool, bool, Moments);
+    for backend in Backend::ALL {
+        let n = 4;
+        let cfg = common::config(backend, n);
+        let report = lazarus::run(&cfg, move |ctx| {
+            let world = ctx.world();
+            let r = world.rank();
+            let x = r as f64;
+            let reduced: Reduced = (
+                world.all_reduce(r + 1, ReduceOp::Sum)?,
+                world.all_reduce(-(r as isize), ReduceOp::Min)?,
+                world.all_reduce(r as i8 - 100, ReduceOp::Max)?,
+                world.all_reduce(-300 * r as i16, ReduceOp::Sum)?,
+                world.all_reduce(1u16 << (4 * r), ReduceOp::BitOr)?,
+                world.all_reduce(i128::MIN / 8 + r as i128, ReduceOp::Sum)?,
+                world.all_reduce(u128::MAX - r as u128, ReduceOp::Min)?,
+                world.all_reduce(r == 2, ReduceOp::Sum)?, // any
+                world.all_reduce(r != 2, ReduceOp::Min)?, // all
+                world.all_reduce(
+                    Moments {
+                        count: 1.0,
+                        sum: x,
+                        sum_sq: x * x,
+                    },
+                    ReduceOp::Sum,
+                )?,
+            );
+            // Point to point: a ring of bools and structs.
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            world.send(next, 1, &[r % 2 == 0, true, false])?;
+            world.send(
+                next,
+                2,
+                &[Moments {
+                    count: x,
+                    sum: -x,
+                    sum_sq: 0.5,
+                }],
+            )?;
+            let (flags, _) = world.receive::<bool>(prev, 1)?;
+            let (moments, _) = world.receive::<Moments>(prev, 2)?;
+            // Windows: every rank sets its flag at rank 0 (BitOr) and adds
+            // its moments there; then rank 0's memory is read back.
+            let flags_win: Window<bool> = world.allocate_window(n)?;
+            let sums_win: Window<Moments> = world.allocate_window(1)?;
+            flags_win.fence()?;
+            sums_win.fence()?;
+            flags_win.accumulate(0, r, &[true], ReduceOp::BitOr)?;
+            let one = Moments {
+                count: 1.0,
+                sum: x,
+                sum_sq: x * x,
+            };
+            sums_win.accumulate(0, 0, &[one], ReduceOp::Sum)?;
+            flags_win.fence()?;
+            sums_win.fence()?;
+            let seen_flags = flags_win.get(0, 0, n)?;
+            let seen_sums = sums_win.get(0, 0, 1)?;
+            flags_win.fence()?;
+            sums_win.fence()?;
+            let local_flags = flags_win.with_local(|m| m.to_vec())?;
+            flags_win.free()?;
+            sums_win.free()?;
+            // Bytes that are no bool: refused with a typed error.
+            world.send_bytes(next, 3, bytes::Bytes::from_static(&[0, 1, 2]))?;
+            let bad = world.receive::<bool>(prev, 3).err();
+            let refused = matches!(bad, Some(Error::Codec { .. }));
+            Ok((
+                reduced,
+                flags,
+                moments,
+                seen_flags,
+                seen_sums,
+                local_flags,
+                refused,
+            ))
+        });
+        let out = values(backend, "element types", report);
+        let all = Moments {
+            count: 4.0,
+            sum: 6.0,
+            sum_sq: 14.0,
+        };
+        let expect: Reduced = (
+            10,
+            -3,
+            -97,
+            -1800,
+            0x1111,
+            4 * (i128::MIN / 8) + 6,
+            u128::MAX - 3,
+            true,
+            false,
+            all,
+        );
+        for (r, (reduced, flags, moments, seen_flags, seen_sums, local, refused)) in
+            out.iter().enumerate()
+        {
+            let prev = (r + n - 1) % n;
+            let p = prev as f64;
+            assert_eq!(reduced, &expect, "[{backend}] rank {r}: reductions");
+            assert_eq!(
+                flags,
+                &vec![prev % 2 == 0, true, false],
+                "[{backend}] rank {r}"
+            );
+            let from_prev = Moments {
+                count: p,
+                sum: -p,
+                sum_sq: 0.5,
+            };
+            assert_eq!(moments, &vec![from_prev], "[{backend}] rank {r}");
+            assert_eq!(
+                seen_flags,
+                &vec![true; n],
+                "[{backend}] rank {r}: flags window"
+            );
+            assert_eq!(seen_sums, &vec![all], "[{backend}] rank {r}: struct window");
+            let expect_local = if r == 0 {
+                vec![true; n]
+            } else {
+                vec![false; n]
+            };
+            assert_eq!(local, &expect_local, "[{backend}] rank {r}: local flags");
+            assert!(refused, "[{backend}] rank {r}: a byte 2 read as a bool");
+        }
+    }
+}

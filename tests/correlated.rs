@@ -120,7 +120,7 @@ fn dht_survives_every_scenario() {
 /// Rank 0 sends `rounds` messages of `bytes` to `dest` and gets an answer
 /// to each; returns the job's statistics.
 fn exchange(backend: Backend, cfg: Config, dest: usize, rounds: usize, bytes: usize) -> JobStats {
-    let cfg = common::for_this_test(Config { backend, ..cfg });
+    let cfg = common::for_this_test(cfg.backend(backend));
     let r = lazarus::run(&cfg, move |ctx| {
         let world = ctx.world();
         let me = world.rank();
@@ -174,10 +174,7 @@ fn messages_inside_a_set_are_not_logged_and_between_sets_are() {
         );
         assert_eq!(st.spared_log_bytes, 0, "{backend}");
         // `--sets 4`: one set of all four ranks, nothing is logged.
-        let all = Config {
-            sets: SetRule::Consecutive(4),
-            ..cfg
-        };
+        let all = cfg.sets(SetRule::Consecutive(4));
         let st = exchange(backend, all, 2, ROUNDS, BYTES);
         assert_eq!(st.log_records, 0, "{backend}: --sets 4");
     }
@@ -192,14 +189,12 @@ fn sets_of_n_consecutive_ranks_roll_back_together() {
         let base = common::config(backend, RANKS).nodes(2);
         let (reference, _) = common::run(AppKind::Cg, &params, &base);
         for n in [1usize, 4, 8] {
-            let cfg = Config {
-                sets: SetRule::Consecutive(n),
-                ..base
-                    .clone()
-                    .protocol(ProtocolKind::Correlated)
-                    .checkpoint_every(2)
-                    .kill("5@50%".parse().expect("kill"))
-            };
+            let cfg = base
+                .clone()
+                .protocol(ProtocolKind::Correlated)
+                .checkpoint_every(2)
+                .kill("5@50%".parse().expect("kill"))
+                .sets(SetRule::Consecutive(n));
             let (v, st) = common::run(AppKind::Cg, &params, &cfg);
             let what = format!("{backend}, --sets {n}");
             assert_eq!(v.value, reference.value, "{what}");
@@ -281,18 +276,16 @@ fn two_sets_holding_each_others_checkpoints_both_recover() {
 #[test]
 fn a_set_size_out_of_range_or_for_another_protocol_is_refused() {
     for n in [0, 9] {
-        let cfg = Config {
-            sets: SetRule::Consecutive(n),
-            ..Config::new(RANKS).protocol(ProtocolKind::Correlated)
-        };
+        let cfg = Config::new(RANKS)
+            .protocol(ProtocolKind::Correlated)
+            .sets(SetRule::Consecutive(n));
         let e = cfg.validate().expect_err("bad --sets");
-        assert!(e.to_string().contains("--sets"), "{e}");
+        assert!(e.to_string().contains("`sets`"), "{e}");
     }
     // Only `correlated` forms sets: elsewhere `--sets` would be ignored.
-    let cfg = Config {
-        sets: SetRule::Consecutive(2),
-        ..Config::new(RANKS).protocol(ProtocolKind::Pessimistic)
-    };
+    let cfg = Config::new(RANKS)
+        .protocol(ProtocolKind::Pessimistic)
+        .sets(SetRule::Consecutive(2));
     let e = cfg.validate().expect_err("--sets under pessimistic");
     assert!(e.to_string().contains("`correlated` only"), "{e}");
 }

@@ -479,12 +479,10 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
         // a safe point.
         // ULML's collective results past the budget spill like payloads.
         let budget = (unbounded / 4) as usize;
-        let cfg = Config {
-            log_budget: Some(budget),
-            ..base
-                .checkpoint_every(0)
-                .kill("1@60%".parse().expect("valid kill"))
-        };
+        let cfg = base
+            .checkpoint_every(0)
+            .kill("1@60%".parse().expect("valid kill"))
+            .log_budget(Some(budget));
         let r = run_app(AppKind::Cg, &params, &cfg);
         let v = r
             .outcome
@@ -564,10 +562,9 @@ fn a_log_past_its_budget_spills_and_resends_from_the_spill() {
         let what = format!("stream under pessimistic on {backend}");
         let free = lazarus::run(&base, stream_app);
         let reference = free.outcome.expect("failure-free run");
-        let cfg = Config {
-            log_budget: Some(budget),
-            ..base.kill("0@55%".parse().expect("valid kill"))
-        };
+        let cfg = base
+            .kill("0@55%".parse().expect("valid kill"))
+            .log_budget(Some(budget));
         let r = lazarus::run(&cfg, stream_app);
         let got = r
             .outcome
@@ -671,10 +668,7 @@ fn a_log_budget_holds_on_sub_communicators() {
             // are asked for: half the unbounded log leaves 48 iterations of
             // slack.
             let budget = (unbounded / 2) as usize;
-            let cfg = Config {
-                log_budget: Some(budget),
-                ..base
-            };
+            let cfg = base.log_budget(Some(budget));
             let r = lazarus::run(&cfg, app);
             let got = r
                 .outcome
@@ -729,10 +723,9 @@ fn sub_communicators_are_recreated_by_a_rank_restored_alone() {
 #[test]
 fn storage_levels_other_than_partner_are_refused() {
     for protocol in LOGGING {
-        let cfg = Config {
-            storage: vec!["xor".parse().expect("level")],
-            ..Config::new(4).protocol(protocol)
-        };
+        let cfg = Config::new(4)
+            .protocol(protocol)
+            .storage(vec!["xor".parse().expect("level")]);
         let e = cfg.validate().expect_err("xor under message logging");
         assert!(e.to_string().contains("uncoordinated"), "{e}");
     }

@@ -1123,7 +1123,7 @@ fn rank_processes_report_the_memory_a_log_holds() {
 fn a_rank_reporting_a_large_value_is_not_taken_for_dead() {
     const BIG: usize = 256 << 20;
     let cfg = common::config(lazarus::Backend::Processes, 2);
-    assert_eq!(cfg.heartbeat_timeout, Duration::from_millis(200));
+    assert_eq!(cfg.get_heartbeat_timeout(), Duration::from_millis(200));
     let report = common::within(300, "large value", move || {
         lazarus::run(&cfg, |ctx| {
             let n = if ctx.rank() == 0 { BIG } else { 1 };

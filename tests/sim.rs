@@ -80,8 +80,9 @@ fn virtual_time_follows_the_network_model() {
     // One 8-byte ping-pong costs two one-way trips (sender overhead,
     // latency, the 72-byte frame over the bandwidth; no jitter), not wall
     // time.
-    let mut cfg = Config::new(2).backend(Backend::Sim);
-    cfg.network.jitter = 0.0;
+    let mut network = Config::default().get_network();
+    network.jitter = 0.0;
+    let cfg = Config::new(2).backend(Backend::Sim).network(network);
     let report = lazarus::run(&cfg, |ctx| {
         let world = ctx.world();
         let t0 = ctx.wtime();
@@ -213,13 +214,17 @@ fn a_chaos_case_replays_exactly_from_its_seed() {
         .nodes(2)
         .checkpoint_every(2)
         .backend(Backend::Sim);
-    let mut cfg = base.clone().protocol(ProtocolKind::Coordinated).seed(42);
-    cfg.kills = scenario(42, &cfg, 15);
+    let cfg = base.clone().protocol(ProtocolKind::Coordinated).seed(42);
+    let cfg = cfg.clone().kills(scenario(42, &cfg, 15));
     let a = run_app(AppKind::Cg, &cg_s(), &cfg);
     let b = run_app(AppKind::Cg, &cg_s(), &cfg);
     let trace = |r: &AppRun| r.sim.as_ref().expect("a simulator run").trace_hash;
-    assert_eq!(trace(&a), trace(&b), "kills {:?}", cfg.kills);
-    assert!(a.stats.failures > 0, "kills {:?} never fired", cfg.kills);
+    assert_eq!(trace(&a), trace(&b), "kills {:?}", cfg.get_kills());
+    assert!(
+        a.stats.failures > 0,
+        "kills {:?} never fired",
+        cfg.get_kills()
+    );
     assert_eq!(a.stats.failures, b.stats.failures);
     let value = |r: &AppRun| {
         r.outcome

@@ -27,7 +27,11 @@ fn run(cfg: &Config) -> (Verification, JobStats) {
     let r = run_app(AppKind::Cg, &cg_s(), &common::for_this_test(cfg.clone()));
     match r.outcome {
         Ok(v) => (v, r.stats),
-        Err(e) => panic!("cg on {} with {:?} failed: {e}", cfg.backend, cfg.storage),
+        Err(e) => panic!(
+            "cg on {} with {:?} failed: {e}",
+            cfg.get_backend(),
+            cfg.get_storage()
+        ),
     }
 }
 
@@ -48,8 +52,8 @@ fn config(
         .backend(backend)
         .protocol(ProtocolKind::Coordinated)
         .nodes(nodes)
-        .checkpoint_every(2);
-    cfg.storage = storage;
+        .checkpoint_every(2)
+        .storage(storage);
     for k in kills {
         cfg = cfg.kill(k.parse().expect("valid kill spec"));
     }
@@ -60,7 +64,7 @@ fn config(
 /// restarted from scratch.
 fn check(what: &str, cfg: &Config, reference: &Verification, from_scratch: u64) -> JobStats {
     let (v, st) = run(cfg);
-    let what = format!("{what} on {}", cfg.backend);
+    let what = format!("{what} on {}", cfg.get_backend());
     assert!(v.verified, "{what}: not verified: {}", v.detail);
     assert_eq!(v.value, reference.value, "{what}: value differs");
     assert!(

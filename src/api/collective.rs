@@ -21,7 +21,8 @@ use serde::de::DeserializeOwned;
 
 use super::comm::{Communicator, Source, TagMatch};
 use super::datatype::{
-    Equivalence, ReduceOp, extend_from_bytes, slice_to_bytes, to_vec, vec_into_bytes,
+    Equivalence, ReduceOp, copy_from_bytes, extend_from_bytes, read_vec, slice_to_bytes,
+    vec_into_bytes,
 };
 use crate::engine::frame::Tag;
 use crate::engine::{COMMUNICATOR_CONTEXTS, CollStart, collective_tag};
@@ -39,24 +40,18 @@ struct Call {
 
 /// Copy `src` into `dst`, which must have exactly its length.
 fn copy_exact<T: Equivalence>(src: &[u8], dst: &mut [T], what: &'static str) -> Result<()> {
-    let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
-    if src.len() != dst.len() {
+    if src.len() != std::mem::size_of_val(dst) {
         return Err(Error::SizeMismatch {
-            expected: dst.len(),
+            expected: std::mem::size_of_val(dst),
             got: src.len(),
             what: what.into(),
         });
     }
-    dst.copy_from_slice(src);
-    Ok(())
+    copy_from_bytes(src, dst).map_err(|why| why.error::<T>(src.len(), what))
 }
 
 fn decode<T: Equivalence>(b: &[u8], what: &'static str) -> Result<Vec<T>> {
-    to_vec(b).ok_or(Error::SizeMismatch {
-        expected: std::mem::size_of::<T>(),
-        got: b.len(),
-        what: what.into(),
-    })
+    read_vec(b).map_err(|why| why.error::<T>(b.len(), what))
 }
 
 /// Communicators of at most this many ranks all-gather by sending every
@@ -111,10 +106,11 @@ fn all_gather_decode<T: Equivalence>(got: &Segments) -> Result<(Vec<T>, Vec<usiz
         if !part.len().is_multiple_of(elem) {
             // An element cut between segments: read the rest in one piece.
             let done = out.len() * elem;
-            extend_from_bytes(&mut out, &got.slice(head + done..got.len()));
+            extend_from_bytes(&mut out, &got.slice(head + done..got.len()))
+                .map_err(|why| why.error::<T>(got.len(), "all_gather"))?;
             break;
         }
-        extend_from_bytes(&mut out, part);
+        extend_from_bytes(&mut out, part).map_err(|why| why.error::<T>(got.len(), "all_gather"))?;
     }
     Ok((out, counts.into_iter().map(|c| c as usize).collect()))
 }

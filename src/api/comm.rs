@@ -13,7 +13,9 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::datatype::{Equivalence, slice_to_bytes, to_vec, vec_into_bytes};
+use super::datatype::{
+    Equivalence, Unreadable, copy_from_bytes, read_vec, slice_to_bytes, vec_into_bytes,
+};
 use crate::engine::frame::{AppMessage, ContextId, Envelope, Tag};
 use crate::engine::{Engine, MatchSpec, ReqId};
 use crate::{Error, Rank, Result};
@@ -78,11 +80,7 @@ pub struct Message {
 impl Message {
     /// The payload as a vector of `T`.
     pub fn into_vec<T: Equivalence>(self) -> Result<Vec<T>> {
-        to_vec(&self.payload).ok_or(Error::SizeMismatch {
-            expected: std::mem::size_of::<T>(),
-            got: self.payload.len(),
-            what: "message length is not a multiple of the element size".into(),
-        })
+        read_vec(&self.payload).map_err(|why| why.error::<T>(self.payload.len(), "message"))
     }
 }
 
@@ -317,15 +315,15 @@ impl Communicator {
         buf: &mut [T],
     ) -> Result<Status> {
         let m = self.receive_bytes(source, tag)?;
-        let dst: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        if m.payload.len() > dst.len() || m.payload.len() % std::mem::size_of::<T>().max(1) != 0 {
-            return Err(Error::SizeMismatch {
-                expected: dst.len(),
+        let room = std::mem::size_of_val(buf);
+        copy_from_bytes(&m.payload, buf).map_err(|why| match why {
+            Unreadable::Ragged => Error::SizeMismatch {
+                expected: room,
                 got: m.payload.len(),
                 what: "receive_into buffer".into(),
-            });
-        }
-        dst[..m.payload.len()].copy_from_slice(&m.payload);
+            },
+            Unreadable::InvalidValue => why.error::<T>(m.payload.len(), "receive_into"),
+        })?;
         Ok(m.status)
     }
 

@@ -12,7 +12,9 @@ use std::marker::PhantomData;
 use bytes::Bytes;
 
 use super::comm::Communicator;
-use super::datatype::{Equivalence, ReduceOp, slice_to_bytes, to_vec};
+use bytemuck::checked::{CheckedCastError, try_cast_slice, try_cast_slice_mut};
+
+use super::datatype::{Equivalence, ReduceOp, Unreadable, read_vec, slice_to_bytes};
 use crate::driver::{LockType, RmaOp, RmaReply, WinId};
 use crate::{Error, Rank, Result};
 
@@ -84,9 +86,15 @@ impl<T: Equivalence> Window<T> {
     }
 
     fn decode(&self, b: &[u8]) -> Result<Vec<T>> {
-        to_vec(b).ok_or(Error::Rma {
+        read_vec(b).map_err(|why| Error::Rma {
             window: self.id,
-            detail: "reply is not a whole number of elements".into(),
+            detail: match why {
+                Unreadable::Ragged => "reply is not a whole number of elements".into(),
+                Unreadable::InvalidValue => format!(
+                    "reply holds bytes that are not a valid `{}`",
+                    std::any::type_name::<T>()
+                ),
+            },
         })
     }
 
@@ -269,13 +277,43 @@ impl<T: Equivalence> Window<T> {
 
     /// Read this rank's window memory.
     pub fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        self.local(|m| f(bytemuck::cast_slice(m)))
+        self.local(|m| match try_cast_slice::<u8, T>(m) {
+            Ok(elems) => Ok(f(elems)),
+            Err(CheckedCastError::InvalidBitPattern) => Err(self.not_valid()),
+            // Memory not aligned for `T`: read a copy.
+            Err(CheckedCastError::PodCastError(_)) => {
+                let elems = read_vec::<T>(m).map_err(|_| self.not_valid())?;
+                Ok(f(&elems))
+            }
+        })?
     }
 
     /// Change this rank's window memory (a local store; remote ranks see it
     /// according to the epoch rules).
     pub fn with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        self.local(|m| f(bytemuck::cast_slice_mut(m)))
+        self.local(|m| match try_cast_slice_mut::<u8, T>(m) {
+            Ok(elems) => Ok(f(elems)),
+            Err(CheckedCastError::InvalidBitPattern) => Err(self.not_valid()),
+            // Memory not aligned for `T`: change a copy and store it back.
+            Err(CheckedCastError::PodCastError(_)) => {
+                let mut elems = read_vec::<T>(m).map_err(|_| self.not_valid())?;
+                let r = f(&mut elems);
+                m.copy_from_slice(bytemuck::cast_slice(&elems));
+                Ok(r)
+            }
+        })?
+    }
+
+    /// The error for window memory that holds bytes that are no `T` (a
+    /// remote put of another type, or bytes a `bool` cannot have).
+    fn not_valid(&self) -> Error {
+        Error::Rma {
+            window: self.id,
+            detail: format!(
+                "window memory holds bytes that are not a valid `{}`",
+                std::any::type_name::<T>()
+            ),
+        }
     }
 
     /// Free the window (collective).

@@ -85,7 +85,7 @@ impl Params {
             'A' => (131072, 524288),
             other => {
                 return Err(Error::config(
-                    "--class",
+                    "class",
                     format!("dht has no class `{other}` (classes: S, W, A)"),
                 ));
             }
@@ -94,8 +94,8 @@ impl Params {
             None => (class_slots, class_keys),
             Some(0) => {
                 return Err(Error::config(
-                    "--size",
-                    "dht needs at least one key per rank (--size is the number of keys each rank inserts)",
+                    "size",
+                    "dht needs at least one key per rank (the size is the number of keys each rank inserts)",
                 ));
             }
             Some(k) => (k.div_ceil(LOAD_FACTOR), k),
@@ -103,7 +103,7 @@ impl Params {
         let batches = p.iterations.unwrap_or(DEFAULT_BATCHES);
         if batches == 0 {
             return Err(Error::config(
-                "--iterations",
+                "iterations",
                 "dht needs at least one insert batch",
             ));
         }
@@ -112,7 +112,7 @@ impl Params {
             .and_then(|h| h.checked_add(HEAP_SLACK))
             .ok_or_else(|| {
                 Error::config(
-                    "--size",
+                    "size",
                     format!("{keys_per_rank} keys per rank do not fit in memory"),
                 )
             })?;
@@ -130,23 +130,20 @@ impl Params {
     /// [`Params::from_app`]).
     fn validate(&self) -> Result<Layout> {
         if self.table_slots == 0 {
-            return Err(Error::config("--size", "dht needs at least one table slot"));
+            return Err(Error::config("size", "dht needs at least one table slot"));
         }
         if self.heap_cells == 0 {
             return Err(Error::config(
-                "--size",
+                "size",
                 "dht needs at least one overflow heap cell",
             ));
         }
         if self.keys_per_rank == 0 {
-            return Err(Error::config(
-                "--size",
-                "dht needs at least one key per rank",
-            ));
+            return Err(Error::config("size", "dht needs at least one key per rank"));
         }
         if self.batches == 0 {
             return Err(Error::config(
-                "--iterations",
+                "iterations",
                 "dht needs at least one insert batch",
             ));
         }
@@ -172,7 +169,7 @@ impl Layout {
         match len {
             Some(_) => Ok(Layout { slots, heap }),
             None => Err(Error::config(
-                "--size",
+                "size",
                 format!("a local volume of {slots} slots and {heap} heap cells is too large"),
             )),
         }
@@ -343,7 +340,7 @@ fn check_heap(world: &Communicator, p: &Params, rank: Rank, ranks: usize) -> Res
         .unwrap_or((0, 0));
     if max.saturating_sub(1) > p.heap_cells as u64 {
         return Err(Error::config(
-            "--size",
+            "size",
             format!(
                 "rank {worst} would receive {max} keys but its overflow heap has {} cells",
                 p.heap_cells
@@ -508,7 +505,7 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     let ranks = ctx.size();
     if (ranks as u64).checked_mul(p.keys_per_rank as u64).is_none() {
         return Err(Error::config(
-            "--size",
+            "size",
             "ranks × keys per rank overflows 64 bits",
         ));
     }
@@ -561,7 +558,7 @@ fn verify(
     let ranks = world.size();
     let expected = (ranks as u64)
         .checked_mul(p.keys_per_rank as u64)
-        .ok_or_else(|| Error::config("--size", "ranks × keys per rank overflows 64 bits"))?;
+        .ok_or_else(|| Error::config("size", "ranks × keys per rank overflows 64 bits"))?;
     let scan = win.with_local(|m| scan_volume(m, lay, rank, ranks))??;
     let mut mine = [0u64; NUMBERS];
     win.lock_all()?;
@@ -709,19 +706,19 @@ mod tests {
         })
         .expect_err("no class B");
         assert!(matches!(&e, Error::Config { option, detail }
-            if option == "--class" && detail.contains("S, W, A")));
+            if option == "class" && detail.contains("S, W, A")));
         let e = Params::from_app(&AppParams {
             size: Some(0),
             ..AppParams::default()
         })
         .expect_err("zero keys");
-        assert!(matches!(&e, Error::Config { option, .. } if option == "--size"));
+        assert!(matches!(&e, Error::Config { option, .. } if option == "size"));
         let e = Params::from_app(&AppParams {
             iterations: Some(0),
             ..AppParams::default()
         })
         .expect_err("zero batches");
-        assert!(matches!(&e, Error::Config { option, .. } if option == "--iterations"));
+        assert!(matches!(&e, Error::Config { option, .. } if option == "iterations"));
         let zero_slots = Params {
             table_slots: 0,
             ..small()

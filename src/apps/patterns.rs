@@ -115,11 +115,11 @@ impl PatternParams {
     /// Check the parameters for `pattern` on `ranks` ranks.
     pub fn validate(&self, pattern: Pattern, ranks: usize) -> Result<()> {
         if self.iterations == 0 {
-            return Err(Error::config("--iterations", "at least one iteration"));
+            return Err(Error::config("iterations", "at least one iteration"));
         }
         if !self.compute_s.is_finite() || self.compute_s < 0.0 || self.compute_s > 1e6 {
             return Err(Error::config(
-                "--compute-s",
+                "compute_s",
                 format!(
                     "compute time per iteration must be in [0, 1e6] seconds, not {}",
                     self.compute_s
@@ -128,7 +128,7 @@ impl PatternParams {
         }
         match pattern {
             Pattern::Stencil if self.halo_bytes > MAX_HALO_BYTES => Err(Error::config(
-                "--halo-bytes",
+                "halo_bytes",
                 format!(
                     "a halo message is at most {MAX_HALO_BYTES} bytes (each rank holds four \
                      of them at once), not {}",
@@ -136,14 +136,14 @@ impl PatternParams {
                 ),
             )),
             Pattern::Stencil if self.halo_bytes < 8 => Err(Error::config(
-                "--halo-bytes",
+                "halo_bytes",
                 format!(
                     "a halo message needs at least 8 bytes (the sender's identity), not {}",
                     self.halo_bytes
                 ),
             )),
             Pattern::Allreduce if self.reduce_len == 0 => {
-                Err(Error::config("--reduce-len", "reduce at least one element"))
+                Err(Error::config("reduce_len", "reduce at least one element"))
             }
             Pattern::Allreduce => {
                 // The largest element of the last iteration must be exact in f64.
@@ -152,7 +152,7 @@ impl PatternParams {
                     + p * (self.reduce_len as u128 - 1 + u128::from(self.iterations));
                 if largest >= F64_EXACT {
                     return Err(Error::config(
-                        "--reduce-len",
+                        "reduce_len",
                         format!(
                             "{ranks} ranks, {} elements and {} iterations make sums beyond 2^53, which f64 does not hold exactly",
                             self.reduce_len, self.iterations

@@ -41,14 +41,14 @@ impl Params {
     pub fn from_app(p: &AppParams) -> Result<Self> {
         if p.class.is_some() {
             return Err(Error::config(
-                "--class",
-                "pingpong has no classes; use --size",
+                "class",
+                "pingpong has no classes; give a size",
             ));
         }
         let max_bytes = p.size.unwrap_or(4 << 20);
         if !(1..=MAX_MESSAGE).contains(&max_bytes) {
             return Err(Error::config(
-                "--size",
+                "size",
                 format!("the largest message must be 1 to {MAX_MESSAGE} bytes, not {max_bytes}"),
             ));
         }
@@ -117,7 +117,7 @@ const TAG: i32 = 7;
 pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     let world = ctx.world();
     if world.size() < 2 {
-        return Err(Error::config("--ranks", "pingpong needs at least 2 ranks"));
+        return Err(Error::config("ranks", "pingpong needs at least 2 ranks"));
     }
     let sizes = p.sizes();
     let mut st: State = ctx.restore_or_else(|| State {

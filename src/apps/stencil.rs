@@ -35,7 +35,7 @@ impl Params {
             'A' => (2048, 200),
             c => {
                 return Err(Error::config(
-                    "--class",
+                    "class",
                     format!("stencil has classes S, W and A, not `{c}`"),
                 ));
             }
@@ -44,14 +44,14 @@ impl Params {
         let iterations = p.iterations.unwrap_or(it);
         if !(3..=MAX_N).contains(&n) {
             return Err(Error::config(
-                "--size",
+                "size",
                 format!(
                     "the stencil grid side must be in 3..={MAX_N} (two {MAX_N}^2 grids of f64 are 8 GiB)"
                 ),
             ));
         }
         if iterations == 0 {
-            return Err(Error::config("--iterations", "at least one sweep"));
+            return Err(Error::config("iterations", "at least one sweep"));
         }
         Ok(Params { n, iterations })
     }

@@ -251,16 +251,16 @@ pub(crate) trait WindowMemory: Send + Sync {
 /// the processes backend when no shared-memory window could be made.
 struct HeapMemory {
     len: usize,
-    /// `u64` words keep the memory 8-byte aligned for every element type.
-    inner: Mutex<(Vec<u64>, LockState)>,
+    /// `u128` words keep the memory aligned for every element type.
+    inner: Mutex<(Vec<u128>, LockState)>,
 }
 
 impl HeapMemory {
     fn new(bytes: usize, init: Option<&[u8]>) -> Self {
-        let mut mem = vec![0u64; bytes.div_ceil(8)];
+        let mut mem = vec![0u128; bytes.div_ceil(16)];
         if let Some(init) = init {
             let n = init.len().min(bytes);
-            bytemuck::cast_slice_mut::<u64, u8>(&mut mem)[..n].copy_from_slice(&init[..n]);
+            bytemuck::cast_slice_mut::<u128, u8>(&mut mem)[..n].copy_from_slice(&init[..n]);
         }
         HeapMemory {
             len: bytes,
@@ -274,7 +274,7 @@ impl WindowMemory for HeapMemory {
         let (mem, state) = &mut *lock(&self.inner);
         apply_rma(
             state,
-            &mut bytemuck::cast_slice_mut::<u64, u8>(mem)[..self.len],
+            &mut bytemuck::cast_slice_mut::<u128, u8>(mem)[..self.len],
             id,
             op,
         )
@@ -282,7 +282,7 @@ impl WindowMemory for HeapMemory {
 
     fn with_memory(&self, f: &mut dyn FnMut(&mut [u8])) {
         let (mem, _) = &mut *lock(&self.inner);
-        f(&mut bytemuck::cast_slice_mut::<u64, u8>(mem)[..self.len]);
+        f(&mut bytemuck::cast_slice_mut::<u128, u8>(mem)[..self.len]);
     }
 }
 

@@ -711,7 +711,7 @@ fn check_mapping_limit(ranks: usize, kills: usize) -> Result<()> {
     let need = MAPPINGS_PER_THREAD * (ranks + 8 * kills) + 4096;
     if need > limit {
         return Err(Error::config(
-            "--ranks",
+            "ranks",
             format!(
                 "{ranks} simulated ranks need about {need} memory mappings but vm.max_map_count is {limit}; \
                  raise it (as root: sysctl -w vm.max_map_count={})",

@@ -1470,7 +1470,7 @@ impl Engine {
     pub fn iprobe(&mut self, spec: MatchSpec) -> Result<Option<(Envelope, usize)>> {
         if self.logging && spec.source.is_none() {
             return Err(Error::config(
-                "--protocol",
+                "protocol",
                 format!(
                     "protocol `{}` does not log which message a wildcard-source probe saw, \
                      so it could not replay it after a failure; probe a named source, or \

@@ -181,7 +181,7 @@ impl FromStr for ProtocolKind {
             .ok_or_else(|| {
                 let names: Vec<_> = ProtocolKind::ALL.iter().map(|p| p.name()).collect();
                 Error::config(
-                    "--protocol",
+                    "protocol",
                     format!("unknown protocol `{s}` (known: {})", names.join(", ")),
                 )
             })

@@ -19,7 +19,7 @@ impl Protocol for NoProtocol {
             Event::PeerFailed { dead, .. } => cx.emit(Action::Fail(Error::ProcessFailed {
                 ranks: dead.to_vec(),
                 protocol: "none".into(),
-                why: "protocol `none` does not checkpoint; choose --protocol coordinated".into(),
+                why: "protocol `none` does not checkpoint; choose a checkpointing protocol (coordinated, for one)".into(),
             })),
             Event::Recover { .. } => cx.emit(Action::Fail(Error::ProcessFailed {
                 ranks: vec![cx.rank],

@@ -996,7 +996,7 @@ pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
 /// is [`Error::Config`] naming `--restart`. Returns the manifest found
 /// (`None`: a directory written before manifests, accepted).
 pub fn check_manifest(dir: &Path, job: &Manifest) -> Result<Option<Manifest>> {
-    let refuse = |why: String| Error::config("--restart", why);
+    let refuse = |why: String| Error::config("restart", why);
     let Some(recorded) = read_manifest(dir).map_err(|e| refuse(problem_text(&e)))? else {
         return Ok(None);
     };
@@ -1143,7 +1143,7 @@ pub fn plan_restart(dir: &Path, cfg: &crate::Config) -> Result<(Option<Manifest>
     let recorded = check_manifest(dir, &Manifest::of(cfg))?;
     let plan = restart_plan(dir, cfg.ranks).map_err(|e| match e {
         e @ Error::Config { .. } => e,
-        e => Error::config("--restart", problem_text(&e)),
+        e => Error::config("restart", problem_text(&e)),
     })?;
     Ok((recorded, plan))
 }
@@ -1933,7 +1933,7 @@ mod tests {
         assert!(check_manifest(dir, &unnamed).is_ok());
         let refused = |job: Manifest| match check_manifest(dir, &job) {
             Err(Error::Config { option, detail }) => {
-                assert_eq!(option, "--restart");
+                assert_eq!(option, "restart");
                 assert!(detail.contains("cg class S"), "{detail}");
             }
             other => panic!("{job:?}: {other:?}"),
@@ -1955,7 +1955,7 @@ mod tests {
         fs::write(dir.join(MANIFEST_NAME), b"not json").expect("write");
         assert!(matches!(
             check_manifest(dir, &named),
-            Err(Error::Config { option, .. }) if option == "--restart"
+            Err(Error::Config { option, .. }) if option == "restart"
         ));
         assert!(inspect(dir).expect("inspect").manifest.is_none());
     }

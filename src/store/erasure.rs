@@ -96,7 +96,7 @@ impl Groups {
         let nodes = placement.nodes();
         if m == 0 || ranks < m + 1 {
             return Err(Error::config(
-                "--storage",
+                "storage",
                 format!("{code} needs at least {} ranks, the job has {ranks}", m + 1),
             ));
         }
@@ -426,7 +426,7 @@ impl ErasureLevel {
     fn me(&self) -> Result<(Geometry, usize, &[Rank])> {
         self.groups
             .geometry(self.rank)
-            .ok_or_else(|| Error::config("--storage", format!("rank {} is in no group", self.rank)))
+            .ok_or_else(|| Error::config("storage", format!("rank {} is in no group", self.rank)))
     }
 
     /// Send this rank's chunks of `piece` to the encoders of their stripes
@@ -655,7 +655,7 @@ impl ErasureLevel {
         let (geo, x, members) = self.me()?;
         let Some(y) = members.iter().position(|&r| r == requester) else {
             return Err(Error::config(
-                "--storage",
+                "storage",
                 format!(
                     "rank {requester} asked rank {} for shards of another group",
                     self.rank

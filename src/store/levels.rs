@@ -94,10 +94,7 @@ fn split_every<'a>(spec: &str, rest: &'a str) -> Result<(&'a str, u64)> {
         Some((head, n)) => Ok((
             head,
             n.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                Error::config(
-                    "--storage",
-                    format!("`{spec}`: @N must be a positive number"),
-                )
+                Error::config("storage", format!("`{spec}`: @N must be a positive number"))
             })?,
         )),
         None => Ok((rest, 1)),
@@ -118,7 +115,7 @@ impl FromStr for LevelSpec {
             let (dir, every) = split_every(s, rest)?;
             if dir.is_empty() {
                 return Err(Error::config(
-                    "--storage",
+                    "storage",
                     format!("`{s}`: disk needs a directory"),
                 ));
             }
@@ -137,14 +134,14 @@ impl FromStr for LevelSpec {
             let (m, every) = split_every(s, rest)?;
             let parity = m.parse::<usize>().ok().filter(|&m| m > 0).ok_or_else(|| {
                 Error::config(
-                    "--storage",
+                    "storage",
                     format!("`{s}`: rs:M needs a positive number of parity shards M"),
                 )
             })?;
             return Ok(LevelSpec::Rs { parity, every });
         }
         Err(Error::config(
-            "--storage",
+            "storage",
             format!("unknown storage level `{s}` ({KNOWN})"),
         ))
     }
@@ -189,7 +186,7 @@ pub fn validate(specs: &[LevelSpec], placement: &Placement) -> Result<()> {
     let erasure: Vec<(Code, u64)> = specs.iter().filter_map(LevelSpec::erasure).collect();
     if erasure.len() > 1 {
         return Err(Error::config(
-            "--storage",
+            "storage",
             "choose at most one of xor and rs:M",
         ));
     }
@@ -202,7 +199,7 @@ pub fn validate(specs: &[LevelSpec], placement: &Placement) -> Result<()> {
         .count();
     if disks > 1 {
         return Err(Error::config(
-            "--storage",
+            "storage",
             "choose at most one disk level (use disk:DIR@N for a schedule)",
         ));
     }
@@ -512,7 +509,7 @@ impl CheckpointStore for MultiLevel {
                 }
                 let Some(e) = self.erasure.as_mut() else {
                     return Err(Error::config(
-                        "--storage",
+                        "storage",
                         format!(
                             "rank {src} sent an xor/rs message, but no such level is configured here"
                         ),
@@ -696,7 +693,7 @@ impl CheckpointStore for MultiLevel {
         match self.erasure.as_mut() {
             Some(e) => e.rebuild(generation, out),
             None => Err(Error::config(
-                "--storage",
+                "storage",
                 format!("no xor/rs level to rebuild generation {generation} from"),
             )),
         }
@@ -775,7 +772,7 @@ mod tests {
             "corrupt-parity-at:1",
         ] {
             let e = bad.parse::<LevelSpec>().expect_err(bad);
-            assert!(e.to_string().contains("--storage"), "{e}");
+            assert!(e.to_string().contains("`storage`"), "{e}");
         }
     }
 

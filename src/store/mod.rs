@@ -293,7 +293,7 @@ pub trait CheckpointStore: Send {
     /// redundancy (the leader found it held nowhere); emits `Restored`.
     fn rebuild(&mut self, generation: u64, _out: &mut StoreOut) -> Result<()> {
         Err(Error::config(
-            "--storage",
+            "storage",
             format!(
                 "storage level `{}` cannot rebuild a lost piece (generation {generation})",
                 self.name()

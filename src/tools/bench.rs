@@ -410,10 +410,10 @@ pub fn bench(
     mut on_event: impl FnMut(BenchEvent<'_>),
 ) -> Result<BenchReport> {
     if protocols.is_empty() {
-        return Err(Error::config("--protocols", "name at least one protocol"));
+        return Err(Error::config("protocols", "name at least one protocol"));
     }
     if reps == 0 {
-        return Err(Error::config("--reps", "at least one repetition"));
+        return Err(Error::config("reps", "at least one repetition"));
     }
     // A protocol that cannot run this configuration is a usage error, not
     // a row of failed runs.

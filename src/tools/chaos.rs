@@ -77,7 +77,7 @@ impl std::str::FromStr for Schedules {
             "mixed" => Ok(Schedules::Mixed),
             "cascade" => Ok(Schedules::Cascade),
             _ => Err(Error::config(
-                "--schedules",
+                "schedules",
                 format!("`{s}` is not one of mixed, cascade"),
             )),
         }
@@ -455,7 +455,7 @@ pub enum ChaosEvent<'a> {
 /// Run the sweep; `on_event` sees every case start and end.
 pub fn chaos(plan: &ChaosPlan, mut on_event: impl FnMut(ChaosEvent<'_>)) -> Result<ChaosReport> {
     if plan.seeds == 0 {
-        return Err(Error::config("--seeds", "at least one seed"));
+        return Err(Error::config("seeds", "at least one seed"));
     }
     let t0 = Instant::now();
     let n = iterations(plan.app, &plan.params)?;
@@ -590,7 +590,7 @@ mod tests {
         let r = chaos(&plan, |_| seen += 1);
         // Not even a case's start.
         assert!(
-            matches!(&r, Err(Error::Config { option, .. }) if option == "--storage"),
+            matches!(&r, Err(Error::Config { option, .. }) if option == "storage"),
             "{r:?}"
         );
         assert_eq!(seen, 0, "no case runs");

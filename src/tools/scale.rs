@@ -98,7 +98,7 @@ pub fn scale_study(
     protocols: &[ProtocolKind],
 ) -> Result<Vec<ScaleRow>> {
     if protocols.is_empty() {
-        return Err(Error::config("--protocols", "name at least one protocol"));
+        return Err(Error::config("protocols", "name at least one protocol"));
     }
     let mut rows = Vec::with_capacity(protocols.len());
     for &protocol in protocols {

@@ -28,16 +28,15 @@ fn test_name() -> String {
 /// processes count and replay the calls that name them (whatever their
 /// backend), so a rank process of a test that mixes backends reaches its
 /// own call without running the test's earlier jobs again.
-pub fn for_this_test(mut cfg: Config) -> Config {
-    cfg.worker_args = Some(vec![
+pub fn for_this_test(cfg: Config) -> Config {
+    cfg.worker_args(vec![
         "--exact".into(),
         test_name(),
         // An `#[ignore]`d test run on purpose runs in its ranks too.
         "--include-ignored".into(),
         "--test-threads=1".into(),
         "--nocapture".into(),
-    ]);
-    cfg
+    ])
 }
 
 /// The id of the test process that launched this one, or this process's:
@@ -51,10 +50,7 @@ pub fn test_process_id() -> u32 {
 
 /// A configuration of `ranks` ranks on `backend` for the running test.
 pub fn config(backend: Backend, ranks: usize) -> Config {
-    for_this_test(Config {
-        backend,
-        ..Config::new(ranks)
-    })
+    for_this_test(Config::new(ranks).backend(backend))
 }
 
 /// The bound on a run that tests give [`within`] and similar watchdogs: a
@@ -110,7 +106,7 @@ pub fn run(app: AppKind, params: &AppParams, cfg: &Config) -> (Verification, Job
     let r = run_app(app, params, cfg);
     match r.outcome {
         Ok(v) => (v, r.stats),
-        Err(e) => panic!("{app} under {} failed: {e}", cfg.protocol),
+        Err(e) => panic!("{app} under {} failed: {e}", cfg.get_protocol()),
     }
 }
 

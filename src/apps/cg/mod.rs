@@ -32,15 +32,12 @@ impl Params {
         let class = npb::class_params(c)
             .filter(|cp| matches!(cp.class, 'S' | 'W' | 'A' | 'B'))
             .ok_or_else(|| {
-                Error::config(
-                    "--class",
-                    format!("cg has classes S, W, A and B, not `{c}`"),
-                )
+                Error::config("class", format!("cg has classes S, W, A and B, not `{c}`"))
             })?;
         if p.size.is_some() || p.iterations.is_some() {
             return Err(Error::config(
-                "--size/--iterations",
-                "cg runs NPB's fixed sizes; choose a --class instead",
+                "size/iterations",
+                "cg runs NPB's fixed sizes; choose a class instead",
             ));
         }
         Ok(Params {

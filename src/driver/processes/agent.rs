@@ -62,7 +62,7 @@ impl FromStr for Hosts {
             "local" => Ok(Hosts::Local),
             "slurm" => Ok(Hosts::Slurm),
             _ => Err(Error::config(
-                "--hosts",
+                "hosts",
                 format!("`{s}`: expected local or slurm"),
             )),
         }
@@ -90,12 +90,12 @@ impl Hosts {
         }
         match listen {
             super::net::Listen::Tcp(ip) if ip.is_unspecified() => Err(Error::config(
-                "--listen",
+                "listen",
                 format!("{ip} is no address the other nodes can reach: name one of this host's"),
             )),
             super::net::Listen::Tcp(_) => Ok(()),
             super::net::Listen::Unix { .. } => Err(Error::config(
-                "--listen",
+                "listen",
                 "ranks on several hosts talk over TCP: --hosts slurm needs --listen tcp:IP \
                  (an address of this host the other nodes reach)",
             )),
@@ -137,7 +137,7 @@ struct AgentEnv {
 fn env_var(name: &str) -> Result<String> {
     std::env::var(name).map_err(|_| {
         Error::Driver(format!(
-            "agent: {name} is not set (an agent is started by a launcher with --hosts slurm)"
+            "agent: {name} is not set (agents are started by a launcher whose hosts are `slurm`)"
         ))
     })
 }

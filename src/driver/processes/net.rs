@@ -111,7 +111,7 @@ impl FromStr for Listen {
                 .map(Listen::Tcp)
                 .ok_or_else(|| {
                     Error::config(
-                        "--listen",
+                        "listen",
                         format!(
                             "`{s}`: expected unix, unix-sockets, tcp or tcp:IP (e.g. tcp:10.0.0.5)"
                         ),
