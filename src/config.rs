@@ -428,7 +428,7 @@ impl Config {
                     "storage",
                     format!(
                         "protocol `{}` takes uncoordinated checkpoints, stored by the partner \
-                         level only (xor, rs:M, disk and --restart need coordinated generations)",
+                         level only (xor, rs:M, disk and a restart need coordinated generations)",
                         self.protocol
                     ),
                 ));
@@ -559,5 +559,35 @@ mod tests {
         }
         assert!(cfg(10).validate().is_ok());
         assert!(cfg(200).validate().is_ok());
+    }
+
+    /// A library error names the setting (the `Config` method), never a
+    /// command-line option or advice meant for the command: the `lazarus`
+    /// command maps settings to its flags itself.
+    #[test]
+    fn configuration_errors_name_settings_not_options() {
+        let bad = [
+            Config::new(0),
+            Config::new(4).nodes(5),
+            Config::new(4).log_budget(0),
+            Config::new(4).log_budget(1000),
+            Config::new(4)
+                .sets(SetRule::Consecutive(9))
+                .protocol(ProtocolKind::Correlated),
+            Config::new(4).restart(std::path::PathBuf::from("/nonexistent")),
+            Config::new(4).backend(Backend::Processes).max_frame(1),
+            Config::new(4)
+                .protocol(ProtocolKind::Pessimistic)
+                .storage(vec!["xor".parse().expect("a level")]),
+            Config::new(MAX_THREAD_RANKS + 1),
+        ];
+        for cfg in bad {
+            let e = cfg.validate().expect_err("invalid");
+            let Error::Config { option, .. } = &e else {
+                panic!("not a configuration error: {e}");
+            };
+            assert!(!option.starts_with('-'), "{e}");
+            assert!(!e.to_string().contains("--"), "command-line advice: {e}");
+        }
     }
 }

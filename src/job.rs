@@ -589,7 +589,7 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
                     "storage",
                     format!(
                         "{} already holds checkpoints of an earlier run (generations {}); \
-                         resume from them with --restart {0}, or choose an empty directory",
+                         restart from them (`Config::restart`), or choose an empty directory",
                         dir.display(),
                         crate::error::list(&existing)
                     ),

@@ -773,16 +773,36 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
-/// A library error as a usage error of the command: a setting the library
-/// names (`log_budget`) is named as the option that sets it.
+/// A library error as a usage error of the command (see [`said`]).
 fn usage(e: lazarus::Error) -> anyhow::Error {
-    let text = match &e {
+    anyhow::Error::new(Usage(said(&e)))
+}
+
+/// A library error as the command says it: a setting the library names
+/// (`log_budget`, or `Config::log_budget` in a message) is named as the
+/// option that sets it (`--log-budget`).
+fn said(e: &lazarus::Error) -> String {
+    settings_as_options(&match e {
         lazarus::Error::Config { option, detail } => {
             format!("invalid configuration `{}`: {detail}", flag(option))
         }
         _ => e.to_string(),
-    };
-    anyhow::Error::new(Usage(text))
+    })
+}
+
+/// `Config::log_budget` in a message as `--log-budget`.
+fn settings_as_options(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("`Config::") {
+        out.push_str(&rest[..at + 1]);
+        let name = &rest[at + "`Config::".len()..];
+        let end = name.find('`').unwrap_or(name.len());
+        out.push_str(&flag(&name[..end]));
+        rest = &name[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The option that sets a `Config` field or a tool's parameter
@@ -1178,6 +1198,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             Ok(v.verified)
         }
         Err(e) => {
+            let e = said(e);
             eprintln!("error: {e}");
             println!("NOT VERIFIED {e}");
             Ok(false)
@@ -1779,7 +1800,7 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", settings_as_options(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

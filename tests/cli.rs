@@ -207,7 +207,7 @@ fn malformed_input_exits_2_with_a_clear_message() {
         (&["run", "cg", "--bogus"], "--bogus"),
         (
             &["run", "cg", "--backend", "processes", "--hosts", "slurm"],
-            "--hosts slurm needs --listen tcp:IP",
+            "hosts `slurm` need `--listen` tcp:IP",
         ),
         (
             &[
@@ -225,7 +225,7 @@ fn malformed_input_exits_2_with_a_clear_message() {
         (&["run", "cg", "--hosts", "moon"], "--hosts"),
         (
             &["launch", "-n", "2", "--hosts", "slurm", "--", "/bin/true"],
-            "--hosts slurm needs --listen tcp:IP",
+            "hosts `slurm` need `--listen` tcp:IP",
         ),
         (
             &["bench", "cg", "--protocols", "none,nope"],

@@ -96,8 +96,8 @@ impl Hosts {
             super::net::Listen::Tcp(_) => Ok(()),
             super::net::Listen::Unix { .. } => Err(Error::config(
                 "listen",
-                "ranks on several hosts talk over TCP: --hosts slurm needs --listen tcp:IP \
-                 (an address of this host the other nodes reach)",
+                "ranks on several hosts talk over TCP: hosts `slurm` need `Config::listen` \
+                 tcp:IP (an address of this host the other nodes reach)",
             )),
         }
     }
@@ -209,7 +209,7 @@ pub fn run_agent() -> Result<()> {
         fail(
             &format!(
                 "cannot reach the launcher at {} (with ranks on several hosts it must \
-                 listen on an address they reach: --listen tcp:IP)",
+                 listen on a TCP address they reach: `Config::listen`)",
                 env.launcher
             ),
             &e,

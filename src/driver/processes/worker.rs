@@ -1662,13 +1662,13 @@ fn oversized(msg: &WireMsg, dest: Rank, len: usize, max: usize) -> Error {
             ..
         }) => {
             "a checkpoint piece (its rank's state, plus its message log under a logging \
-             protocol: `--log-budget` bounds that)"
+             protocol: `Config::log_budget` bounds that)"
         }
         _ => "a runtime message",
     };
     Error::Driver(format!(
         "{what} of {len} bytes to rank {dest} exceeds the processes backend's frame limit of \
-         {max} bytes (`--max-frame`, `Config::max_frame`; at most 1 TiB)"
+         {max} bytes (`Config::max_frame`; at most 1 TiB)"
     ))
 }
 
