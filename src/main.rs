@@ -169,6 +169,10 @@ struct LaunchArgs {
     /// Write the job statistics as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the job's timeline here (see `run --trace`): the ranks of a
+    /// program that calls `lazarus::run` record theirs.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// The program and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "PROGRAM")]
     command: Vec<String>,
@@ -226,6 +230,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         k.validate(&placement, u64::MAX).map_err(usage)?;
     }
     check_output_opt("--json", &args.json)?;
+    check_output_opt("--trace", &args.trace)?;
     let (program, rest) = args
         .command
         .split_first()
@@ -251,7 +256,10 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         call: None,
         protocol: "(the program's)".into(),
         protocol_override: None,
-        trace: None,
+        trace: args
+            .trace
+            .as_ref()
+            .map(|_| lazarus::trace::DEFAULT_THRESHOLD),
         quiet_stdout: false,
         progress_bar: false,
         earlier: Vec::new(),
@@ -269,6 +277,15 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
     );
     if let Some(path) = &args.json {
         write_json(path, &stats)?;
+    }
+    if let Some(path) = &args.trace {
+        match &stats.trace {
+            Some(trace) => write_trace(path, trace, &format!("lazarus launch {program}"))?,
+            None => eprintln!(
+                "lazarus launch: no timeline was recorded: {} not written",
+                path.display()
+            ),
+        }
     }
     match outcome {
         Ok(_) => Ok(true),
@@ -503,6 +520,10 @@ struct ChaosArgs {
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Record every case's timeline and write the first failing case's
+    /// here (see `run --trace`); nothing is written when every case passes.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -1587,6 +1608,11 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     let chosen = protocols(&args.protocols)?;
     let (app, params, base) = build(&job, validated_as(&chosen))?;
     check_output_opt("--json", &args.json)?;
+    check_output_opt("--trace", &args.trace)?;
+    let base = match args.trace {
+        Some(_) => base.traced(),
+        None => base,
+    };
     if base
         .get_storage()
         .iter()
@@ -1663,6 +1689,25 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
     );
     if let Some(path) = &args.json {
         write_json(path, &report)?;
+    }
+    if let Some(path) = &args.trace {
+        match (report.failures.iter()).find_map(|c| Some((c, c.trace.as_ref()?))) {
+            Some((c, trace)) => write_trace(
+                path,
+                trace,
+                &format!(
+                    "lazarus chaos {}: seed {} ({})",
+                    report.app, c.seed, c.protocol
+                ),
+            )?,
+            None if report.failed == 0 => {
+                println!("trace: every case passed: {} not written", path.display());
+            }
+            None => println!(
+                "trace: no failing case returned a timeline (they timed out): {} not written",
+                path.display()
+            ),
+        }
     }
     Ok(report.failed == 0)
 }

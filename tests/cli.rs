@@ -1511,6 +1511,105 @@ fn every_cited_paper_is_in_docs_papers() {
     );
 }
 
+/// `chaos --trace` writes the first failing case's timeline (a kill under
+/// `none` fails every case), with the kill on the victim's lane; with
+/// every case passing it writes nothing and says so.
+#[test]
+fn chaos_trace_is_the_first_failing_cases_timeline() {
+    let dir = std::env::temp_dir().join(format!("lazarus-chaos-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let trace = dir.join("chaos.json");
+    let trace_s = trace.to_str().expect("utf-8");
+    let chaos = |protocols: &str| {
+        lazarus(&[
+            "chaos",
+            "stencil",
+            "--class",
+            "S",
+            "--ranks",
+            "4",
+            "--nodes",
+            "2",
+            "--seeds",
+            "2",
+            "--protocols",
+            protocols,
+            "--trace",
+            trace_s,
+        ])
+    };
+    let o = chaos("none");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("trace: ") && out.contains(trace_s), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
+            .expect("the trace is JSON");
+    assert_eq!(chrome_trace_defect(&v), None);
+    let title = v["traceEvents"][0]["args"]["name"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        title.starts_with("lazarus chaos stencil: seed 1 (none)"),
+        "{title}"
+    );
+    let kills = (v["traceEvents"].as_array().expect("events").iter())
+        .filter(|e| e["name"] == "kill")
+        .count();
+    assert!(kills >= 1, "no kill on the failing case's timeline");
+    std::fs::remove_file(&trace).expect("remove");
+    let o = chaos("coordinated");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("every case passed"), "{}", stdout(&o));
+    assert!(!trace.exists(), "a trace written though every case passed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `launch --trace` writes the timeline of a user's program: its ranks,
+/// the kill, the restore and the replay.
+#[test]
+fn launch_trace_records_the_users_program() {
+    let example = std::path::Path::new(env!("CARGO_BIN_EXE_lazarus"))
+        .parent()
+        .map(|d| d.join("examples").join("launched_solver"))
+        .expect("target directory");
+    assert!(example.exists(), "{} not built", example.display());
+    let dir = std::env::temp_dir().join(format!("lazarus-launch-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let trace = dir.join("launch.json");
+    let o = lazarus(&[
+        "launch",
+        "-n",
+        "3",
+        "--kill",
+        "1@50%",
+        "--trace",
+        trace.to_str().expect("utf-8"),
+        "--",
+        example.to_str().expect("utf-8"),
+        "40",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
+            .expect("the trace is JSON");
+    assert_eq!(chrome_trace_defect(&v), None);
+    let on = |tid: u64, name: &str| {
+        v["traceEvents"]
+            .as_array()
+            .is_some_and(|es| es.iter().any(|e| e["tid"] == tid && e["name"] == name))
+    };
+    for kind in ["kill", "restore"] {
+        assert!(on(1, kind), "rank 1 has no `{kind}`");
+    }
+    for r in 0..3 {
+        assert!(on(r, "collective"), "rank {r} has no collective");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The ways a Chrome trace event file breaks Perfetto and chrome://tracing
 /// (the format's documented fields, and slices of one thread properly
 /// nested), or `None` if it has none.

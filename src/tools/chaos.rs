@@ -163,6 +163,12 @@ pub struct ChaosCase {
     pub wall_s: f64,
     /// The command that runs this case again (exactly, on the simulator).
     pub reproduce: String,
+    /// The case's timeline, when the sweep records them (`Config::trace`
+    /// of the plan's base): kept for the first failing case only, whose
+    /// timeline is what a user looks at (a case that timed out has none:
+    /// its job never returned).
+    #[serde(skip)]
+    pub trace: Option<crate::trace::Trace>,
 }
 
 /// The whole sweep.
@@ -367,13 +373,15 @@ fn run_case(
         trace_hash: String::new(),
         wall_s: 0.0,
         reproduce: reproduce_command(app, params, cfg),
+        trace: None,
     };
     case.verdict = match rx.recv_timeout(bound) {
         Err(_) => Verdict::Timeout,
         Ok(Err(_)) => Verdict::Failed {
             error: "the runtime panicked outside any rank".into(),
         },
-        Ok(Ok(run)) => {
+        Ok(Ok(mut run)) => {
+            case.trace = run.stats.trace.take();
             case.failures = run.stats.failures;
             case.job_restarts = run.stats.job_restarts;
             // The kills that fired: each unfired one takes out one kill
@@ -431,6 +439,9 @@ fn run_case(
         }
     };
     case.wall_s = t0.elapsed().as_secs_f64();
+    if case.verdict == Verdict::Pass {
+        case.trace = None;
+    }
     case
 }
 
@@ -517,6 +528,13 @@ pub fn chaos(plan: &ChaosPlan, mut on_event: impl FnMut(ChaosEvent<'_>)) -> Resu
             }
             if case.verdict != Verdict::Pass {
                 failures.push(case);
+            }
+            // Timelines are large: only the first failing case that has
+            // one keeps it.
+            if failures.iter().filter(|c| c.trace.is_some()).count() > 1
+                && let Some(last) = failures.last_mut()
+            {
+                last.trace = None;
             }
             if stop {
                 break 'sweep;
