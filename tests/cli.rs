@@ -1052,10 +1052,7 @@ fn bench_trace_reports_what_tracing_costs_and_writes_a_timeline() {
             "{p}"
         );
     }
-    let t: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
-            .expect("valid JSON");
-    assert_eq!(chrome_trace_defect(&t), None);
+    read_trace(&trace);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1522,31 +1519,17 @@ fn chaos_trace_is_the_first_failing_cases_timeline() {
     let trace = dir.join("chaos.json");
     let trace_s = trace.to_str().expect("utf-8");
     let chaos = |protocols: &str| {
-        lazarus(&[
-            "chaos",
-            "stencil",
-            "--class",
-            "S",
-            "--ranks",
-            "4",
-            "--nodes",
-            "2",
-            "--seeds",
-            "2",
-            "--protocols",
-            protocols,
-            "--trace",
-            trace_s,
-        ])
+        let args = format!(
+            "chaos stencil --class S --ranks 4 --nodes 2 --seeds 2 --protocols {protocols} \
+             --trace {trace_s}"
+        );
+        lazarus(&args.split_whitespace().collect::<Vec<_>>())
     };
     let o = chaos("none");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("trace: ") && out.contains(trace_s), "{out}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
-            .expect("the trace is JSON");
-    assert_eq!(chrome_trace_defect(&v), None);
+    let v = read_trace(&trace);
     let title = v["traceEvents"][0]["args"]["name"]
         .as_str()
         .unwrap_or_default();
@@ -1592,15 +1575,8 @@ fn launch_trace_records_the_users_program() {
         "40",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
-            .expect("the trace is JSON");
-    assert_eq!(chrome_trace_defect(&v), None);
-    let on = |tid: u64, name: &str| {
-        v["traceEvents"]
-            .as_array()
-            .is_some_and(|es| es.iter().any(|e| e["tid"] == tid && e["name"] == name))
-    };
+    let v = read_trace(&trace);
+    let on = |tid: u64, name: &str| has_event(&v, tid, name);
     for kind in ["kill", "restore"] {
         assert!(on(1, kind), "rank 1 has no `{kind}`");
     }
@@ -1608,6 +1584,21 @@ fn launch_trace_records_the_users_program() {
         assert!(on(r, "collective"), "rank {r} has no collective");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A timeline `--trace` wrote: JSON, with none of the defects
+/// [`chrome_trace_defect`] finds.
+fn read_trace(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("trace written");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
+    assert_eq!(chrome_trace_defect(&v), None, "{}", path.display());
+    v
+}
+
+/// Whether rank `tid`'s lane of a timeline has an event called `name`.
+fn has_event(v: &serde_json::Value, tid: u64, name: &str) -> bool {
+    (v["traceEvents"].as_array())
+        .is_some_and(|es| es.iter().any(|e| e["tid"] == tid && e["name"] == name))
 }
 
 /// The ways a Chrome trace event file breaks Perfetto and chrome://tracing
@@ -1704,16 +1695,9 @@ fn run_trace_is_a_valid_chrome_trace_and_report_draws_it() {
             stderr(&o)
         );
         assert!(stdout(&o).contains("trace: "), "{backend}: {}", stdout(&o));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written"))
-                .expect("the trace is JSON");
-        assert_eq!(chrome_trace_defect(&v), None, "{backend}");
+        let v = read_trace(&trace);
         assert_eq!(v["otherData"]["schema"], 1);
-        let on = |tid: u64, name: &str| {
-            v["traceEvents"]
-                .as_array()
-                .is_some_and(|es| es.iter().any(|e| e["tid"] == tid && e["name"] == name))
-        };
+        let on = |tid: u64, name: &str| has_event(&v, tid, name);
         for kind in ["kill", "recovery", "restore", "replay", "safe point"] {
             assert!(on(1, kind), "{backend}: rank 1 has no `{kind}`");
         }
