@@ -328,6 +328,26 @@ impl Communicator {
     }
 
     /// Block until every rank of the communicator has called it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    ///
+    /// use lazarus::Config;
+    ///
+    /// // Ranks are threads on the default backend, so they can share a counter.
+    /// let arrived = Arc::new(AtomicUsize::new(0));
+    /// let counter = arrived.clone();
+    /// let report = lazarus::run(&Config::new(4), move |ctx| {
+    ///     counter.fetch_add(1, Ordering::SeqCst);
+    ///     ctx.world().barrier()?;
+    ///     // Nobody leaves the barrier before everybody has arrived.
+    ///     Ok(counter.load(Ordering::SeqCst))
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![4; 4]);
+    /// ```
     pub fn barrier(&self) -> Result<()> {
         self.broadcast_result(Collective::Barrier, 0, |call| {
             self.reduce_vec::<u8>(call, 0, &[], ReduceOp::NoOp)?;
@@ -337,6 +357,20 @@ impl Communicator {
     }
 
     /// Broadcast `buf` from `root` into every rank's `buf`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let mut buf = if world.rank() == 1 { [7u64, 8, 9] } else { [0; 3] };
+    ///     world.broadcast_into(1, &mut buf)?;
+    ///     Ok(buf)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![[7, 8, 9]; 3]);
+    /// ```
     pub fn broadcast_into<T: Equivalence>(&self, root: Rank, buf: &mut [T]) -> Result<()> {
         self.check_root(root)?;
         let data = if self.rank() == root {
@@ -354,6 +388,23 @@ impl Communicator {
     }
 
     /// Broadcast a structured value from `root` (`value` is read only there).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let mine = (world.rank() == 0).then(|| ("grid".to_string(), vec![4u32, 4]));
+    ///     let got: (String, Vec<u32>) = world.broadcast_value(0, mine.as_ref())?;
+    ///     Ok(got)
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![("grid".to_string(), vec![4, 4]); 3]
+    /// );
+    /// ```
     pub fn broadcast_value<V: Serialize + DeserializeOwned>(
         &self,
         root: Rank,
@@ -374,6 +425,18 @@ impl Communicator {
     }
 
     /// Reduce to `root`: the root gets `Some(result)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     world.reduce(2, &[world.rank() as u64, 1], ReduceOp::Sum)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![None, None, Some(vec![6, 4]), None]);
+    /// ```
     pub fn reduce<T: Equivalence>(
         &self,
         root: Rank,
@@ -388,6 +451,21 @@ impl Communicator {
 
     /// Reduce to every rank (reduce to rank 0, then broadcast: every rank
     /// gets the bit-identical result).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let r = world.rank() as i32;
+    ///     let mut max = [0; 2];
+    ///     world.all_reduce_into(&[r, -r], &mut max, ReduceOp::Max)?;
+    ///     Ok(max)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![[3, 0]; 4]);
+    /// ```
     pub fn all_reduce_into<T: Equivalence>(
         &self,
         data: &[T],
@@ -412,6 +490,18 @@ impl Communicator {
     }
 
     /// Reduce one value to every rank.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     world.all_reduce(world.rank() as u64 + 1, ReduceOp::Prod)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![24; 4]);
+    /// ```
     pub fn all_reduce<T: Equivalence>(&self, x: T, op: ReduceOp) -> Result<T> {
         let mut out = [x];
         self.all_reduce_into(&[x], &mut out, op)?;
@@ -420,6 +510,23 @@ impl Communicator {
 
     /// Gather variable-length contributions to `root`, in rank order: the
     /// root gets `Some((concatenation, counts))`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let r = world.rank();
+    ///     // Rank r contributes r + 1 copies of r.
+    ///     world.gather_varcount(0, &vec![r as u32; r + 1])
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![Some((vec![0, 1, 1, 2, 2, 2], vec![1, 2, 3])), None, None]
+    /// );
+    /// ```
     pub fn gather_varcount<T: Equivalence>(
         &self,
         root: Rank,
@@ -430,6 +537,21 @@ impl Communicator {
     }
 
     /// Gather equal contributions to `root`, in rank order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     world.gather(1, &[world.rank() as u64 * 10])
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![None, Some(vec![0, 10, 20, 30]), None, None]
+    /// );
+    /// ```
     pub fn gather<T: Equivalence>(&self, root: Rank, data: &[T]) -> Result<Option<Vec<T>>> {
         Ok(self.gather_varcount(root, data)?.map(|(v, _)| v))
     }
@@ -447,6 +569,21 @@ impl Communicator {
     /// those pages was most of ULML's failure-free overhead on CG W,
     /// `lazarus bench cg --class W`). Larger communicators gather to rank 0
     /// and broadcast: 2(P − 1) messages instead of P(P − 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let r = world.rank();
+    ///     // Rank r contributes r copies of r: rank 0 nothing.
+    ///     world.all_gather_varcount(&vec![r as u32; r])
+    /// });
+    /// let expected = (vec![1, 2, 2], vec![0, 1, 2]);
+    /// assert_eq!(report.outcome.unwrap(), vec![expected; 3]);
+    /// ```
     pub fn all_gather_varcount<T: Equivalence>(&self, data: &[T]) -> Result<(Vec<T>, Vec<usize>)> {
         let got = if self.size() <= DIRECT_ALL_GATHER_MAX {
             let mine = slice_to_bytes(data);
@@ -506,12 +643,40 @@ impl Communicator {
     }
 
     /// Every rank gets every rank's contribution, in rank order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     world.all_gather(&[world.rank() as u64, 100])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![0, 100, 1, 100, 2, 100]; 3]);
+    /// ```
     pub fn all_gather<T: Equivalence>(&self, data: &[T]) -> Result<Vec<T>> {
         Ok(self.all_gather_varcount(data)?.0)
     }
 
     /// Scatter `count` elements to each rank from `root` (`data`, of
     /// `count * size` elements, is read only at the root).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let data: Vec<u64> = (0..8).collect(); // read at the root only
+    ///     world.scatter(0, (world.rank() == 0).then_some(&data[..]), 2)
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
+    /// );
+    /// ```
     pub fn scatter<T: Equivalence>(
         &self,
         root: Rank,
@@ -543,6 +708,24 @@ impl Communicator {
 
     /// Every rank sends block `j` of `data` (of `data.len() / size`
     /// elements) to rank `j` and receives block `i` from every rank `i`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let i = world.rank() as u64;
+    ///     // Block j (one element here) goes to rank j.
+    ///     let blocks: Vec<u64> = (0..3).map(|j| 10 * i + j).collect();
+    ///     world.all_to_all(&blocks)
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![vec![0, 10, 20], vec![1, 11, 21], vec![2, 12, 22]]
+    /// );
+    /// ```
     pub fn all_to_all<T: Equivalence>(&self, data: &[T]) -> Result<Vec<T>> {
         let size = self.size();
         if !data.len().is_multiple_of(size) {
@@ -587,6 +770,29 @@ impl Communicator {
     }
 
     /// A new communicator with the same group and a new context (MPI_Comm_dup).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let dup = world.duplicate()?;
+    ///     assert_eq!((dup.rank(), dup.size()), (world.rank(), world.size()));
+    ///     if world.rank() == 0 {
+    ///         dup.send(1, 0, &[1u64])?;
+    ///         world.send(1, 0, &[2u64])?;
+    ///         return Ok(vec![]);
+    ///     }
+    ///     // Same source and tag, but each receive matches its own communicator's
+    ///     // message only.
+    ///     let (a, _) = world.receive::<u64>(0, 0)?;
+    ///     let (b, _) = dup.receive::<u64>(0, 0)?;
+    ///     Ok(vec![a[0], b[0]])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![], vec![2, 1]]);
+    /// ```
     pub fn duplicate(&self) -> Result<Communicator> {
         let recreated = self.engine.borrow_mut().recreated_communicator();
         let (base, group) = match recreated {
@@ -620,6 +826,26 @@ impl Communicator {
     /// ranks created them before that checkpoint and do not take part
     /// again), so a rank function must create them in the same order on
     /// every execution, as it allocates windows.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let me = world.rank();
+    ///     // Colors 0 (ranks 0, 2) and 1 (rank 1); rank 3 joins none. Keys in
+    ///     // reverse: rank 2 comes first in its communicator.
+    ///     let color = (me != 3).then_some(me as u32 % 2);
+    ///     let sub = world.split(color, -(me as i64))?;
+    ///     Ok(sub.map(|c| (c.rank(), c.size())))
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![Some((1, 2)), Some((0, 1)), Some((0, 2)), None]
+    /// );
+    /// ```
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let recreated = self.engine.borrow_mut().recreated_communicator();
         if let Some((base, group)) = recreated {

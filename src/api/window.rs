@@ -43,6 +43,18 @@ impl Communicator {
     /// Under message logging a rank restored alone re-creates the window
     /// from its checkpoint without the collective: the other ranks allocated
     /// it before that checkpoint and do not take part again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let window = ctx.world().allocate_window::<f64>(3)?;
+    ///     window.with_local(|memory| memory.to_vec())
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![0.0; 3]; 2]);
+    /// ```
     pub fn allocate_window<T: Equivalence>(&self, len: usize) -> Result<Window<T>> {
         let recreated = self.engine.borrow_mut().recreated_window();
         let id = match recreated {
@@ -99,21 +111,91 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// The window's id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let a = world.allocate_window::<u8>(1)?;
+    ///     let b = world.allocate_window::<u8>(1)?;
+    ///     Ok((a.id(), b.id()))
+    /// });
+    /// let ids = report.outcome.unwrap();
+    /// // The same on every rank, another one for another window.
+    /// assert!(ids.iter().all(|&i| i == ids[0]));
+    /// assert_ne!(ids[0].0, ids[0].1);
+    /// ```
     pub fn id(&self) -> WinId {
         self.id
     }
 
     /// Elements in this rank's part of the window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     // Each rank may expose a different number of elements.
+    ///     let window = world.allocate_window::<u64>(world.rank() + 1)?;
+    ///     Ok(window.local_len())
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![1, 2, 3]);
+    /// ```
     pub fn local_len(&self) -> usize {
         self.len
     }
 
     /// The communicator the window spans.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let pair = world.split(Some(world.rank() as u32 / 2), 0)?.expect("a color");
+    ///     let window = pair.allocate_window::<u8>(1)?;
+    ///     let comm = window.communicator();
+    ///     Ok((comm.rank(), comm.size(), comm.world_rank(0)?))
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![(0, 2, 0), (1, 2, 0), (0, 2, 2), (1, 2, 2)]
+    /// );
+    /// ```
     pub fn communicator(&self) -> &Communicator {
         &self.comm
     }
 
     /// PUT: write `data` at element `offset` of `target`'s window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let (me, n) = (world.rank(), world.size());
+    ///     let window = world.allocate_window::<u64>(2)?;
+    ///     window.fence()?;
+    ///     // Write element 1 of the next rank's window.
+    ///     window.put((me + 1) % n, 1, &[100 + me as u64])?;
+    ///     window.fence()?;
+    ///     window.with_local(|m| m.to_vec())
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![vec![0, 102], vec![0, 100], vec![0, 101]]
+    /// );
+    /// ```
     pub fn put(&self, target: Rank, offset: usize, data: &[T]) -> Result<()> {
         self.op(
             target,
@@ -126,6 +208,24 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// GET: read `len` elements at `offset` of `target`'s window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let (me, n) = (world.rank(), world.size());
+    ///     let window = world.allocate_window::<u64>(2)?;
+    ///     window.with_local_mut(|m| m.copy_from_slice(&[me as u64, 10 * me as u64]))?;
+    ///     window.fence()?;
+    ///     let got = window.get((me + 1) % n, 1, 1)?; // element 1 of the next rank
+    ///     window.fence()?;
+    ///     Ok(got)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![10], vec![20], vec![0]]);
+    /// ```
     pub fn get(&self, target: Rank, offset: usize, len: usize) -> Result<Vec<T>> {
         let b = data_of(
             self.op(
@@ -141,6 +241,23 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// Combining PUT: `target[offset..] = target[offset..] op data`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.fence()?;
+    ///     window.accumulate(0, 0, &[world.rank() as u64 + 1], ReduceOp::Sum)?;
+    ///     window.fence()?;
+    ///     window.with_local(|m| m[0])
+    /// });
+    /// // Rank 0's element holds 1 + 2 + 3 + 4.
+    /// assert_eq!(report.outcome.unwrap(), vec![10, 0, 0, 0]);
+    /// ```
     pub fn accumulate(&self, target: Rank, offset: usize, data: &[T], op: ReduceOp) -> Result<()> {
         self.op(
             target,
@@ -156,6 +273,31 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// Accumulate and return the previous contents, atomically.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<i32>(2)?;
+    ///     if world.rank() == 0 {
+    ///         window.with_local_mut(|m| m.copy_from_slice(&[5, 6]))?;
+    ///     }
+    ///     window.fence()?;
+    ///     let mut before = vec![];
+    ///     if world.rank() == 1 {
+    ///         before = window.get_accumulate(0, 0, &[1, 2], ReduceOp::Sum)?;
+    ///     }
+    ///     window.fence()?;
+    ///     Ok((before, window.with_local(|m| m.to_vec())?))
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![(vec![], vec![6, 8]), (vec![5, 6], vec![0, 0])]
+    /// );
+    /// ```
     pub fn get_accumulate(
         &self,
         target: Rank,
@@ -180,6 +322,27 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// Atomically combine one element and return its previous value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let counter = world.allocate_window::<u64>(1)?;
+    ///     counter.fence()?;
+    ///     // A shared counter on rank 0: every rank draws another ticket.
+    ///     let ticket = counter.fetch_and_op(0, 0, 1, ReduceOp::Sum)?;
+    ///     counter.fence()?;
+    ///     Ok((ticket, counter.with_local(|m| m[0])?))
+    /// });
+    /// let results = report.outcome.unwrap();
+    /// let mut tickets: Vec<u64> = results.iter().map(|r| r.0).collect();
+    /// tickets.sort();
+    /// assert_eq!(tickets, vec![0, 1, 2, 3]);
+    /// assert_eq!(results[0].1, 4);
+    /// ```
     pub fn fetch_and_op(&self, target: Rank, offset: usize, operand: T, op: ReduceOp) -> Result<T> {
         let v = self.get_accumulate(target, offset, &[operand], op)?;
         v.first().copied().ok_or(Error::Rma {
@@ -190,6 +353,26 @@ impl<T: Equivalence> Window<T> {
 
     /// Atomically: if the element equals `compare`, replace it by `swap`;
     /// returns the previous value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.fence()?;
+    ///     let mut seen = vec![];
+    ///     if world.rank() == 1 {
+    ///         seen.push(window.compare_and_swap(0, 0, 0, 7)?); // 0 == 0: swapped
+    ///         seen.push(window.compare_and_swap(0, 0, 0, 9)?); // 7 != 0: kept
+    ///     }
+    ///     window.fence()?;
+    ///     Ok((seen, window.with_local(|m| m[0])?))
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![(vec![], 7), (vec![0, 7], 0)]);
+    /// ```
     pub fn compare_and_swap(&self, target: Rank, offset: usize, compare: T, swap: T) -> Result<T> {
         let b = data_of(
             self.op(
@@ -212,6 +395,24 @@ impl<T: Equivalence> Window<T> {
     /// GSYNC: complete all operations of every rank and open a new epoch to
     /// every target (collective). A checkpoint between two fences saves the
     /// open epoch, so a restored rank goes on putting without a new fence.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u32>(1)?;
+    ///     let other = 1 - world.rank();
+    ///     let refused = window.put(other, 0, &[1]).is_err(); // no epoch yet
+    ///     window.fence()?; // opens an epoch to every target
+    ///     window.put(other, 0, &[world.rank() as u32 + 1])?;
+    ///     window.fence()?; // every rank's puts are complete
+    ///     Ok((refused, window.with_local(|m| m[0])?))
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![(true, 2), (true, 1)]);
+    /// ```
     pub fn fence(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_fence(self.id)?;
         self.comm.barrier()
@@ -219,12 +420,52 @@ impl<T: Equivalence> Window<T> {
 
     /// LOCK: open a passive-target epoch to `target`. Unlock it before the
     /// next `Ctx::checkpoint`, which refuses a safe point inside the epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, LockType};
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     // Increment rank 0's counter under an exclusive lock: no update is lost.
+    ///     window.lock(0, LockType::Exclusive)?;
+    ///     let v = window.get(0, 0, 1)?[0];
+    ///     window.put(0, 0, &[v + 1])?;
+    ///     window.unlock(0)?;
+    ///     world.barrier()?;
+    ///     window.with_local(|m| m[0])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![3, 0, 0]);
+    /// ```
     pub fn lock(&self, target: Rank, kind: LockType) -> Result<()> {
         let t = self.comm.world_rank(target)?;
         self.comm.engine.borrow_mut().window_lock(self.id, t, kind)
     }
 
     /// UNLOCK: complete operations to `target` and close the epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, LockType};
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     let mut closed = false;
+    ///     if world.rank() == 1 {
+    ///         window.lock(0, LockType::Shared)?;
+    ///         window.put(0, 0, &[42])?;
+    ///         window.unlock(0)?; // the put is complete at rank 0
+    ///         closed = window.put(0, 0, &[1]).is_err(); // and the epoch is over
+    ///     }
+    ///     world.barrier()?;
+    ///     Ok((closed, window.with_local(|m| m[0])?))
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![(false, 42), (true, 0)]);
+    /// ```
     pub fn unlock(&self, target: Rank) -> Result<()> {
         let t = self.comm.world_rank(target)?;
         self.comm.engine.borrow_mut().window_unlock(self.id, t)
@@ -232,27 +473,137 @@ impl<T: Equivalence> Window<T> {
 
     /// A shared lock on every target (released before the next
     /// `Ctx::checkpoint`, as for `lock`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let me = world.rank();
+    ///     let window = world.allocate_window::<u64>(world.size())?;
+    ///     window.lock_all()?;
+    ///     // Write this rank's number into its own slot at every rank.
+    ///     for target in 0..world.size() {
+    ///         window.put(target, me, &[me as u64 + 1])?;
+    ///     }
+    ///     window.unlock_all()?;
+    ///     world.barrier()?;
+    ///     window.with_local(|m| m.to_vec())
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![1, 2, 3]; 3]);
+    /// ```
     pub fn lock_all(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_lock_all(self.id)
     }
 
     /// Release `lock_all`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let (me, n) = (world.rank(), world.size());
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.lock_all()?;
+    ///     window.put((me + 1) % n, 0, &[me as u64 + 1])?;
+    ///     window.unlock_all()?; // completes the puts and ends the epochs
+    ///     let closed = window.put(0, 0, &[0]).is_err();
+    ///     world.barrier()?;
+    ///     Ok((closed, window.with_local(|m| m[0])?))
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![(true, 3), (true, 1), (true, 2)]);
+    /// ```
     pub fn unlock_all(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_unlock_all(self.id)
     }
 
     /// FLUSH: complete operations to `target` (a new epoch begins).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, LockType};
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     let mut seen = (0, 0);
+    ///     if world.rank() == 0 {
+    ///         window.lock(1, LockType::Exclusive)?;
+    ///         window.put(1, 0, &[5])?;
+    ///         let before = window.epoch_to(1)?;
+    ///         window.flush(1)?; // completes the put; the lock is still held
+    ///         seen = (window.get(1, 0, 1)?[0], window.epoch_to(1)? - before);
+    ///         window.unlock(1)?;
+    ///     }
+    ///     world.barrier()?;
+    ///     Ok(seen)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![(5, 1), (0, 0)]);
+    /// ```
     pub fn flush(&self, target: Rank) -> Result<()> {
         let t = self.comm.world_rank(target)?;
         self.comm.engine.borrow_mut().window_flush(self.id, Some(t))
     }
 
     /// FLUSH to every target.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     let mut epochs = vec![];
+    ///     if world.rank() == 0 {
+    ///         window.lock_all()?;
+    ///         window.put(1, 0, &[10])?;
+    ///         window.put(2, 0, &[20])?;
+    ///         window.flush_all()?; // completes both: a new epoch to every target
+    ///         epochs = vec![window.epoch_to(1)?, window.epoch_to(2)?];
+    ///         window.unlock_all()?;
+    ///     }
+    ///     world.barrier()?;
+    ///     Ok((epochs, window.with_local(|m| m[0])?))
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![(vec![1, 1], 0), (vec![], 10), (vec![], 20)]
+    /// );
+    /// ```
     pub fn flush_all(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_flush(self.id, None)
     }
 
     /// `E(p -> target)`: this origin's epoch number towards `target`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, LockType};
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u8>(1)?;
+    ///     let mut epochs = vec![window.epoch_to(1)?];
+    ///     window.lock(1, LockType::Shared)?;
+    ///     window.flush(1)?; // a flush ends the epoch to rank 1
+    ///     epochs.push(window.epoch_to(1)?);
+    ///     window.unlock(1)?; // so does an unlock
+    ///     epochs.push(window.epoch_to(1)?);
+    ///     epochs.push(window.epoch_to(0)?); // none to rank 0 ended
+    ///     world.barrier()?;
+    ///     Ok(epochs)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![0, 1, 2, 0]; 2]);
+    /// ```
     pub fn epoch_to(&self, target: Rank) -> Result<u64> {
         let t = self.comm.world_rank(target)?;
         self.comm.engine.borrow_mut().window_epoch(self.id, t)
@@ -276,6 +627,22 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// Read this rank's window memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u32>(3)?;
+    ///     window.fence()?;
+    ///     window.put(1 - world.rank(), 0, &[1, 2, 3])?;
+    ///     window.fence()?;
+    ///     window.with_local(|m| m.iter().sum::<u32>())
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![6, 6]);
+    /// ```
     pub fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         self.local(|m| match try_cast_slice::<u8, T>(m) {
             Ok(elems) => Ok(f(elems)),
@@ -290,6 +657,24 @@ impl<T: Equivalence> Window<T> {
 
     /// Change this rank's window memory (a local store; remote ranks see it
     /// according to the epoch rules).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let me = world.rank();
+    ///     let window = world.allocate_window::<u64>(2)?;
+    ///     window.with_local_mut(|m| m.fill(me as u64 + 1))?;
+    ///     window.fence()?; // the others see the store from here
+    ///     let theirs = window.get(1 - me, 0, 2)?;
+    ///     window.fence()?;
+    ///     Ok(theirs)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![2, 2], vec![1, 1]]);
+    /// ```
     pub fn with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         self.local(|m| match try_cast_slice_mut::<u8, T>(m) {
             Ok(elems) => Ok(f(elems)),
@@ -317,6 +702,24 @@ impl<T: Equivalence> Window<T> {
     }
 
     /// Free the window (collective).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.with_local_mut(|m| m[0] = 9)?;
+    ///     let old = window.id();
+    ///     window.free()?; // at every rank
+    ///     // A window allocated next is another one, zeroed.
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     Ok((window.id() != old, window.with_local(|m| m[0])?))
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![(true, 0); 2]);
+    /// ```
     pub fn free(self) -> Result<()> {
         self.comm.barrier()?;
         self.comm.engine.borrow_mut().window_free(self.id)
