@@ -860,7 +860,7 @@ impl Drop for ReceiveRequest {
 ///
 /// ```
 /// use lazarus::Config;
-/// use lazarus::api::comm::wait_all;
+/// use lazarus::wait_all;
 ///
 /// let report = lazarus::run(&Config::new(4), |ctx| {
 ///     let world = ctx.world();

@@ -141,3 +141,52 @@ impl Ctx {
         self.engine.borrow().epoch()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every public function of the point-to-point, collective, window and
+    /// ULFM modules carries a doc example that runs (not `ignore`d, not
+    /// `no_run`): `cargo test --doc` runs them, and this test keeps a new
+    /// function from arriving without one.
+    #[test]
+    fn every_public_function_has_a_runnable_example() {
+        let files = [
+            ("comm.rs", include_str!("comm.rs")),
+            ("collective.rs", include_str!("collective.rs")),
+            ("window.rs", include_str!("window.rs")),
+            ("ulfm.rs", include_str!("ulfm.rs")),
+        ];
+        let mut missing = Vec::new();
+        let mut seen = 0;
+        for (file, text) in files {
+            let mut doc = String::new();
+            for (i, line) in text.lines().enumerate() {
+                let t = line.trim_start();
+                if let Some(d) = t.strip_prefix("///") {
+                    doc.push_str(d);
+                    doc.push('\n');
+                } else if t.starts_with("#[") {
+                    // Attributes sit between a doc comment and its item.
+                } else {
+                    if t.starts_with("pub fn ") {
+                        seen += 1;
+                        let runs = doc.lines().any(|l| {
+                            let l = l.trim();
+                            l == "```" || l == "```rust"
+                        });
+                        if !runs {
+                            missing.push(format!("{file}:{}: {t}", i + 1));
+                        }
+                    }
+                    doc.clear();
+                }
+            }
+        }
+        assert!(seen >= 60, "only {seen} public functions found");
+        assert!(
+            missing.is_empty(),
+            "without a runnable example:\n{}",
+            missing.join("\n")
+        );
+    }
+}
