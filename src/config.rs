@@ -178,6 +178,10 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `heartbeat_timeout` | `--heartbeat-timeout D` (processes only, at least 10 ms; a bare number is ms) | 200 ms |
 /// | `max_frame` | `--max-frame BYTES` (processes only, 64 KiB to 1 TiB) | 16 GiB |
 /// | `worker_args` | (processes; a test harness names it on every backend) | this program's own arguments |
+///
+/// Logging is not a setting of the job: it is the process's (`--log-level`,
+/// else `RUST_LOG`, else `warn`; see [`crate::logging`]), and a launcher
+/// hands its filter to its rank processes.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where ranks run.

@@ -278,11 +278,19 @@ impl<T> JobReport<T> {
 /// In a process started by a launcher (`lazarus launch`, or the processes
 /// backend of a `run` call), this call runs one rank instead of a job (see
 /// [`crate::driver::processes`]).
+///
+/// The runtime logs through `tracing` ([`crate::logging`]): the first call
+/// installs a subscriber that prints warnings (or what `RUST_LOG`, or a
+/// launcher's filter, asks for) on stderr, unless the program installed
+/// one of its own before.
 pub fn run<T, F>(cfg: &Config, f: F) -> JobReport<T>
 where
     T: Serialize + DeserializeOwned + Send + 'static,
     F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
 {
+    // Warnings reach stderr in a program that installed no subscriber
+    // (a launched rank installs its launcher's filter, `LAZARUS_LOG`).
+    crate::logging::init_default();
     let role = match processes::role_of_this_call(cfg.worker_args.is_some()) {
         Ok(r) => r,
         Err(e) => return JobReport::failed(e),
@@ -322,7 +330,10 @@ where
             Err(Error::Unrecoverable(why))
                 if cfg.protocol.logs_messages() && stats.job_restarts < MAX_JOB_RESTARTS =>
             {
-                eprintln!("lazarus: {why}; the job starts again from the beginning");
+                tracing::warn!(
+                    restart = stats.job_restarts + 1,
+                    "lazarus: {why}; the job starts again from the beginning"
+                );
                 cfg.kills = stats
                     .unfired_kills
                     .iter()
@@ -511,7 +522,7 @@ where
         .and_then(|pl| processes::worker::run_worker(env, &cfg, pl, &f));
     if let Err(e @ Error::Driver(_)) = &outcome {
         // Set-up failures never reach the launcher: say them here.
-        eprintln!("lazarus: rank {}: {e}", env.rank);
+        tracing::error!(rank = env.rank, "lazarus: rank {}: {e}", env.rank);
     }
     if env.self_launch {
         // The launcher has the outcome; the program's own code after `run`

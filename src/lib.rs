@@ -75,12 +75,13 @@
 //! `ARCHITECTURE.md`.
 
 // What a program uses: the API, its configuration, errors, fault plans,
-// the job's report and its timeline.
+// the job's report, its logs and its timeline.
 pub mod api;
 pub mod config;
 pub mod error;
 pub mod fault;
 pub mod job;
+pub mod logging;
 pub mod trace;
 
 // The runtime's layers below the API, and the `lazarus` command's tools:

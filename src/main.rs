@@ -77,6 +77,20 @@ const BENCH_EXAMPLES: &str = "Examples:
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// What to log on stderr: a level (error, warn, info, debug, trace,
+    /// off) or comma-separated TARGET=LEVEL directives (lazarus=debug), as
+    /// RUST_LOG takes them. Default: RUST_LOG, else warn. `info` adds each
+    /// failure with its cause (a kill, an exit status or signal, heartbeat
+    /// silence, a lost agent) and each suspicion of the failure detector;
+    /// `debug` the launcher's and ranks' narration. Rank processes log
+    /// with the same filter.
+    #[arg(long, global = true, value_name = "FILTER", value_parser = log_filter)]
+    log_level: Option<lazarus::logging::LogFilter>,
+}
+
+/// `--log-level`: a bad filter exits 2 naming the option (clap's error).
+fn log_filter(text: &str) -> Result<lazarus::logging::LogFilter, String> {
+    text.parse()
 }
 
 #[derive(Subcommand, Debug)]
@@ -1822,6 +1836,7 @@ fn main() -> ExitCode {
         );
     }
     let cli = Cli::parse();
+    lazarus::logging::init(cli.log_level.as_ref());
     let r = match &cli.command {
         Command::Run(a) => cmd_run(a),
         Command::Report(a) => cmd_report(a),

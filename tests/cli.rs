@@ -1890,3 +1890,108 @@ fn progress_shows_on_a_terminal_only() {
         );
     }
 }
+
+/// `--log-level` takes a level or `TARGET=LEVEL` directives, before or
+/// after the subcommand; anything else is bad usage naming the option.
+#[test]
+fn a_bad_log_level_is_a_usage_error() {
+    assert_usage_error(
+        &["run", "cg", "--class", "S", "--log-level", "bogus"],
+        "--log-level",
+    );
+    assert_usage_error(
+        &["--log-level", "lazarus=loud", "run", "cg", "--class", "S"],
+        "--log-level",
+    );
+}
+
+/// `lazarus` with no `RUST_LOG`, `LAZARUS_LOG` nor `--log-level`: the
+/// environment of a user who asked for nothing.
+fn lazarus_unlogged(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lazarus"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("LAZARUS_LOG")
+        .output()
+        .expect("the lazarus binary runs")
+}
+
+/// Lines of `o`'s stderr logged at `info` or finer.
+fn chatty_lines(o: &Output) -> Vec<String> {
+    stderr(o)
+        .lines()
+        .filter(|l| {
+            ["INFO ", "DEBUG ", "TRACE "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// With `--log-level info` a detected failure is on stderr with its cause:
+/// the launcher's verdict, and each surviving rank process's notice of it
+/// (the filter reaches the rank processes: under `lazarus launch` too,
+/// whose program never sees the option). Without `--log-level` (nor
+/// `RUST_LOG`) the same runs log nothing at `info` or `debug`.
+#[test]
+fn log_level_info_shows_a_failure_with_its_cause_on_every_process() {
+    let run = [
+        "run",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "4",
+        "--backend",
+        "processes",
+        "--protocol",
+        "coordinated",
+        "--kill",
+        "1@50%",
+    ];
+    let cause = "failed: killed by fault injection (1@50%)";
+    let told = "told that rank 1 failed: killed by fault injection (1@50%)";
+    let quiet = lazarus_unlogged(&run);
+    assert_eq!(quiet.status.code(), Some(0), "{}", stderr(&quiet));
+    assert_eq!(failures(&quiet), Some(1), "{}", stdout(&quiet));
+    assert!(chatty_lines(&quiet).is_empty(), "{}", stderr(&quiet));
+    assert!(!stderr(&quiet).contains(cause), "{}", stderr(&quiet));
+
+    let mut loud = run.to_vec();
+    loud.extend(["--log-level", "info"]);
+    let o = lazarus_unlogged(&loud);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(failures(&o), Some(1), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("INFO lazarus launcher: rank 1 ") && l.contains(cause)),
+        "no launcher line with the cause: {err}"
+    );
+    // A line from a surviving rank's process (ranks 0, 2 and 3 are told).
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("INFO lazarus: rank ") && l.contains(told)),
+        "no rank line with the cause: {err}"
+    );
+
+    let solver = example("launched_solver");
+    let launch = |extra: &[&str]| {
+        let mut args = vec!["launch", "-n", "4", "--kill", "1@50%"];
+        args.extend_from_slice(extra);
+        args.extend(["--", &solver, "200"]);
+        lazarus_unlogged(&args)
+    };
+    let quiet = launch(&[]);
+    assert_eq!(quiet.status.code(), Some(0), "{}", stderr(&quiet));
+    assert!(chatty_lines(&quiet).is_empty(), "{}", stderr(&quiet));
+    let o = launch(&["--log-level", "info"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("INFO lazarus: rank ") && l.contains(told)),
+        "no line from the program's rank processes: {err}"
+    );
+}

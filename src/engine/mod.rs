@@ -1135,7 +1135,10 @@ impl Engine {
                 } => {
                     // Said here: the protocol may well recover from another
                     // holder, but the damage is the user's to know about.
-                    eprintln!(
+                    tracing::warn!(
+                        rank = self.rank,
+                        generation,
+                        holder,
                         "lazarus: rank {}: fetching its checkpoint generation {generation}: {detail}",
                         self.rank
                     );
@@ -1310,7 +1313,7 @@ impl Engine {
                 if !told && let Some(why) = self.proto.send_wait() {
                     // Said once per wait: it lasts until a checkpoint, and
                     // a rank that never reaches one waits for ever.
-                    eprintln!("lazarus: rank {}: {why}", self.rank);
+                    tracing::warn!(rank = self.rank, "lazarus: rank {}: {why}", self.rank);
                     told = true;
                 }
                 arrivals = arrivals.wrapping_add(1);
@@ -1321,7 +1324,8 @@ impl Engine {
                 {
                     stall_told = true;
                     if let Some(why) = self.proto.send_stalled() {
-                        eprintln!(
+                        tracing::warn!(
+                            rank = self.rank,
                             "lazarus: rank {}: a send has waited {} s: {why}",
                             self.rank,
                             SEND_STALL_REPORT.as_secs()
@@ -1886,7 +1890,7 @@ impl Engine {
         // that recovery uses another level or an older generation (DESIGN
         // principle 8); the user is told what was damaged and where.
         for e in self.store.scrub() {
-            eprintln!("lazarus: rank {}: {e}", self.rank);
+            tracing::warn!(rank = self.rank, "lazarus: rank {}: {e}", self.rank);
         }
         self.recovering = true;
         let replacement = self.replacement && self.restored_generation.is_none();

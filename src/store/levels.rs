@@ -588,7 +588,9 @@ impl CheckpointStore for MultiLevel {
             let done = disk::is_committed(&d.dir, generation)
                 || disk::commit_from_headers(&d.dir, generation, self.ranks)
                     .map_err(|e| {
-                        eprintln!(
+                        tracing::warn!(
+                            generation,
+                            dir = %d.dir.display(),
                             "lazarus: generation {generation} is not committed in {} (a \
                              whole-job restart cannot use it): {e}",
                             d.dir.display()

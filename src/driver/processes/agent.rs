@@ -319,7 +319,10 @@ pub fn run_agent() -> Result<()> {
                 }
                 WireMsg::Shutdown => break Ok(()),
                 other => {
-                    eprintln!("lazarus agent (node {node}): unexpected message {other:?}");
+                    tracing::warn!(
+                        node,
+                        "lazarus agent (node {node}): unexpected message {other:?}"
+                    );
                 }
             },
             // The launcher is gone: so is the job.

@@ -181,6 +181,12 @@ impl PhiAccrual {
     pub fn is_suspected(&self) -> bool {
         self.suspected.is_some()
     }
+
+    /// The silence at which the current suspicion began (`None` when the
+    /// peer is not suspected): it is declared dead at twice that.
+    pub fn suspected_after(&self) -> Option<Duration> {
+        self.suspected
+    }
 }
 
 #[cfg(test)]

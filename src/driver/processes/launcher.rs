@@ -13,6 +13,11 @@
 //! never falls under `--heartbeat-timeout`; such a rank is then killed
 //! with `SIGKILL` through its agent. A suspicion that a later heartbeat
 //! proves false is counted (`false_suspicions` in the job's statistics).
+//! Each suspicion, each false one and each declared failure is logged
+//! (`info`, see [`crate::logging`]) with its cause: the silence against the
+//! timeout, the fault plan's kill, the exit status or signal of a process
+//! that ended by itself, a lost agent; the survivors get the cause with
+//! their failure notice.
 //! The launcher then raises the world epoch, tells every
 //! survivor, and, when the protocol replaces failed ranks, starts a
 //! replacement with the dead rank's number and a new incarnation; once it is
@@ -40,7 +45,7 @@ use rand::RngExt;
 
 use super::agent::{Hosts, srun_command};
 use super::auth::{Identity, Role, Secret, handshake};
-use super::detector::{PhiAccrual, Verdict};
+use super::detector::{PHI_THRESHOLD, PhiAccrual, Verdict};
 use super::net::{AcceptStop, Listen, Listener, Stream};
 use super::var;
 use super::wire::{WireMsg, decode, read_frame, write_msg};
@@ -118,6 +123,15 @@ enum Who {
     Rank(Rank, u64),
     /// The agent of node `.0` (`--hosts slurm`).
     Agent(usize),
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Rank(r, inc) => write!(f, "rank {r} (incarnation {inc})"),
+            Who::Agent(n) => write!(f, "the agent of node {n}"),
+        }
+    }
 }
 
 /// What happened on a connection.
@@ -254,7 +268,9 @@ impl Agents {
             .filter(|&n| self.links[n].is_some())
             .min_by_key(|&n| load(n))
             .ok_or_else(|| driver_err(&format!("cannot start rank {rank}"), "no agent is left"))?;
-        eprintln!(
+        tracing::warn!(
+            rank,
+            node = n,
             "lazarus launcher: node {home} is gone; rank {rank} restarts on node {n} ({})",
             self.hosts[n].as_deref().unwrap_or("?")
         );
@@ -342,6 +358,9 @@ struct RankProc {
     /// The value this incarnation reported on entering finalize (since the
     /// last failure event).
     finishing: Option<Vec<u8>>,
+    /// How its process ended, once collected before its failure was
+    /// declared (the failure's cause then says it).
+    exit: Option<String>,
 }
 
 impl RankProc {
@@ -366,6 +385,7 @@ impl RankProc {
             activity: None,
             started: now,
             finishing: None,
+            exit: None,
         }
     }
 
@@ -395,6 +415,7 @@ struct FailureEvent {
     epoch: u64,
     dead: Vec<(Rank, u64)>,
     respawn: bool,
+    cause: String,
 }
 
 struct Launcher<'a> {
@@ -418,8 +439,6 @@ struct Launcher<'a> {
     finals: Finals<Vec<u8>>,
     peers_sent: bool,
     detections: Vec<FailureDetection>,
-    /// `LAZARUS_DEBUG` set: narrate events on stderr.
-    debug: bool,
     bar: Option<indicatif::ProgressBar>,
     /// Finalize's leader concluded the job (`WireMsg::Conclude`): no fault
     /// plan kill fires any more.
@@ -644,7 +663,6 @@ impl<'a> Launcher<'a> {
             finals: Finals::new(spec.ranks),
             peers_sent: false,
             detections: Vec::new(),
-            debug: std::env::var_os("LAZARUS_DEBUG").is_some(),
             bar: progress_bar(spec.progress_bar),
             abort: None,
             concluded: false,
@@ -675,9 +693,10 @@ impl<'a> Launcher<'a> {
                 return Ok(());
             };
             if a.hosts.iter().all(Option::is_some) {
-                if self.debug {
-                    eprintln!("launcher: agents on {:?}", a.hosts);
-                }
+                tracing::debug!(
+                    "lazarus launcher: agents on {}",
+                    crate::error::list(a.hosts.iter().flatten())
+                );
                 return Ok(());
             }
             let missing: Vec<usize> = (0..a.hosts.len())
@@ -782,6 +801,11 @@ impl<'a> Launcher<'a> {
         if let Some(t) = s.trace {
             env.push((var::TRACE_NS, t.as_nanos().to_string()));
         }
+        // The filter this process logs with (`--log-level`, `RUST_LOG`):
+        // the ranks log with the same.
+        if let Some(f) = crate::logging::installed() {
+            env.push((var::LOG, f.into()));
+        }
         // The heap on transparent huge pages (`driver::heap`): memory a
         // logging protocol keeps is new memory for every message, and
         // faulting it in 4 KiB pages cost more than the copy (pingpong at
@@ -836,10 +860,24 @@ impl<'a> Launcher<'a> {
         };
         if ended {
             self.stats.stats.false_suspicions += 1;
-            if self.debug || p.warned == Some(silent_since) {
-                eprintln!(
-                    "lazarus launcher: rank {rank} is heard of again after {:.3} s of silence",
-                    now.saturating_sub(silent_since).as_secs_f64()
+            let secs = now.saturating_sub(silent_since).as_secs_f64();
+            // A warning where the suspicion was on its way to a kill (a
+            // rank on another host) or its silence was reported; on this
+            // host a suspicion alone never kills (a loaded machine makes
+            // many), and is told at `info`.
+            if self.agents.is_some() || p.warned == Some(silent_since) {
+                tracing::warn!(
+                    rank,
+                    silence_s = secs,
+                    "lazarus launcher: rank {rank} is heard of again after {secs:.3} s of silence \
+                     (a false suspicion)"
+                );
+            } else {
+                tracing::info!(
+                    rank,
+                    silence_s = secs,
+                    "lazarus launcher: rank {rank} is heard of again after {secs:.3} s of silence \
+                     (a false suspicion)"
                 );
             }
         }
@@ -879,6 +917,7 @@ impl<'a> Launcher<'a> {
                 epoch: e.epoch,
                 dead: e.dead.clone(),
                 respawn: e.respawn,
+                cause: e.cause.clone(),
             })
             .collect();
         for m in backlog {
@@ -953,13 +992,11 @@ impl<'a> Launcher<'a> {
 
     fn on_event(&mut self, ev: Event) {
         let Event { who, conn } = ev;
-        if self.debug {
-            match &conn {
-                Conn::Up(..) => eprintln!("launcher: connected {who:?}"),
-                Conn::Msg(WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)) => {}
-                Conn::Msg(msg) => eprintln!("launcher: from {who:?}: {msg:?}"),
-                Conn::Lost(why) => eprintln!("launcher: lost {who:?}: {why}"),
-            }
+        match &conn {
+            Conn::Up(..) => tracing::debug!("lazarus launcher: connected {who}"),
+            Conn::Msg(WireMsg::Heartbeat | WireMsg::Stat(_) | WireMsg::Progress(_)) => {}
+            Conn::Msg(msg) => tracing::debug!("lazarus launcher: from {who}: {msg:?}"),
+            Conn::Lost(why) => tracing::debug!("lazarus launcher: lost {who}: {why}"),
         }
         let (rank, incarnation) = match who {
             Who::Rank(rank, incarnation) => (rank, incarnation),
@@ -1008,7 +1045,10 @@ impl<'a> Launcher<'a> {
             Conn::Up(stream, _) => {
                 if link.is_some() {
                     // One agent per node: a second is refused.
-                    eprintln!("lazarus launcher: a second agent for node {node} refused");
+                    tracing::warn!(
+                        node,
+                        "lazarus launcher: a second agent for node {node} refused"
+                    );
                     stream.shutdown();
                 } else {
                     *link = Some(stream);
@@ -1042,7 +1082,8 @@ impl<'a> Launcher<'a> {
                 }
             }
             Conn::Msg(other) => {
-                eprintln!(
+                tracing::warn!(
+                    node,
                     "lazarus launcher: unexpected message from the agent of node {node}: {other:?}"
                 );
             }
@@ -1150,7 +1191,10 @@ impl<'a> Launcher<'a> {
                 self.settle(rank, outcome);
             }
             other => {
-                eprintln!("lazarus launcher: unexpected message from rank {rank}: {other:?}");
+                tracing::warn!(
+                    rank,
+                    "lazarus launcher: unexpected message from rank {rank}: {other:?}"
+                );
             }
         }
     }
@@ -1168,6 +1212,10 @@ impl<'a> Launcher<'a> {
             let exited = p.child.as_mut().and_then(Process::try_exit);
             if exited.is_some() {
                 p.child = None;
+                // Said with the failure its connection's end declares.
+                if p.ctl.is_some() {
+                    p.exit.clone_from(&exited);
+                }
             }
             if !matches!(p.status, Status::Starting | Status::Ready) {
                 continue;
@@ -1191,21 +1239,39 @@ impl<'a> Launcher<'a> {
                 let verdict = p.detector.check(now);
                 let silence = p.detector.silence(now);
                 let phi = p.detector.phi(now);
-                if self.debug && verdict == Verdict::NewSuspicion {
-                    eprintln!(
-                        "launcher: rank {r} suspected: silent for {} ms (phi {phi:.1})",
-                        silence.as_millis()
+                let (ms, timeout_ms) = (silence.as_millis(), timeout.as_millis());
+                if verdict == Verdict::NewSuspicion {
+                    let then = if remote {
+                        format!("declared dead if the silence reaches {} ms", ms * 2)
+                    } else {
+                        "it runs on this host, where only its process's end fails it".into()
+                    };
+                    tracing::info!(
+                        rank = r,
+                        silence_ms = ms as u64,
+                        phi,
+                        timeout_ms = timeout_ms as u64,
+                        "lazarus launcher: rank {r} suspected: silent for {ms} ms (phi {phi:.1}; \
+                         suspected from phi {PHI_THRESHOLD} and a heartbeat timeout of \
+                         {timeout_ms} ms); {then}"
                     );
                 }
                 if remote && verdict == Verdict::Dead {
-                    let ms = silence.as_millis();
-                    self.failure(&[r], &format!("no heartbeat for {ms} ms (phi {phi:.1})"));
+                    let since = p.detector.suspected_after().unwrap_or_default().as_millis();
+                    self.failure(
+                        &[r],
+                        &format!(
+                            "no heartbeat for {ms} ms (phi {phi:.1}; suspected after {since} ms \
+                             of silence, heartbeat timeout {timeout_ms} ms)"
+                        ),
+                    );
                 } else if !remote
                     && silence >= LOCAL_SILENCE_WARNING
                     && p.warned != Some(p.detector.last_sign())
                 {
                     p.warned = Some(p.detector.last_sign());
-                    eprintln!(
+                    tracing::warn!(
+                        rank = r,
                         "lazarus launcher: rank {r} (pid {}) has sent nothing for {:.1} s; its \
                          process is alive (stopped, or hung?), so the job waits for it",
                         p.pid().map_or_else(|| "?".into(), |pid| pid.to_string()),
@@ -1230,13 +1296,16 @@ impl<'a> Launcher<'a> {
 
     /// `victims` died (or are killed now): one failure event.
     fn failure(&mut self, victims: &[Rank], why: &str) {
-        if self.debug {
+        if tracing::enabled!(tracing::Level::DEBUG) {
             let st: Vec<_> = self
                 .procs
                 .iter()
                 .map(|p| (p.incarnation, p.status, p.ctl.is_some()))
                 .collect();
-            eprintln!("launcher: failure of {victims:?}: {why}; states {st:?}");
+            tracing::debug!(
+                "lazarus launcher: failure of rank(s) {}: {why}; states {st:?}",
+                crate::error::list(victims)
+            );
         }
         // Kill them all first, back to back, before anyone is told.
         let mut remote: BTreeMap<usize, Vec<(Rank, u64)>> = BTreeMap::new();
@@ -1246,6 +1315,10 @@ impl<'a> Launcher<'a> {
             };
             match p.child.as_mut() {
                 Some(Process::Local(c)) => {
+                    // One that had ended by itself says how (for the cause).
+                    if let Ok(Some(status)) = c.try_wait() {
+                        p.exit.get_or_insert_with(|| status.to_string());
+                    }
                     let _ = c.kill();
                 }
                 Some(Process::Remote { node, .. }) => {
@@ -1256,7 +1329,8 @@ impl<'a> Launcher<'a> {
         }
         self.kill_remote(remote);
         let detected = SystemTime::now();
-        if self.died_after_the_end(victims) {
+        let cause = self.cause(victims, why);
+        if self.died_after_the_end(victims, &cause) {
             return;
         }
         let mut dead = Vec::new();
@@ -1309,12 +1383,26 @@ impl<'a> Launcher<'a> {
             epoch: self.epoch,
             dead: dead.clone(),
             respawn,
+            cause: cause.clone(),
         };
         self.broadcast(&notice, &ranks);
+        tracing::info!(
+            epoch = self.epoch,
+            ranks = %crate::error::list(&ranks),
+            cause = %cause,
+            "lazarus launcher: rank{} {} failed: {cause}; {}",
+            if ranks.len() == 1 { "" } else { "s" },
+            crate::error::list(&ranks),
+            if respawn {
+                "replacements start"
+            } else {
+                "no replacement starts"
+            }
+        );
         self.detections.push(FailureDetection {
             epoch: self.epoch,
             ranks: ranks.clone(),
-            cause: why.to_string(),
+            cause: cause.clone(),
             notified_unix_s: unix_s(SystemTime::now()),
             detected_unix_s: unix_s(detected),
         });
@@ -1322,6 +1410,7 @@ impl<'a> Launcher<'a> {
             epoch: self.epoch,
             dead: dead.clone(),
             respawn,
+            cause,
         });
         // A rank whose processes keep dying before they connect (a broken
         // program, a setup error) is not restarted forever (its failure
@@ -1355,6 +1444,37 @@ impl<'a> Launcher<'a> {
         }
     }
 
+    /// Why `victims` failed: `why`, and how those of their processes that
+    /// had ended by themselves ended (an exit status, a signal), as far as
+    /// that is known when the failure is declared.
+    fn cause(&self, victims: &[Rank], why: &str) -> String {
+        let ended: Vec<(Rank, &str)> = victims
+            .iter()
+            .filter_map(|&v| {
+                let p = self.procs.get(v)?;
+                if !matches!(p.status, Status::Starting | Status::Ready) {
+                    return None;
+                }
+                let remote = match &p.child {
+                    Some(Process::Remote { exit: Some(e), .. }) => Some(e.as_str()),
+                    _ => None,
+                };
+                Some((v, p.exit.as_deref().or(remote)?))
+            })
+            .collect();
+        match ended.as_slice() {
+            [] => why.to_string(),
+            [(_, e)] if victims.len() == 1 => format!("{why}; its process ended ({e})"),
+            _ => {
+                let each: Vec<String> = ended
+                    .iter()
+                    .map(|(v, e)| format!("rank {v}'s process ended ({e})"))
+                    .collect();
+                format!("{why}; {}", each.join(", "))
+            }
+        }
+    }
+
     /// Whether `victims` (killed already) died after the job's end: every
     /// rank still running has reported its value on entering finalize
     /// since the last failure event, so nobody will roll back and every
@@ -1362,7 +1482,7 @@ impl<'a> Launcher<'a> {
     /// the others are told to leave finalize (`JobComplete`: a victim may
     /// have died before its `Done` reached the finalize leader), and nobody
     /// hears of a failure.
-    fn died_after_the_end(&mut self, victims: &[Rank]) -> bool {
+    fn died_after_the_end(&mut self, victims: &[Rank], cause: &str) -> bool {
         let running = self.running(victims);
         if running.is_empty() || running.iter().any(|&v| self.procs[v].finishing.is_none()) {
             return false;
@@ -1399,9 +1519,11 @@ impl<'a> Launcher<'a> {
             let p = &mut self.procs[v];
             p.reap(Status::Finished);
             let value = p.finishing.take().unwrap_or_default();
-            if self.debug {
-                eprintln!("launcher: rank {v} died after the end; its reported value stands");
-            }
+            tracing::info!(
+                rank = v,
+                cause,
+                "lazarus launcher: rank {v} died after the end ({cause}); its reported value stands"
+            );
             self.settle(v, Ok(value));
         }
         self.broadcast(&WireMsg::JobComplete, &[]);
@@ -1444,7 +1566,7 @@ impl<'a> Launcher<'a> {
                     a.links[node] = None;
                 }
                 Err(_) => {
-                    eprintln!(
+                    tracing::warn!(
                         "lazarus launcher: the agent(s) of node(s) {} did not confirm a kill within 5 s",
                         crate::error::list(&asked)
                     );
@@ -1596,6 +1718,9 @@ fn start_agents(
         Some(ack_tx),
     )?;
     let mut cmd = srun_command(spec.nodes, &spec.agent_program)?;
+    if let Some(f) = crate::logging::installed() {
+        cmd.env(var::LOG, f);
+    }
     cmd.env(var::JOB, format!("{job:016x}"))
         .env(var::AGENT_LAUNCHER, addr.to_string())
         .env(var::AGENT_SECRET, secret.to_hex())
@@ -1662,12 +1787,12 @@ fn spawn_acceptor(
                             // is seen on its process, not reported here.
                             Err(e) if e.peer_vanished() => return,
                             Err(e) => {
-                                eprintln!("lazarus launcher: refused a connection: {e}");
+                                tracing::warn!("lazarus launcher: refused a connection: {e}");
                                 return;
                             }
                         };
                         let Some(id) = peer.rank else {
-                            eprintln!("lazarus launcher: refused a connection from {peer}");
+                            tracing::warn!("lazarus launcher: refused a connection from {peer}");
                             return;
                         };
                         let who = match acks {
@@ -1874,28 +1999,7 @@ mod tests {
     /// one that never starts.
     #[test]
     fn a_failure_after_a_rank_finished_promises_no_replacement() {
-        let spec = LaunchSpec {
-            program: "/bin/false".into(),
-            args: Vec::new(),
-            ranks: 3,
-            nodes: 1,
-            kills: Vec::new(),
-            listen: Listen::Unix { rings: false },
-            heartbeat_timeout: Duration::from_millis(200),
-            max_frame: 1 << 20,
-            restart_generation: None,
-            self_launch: true,
-            call: None,
-            protocol: "coordinated".into(),
-            earlier: Vec::new(),
-            progress_bar: false,
-            quiet_stdout: true,
-            protocol_override: Some(crate::ProtocolKind::Coordinated),
-            trace: None,
-            hosts: Hosts::Local,
-            sets: Default::default(),
-            agent_program: "/bin/false".into(),
-        };
+        let spec = test_spec();
         let mut l = Launcher::new(&spec).expect("launcher");
         l.replaces = Some(true);
         let mut survivor = None;
@@ -1926,6 +2030,113 @@ mod tests {
         assert_eq!(l.procs[2].status, Status::Dead);
         assert_eq!(l.procs[2].incarnation, 0, "no replacement started");
         l.cleanup();
+    }
+
+    /// A failure's cause says how the rank's process ended when it had
+    /// ended by itself (its exit status: what a lost control connection
+    /// alone does not say), and nothing of the kind when the launcher
+    /// killed it; the survivors get the cause with the notice, and the
+    /// job's statistics keep it.
+    #[test]
+    fn a_failure_is_told_with_its_cause() {
+        for (script, why, want) in [
+            (
+                "exit 3",
+                "control connection lost (test)",
+                "control connection lost (test); its process ended (exit status: 3)",
+            ),
+            (
+                "sleep 30",
+                "killed by fault injection (2@50%)",
+                "killed by fault injection (2@50%)",
+            ),
+        ] {
+            let spec = test_spec();
+            let mut l = Launcher::new(&spec).expect("launcher");
+            l.replaces = Some(true);
+            let mut survivor = None;
+            let mut child = None;
+            // Rank 0 finished: nobody is replaced (no process is started).
+            for (r, status) in [Status::Finished, Status::Ready, Status::Ready]
+                .into_iter()
+                .enumerate()
+            {
+                let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+                if r == 1 {
+                    survivor = Some(theirs);
+                }
+                let now = l.now();
+                let process = (r == 2).then(|| {
+                    let c = Command::new("sh")
+                        .args(["-c", script])
+                        .spawn()
+                        .expect("start sh");
+                    child = Some(c.id());
+                    Process::Local(c)
+                });
+                let mut p = RankProc::starting(0, process, 0, l.detector(now), now);
+                p.ctl = Some(Stream::Unix(ours));
+                p.status = status;
+                l.procs.push(p);
+            }
+            if script.starts_with("exit") {
+                // Ended (a zombie, not yet collected), however loaded the
+                // machine is.
+                let stat = format!("/proc/{}/stat", child.expect("pid"));
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while std::fs::read_to_string(&stat)
+                    .map(|s| {
+                        s.rsplit(')')
+                            .next()
+                            .map(str::trim_start)
+                            .map(|t| t.starts_with('Z'))
+                    })
+                    .ok()
+                    .flatten()
+                    != Some(true)
+                {
+                    assert!(Instant::now() < deadline, "sh did not end");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            l.failure(&[2], why);
+            let mut survivor = survivor.expect("rank 1's end");
+            match read_msg(&mut survivor, 1 << 20) {
+                Ok(WireMsg::FailureNotice { dead, cause, .. }) => {
+                    assert_eq!(dead, vec![(2, 0)]);
+                    assert_eq!(cause, want, "{script}");
+                }
+                other => panic!("expected a failure notice, got {other:?}"),
+            }
+            assert_eq!(l.detections.len(), 1);
+            assert_eq!(l.detections[0].cause, want, "{script}");
+            l.cleanup();
+        }
+    }
+
+    fn test_spec() -> LaunchSpec {
+        LaunchSpec {
+            program: "/bin/false".into(),
+            args: Vec::new(),
+            ranks: 3,
+            nodes: 1,
+            kills: Vec::new(),
+            listen: Listen::Unix { rings: false },
+            heartbeat_timeout: Duration::from_millis(200),
+            max_frame: 1 << 20,
+            restart_generation: None,
+            self_launch: true,
+            call: None,
+            protocol: "coordinated".into(),
+            earlier: Vec::new(),
+            progress_bar: false,
+            quiet_stdout: true,
+            protocol_override: Some(crate::ProtocolKind::Coordinated),
+            trace: None,
+            hosts: Hosts::Local,
+            sets: Default::default(),
+            agent_program: "/bin/false".into(),
+        }
     }
 
     fn ms(v: f64) -> Duration {

@@ -81,6 +81,8 @@ pub(crate) mod var {
     pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
     pub const HOST_RANKS: &str = "LAZARUS_HOST_RANKS";
     pub const TRACE_NS: &str = "LAZARUS_TRACE_NS";
+    /// The launcher's log filter (see `crate::logging`), for ranks and agents.
+    pub const LOG: &str = crate::logging::HANDOVER_VAR;
     /// Agent: the launcher's address for agents.
     pub const AGENT_LAUNCHER: &str = "LAZARUS_AGENT_LAUNCHER";
     /// Agent: the job secret, hexadecimal (never passed on to ranks).

@@ -263,7 +263,7 @@ pub fn accept_loop(
                 // Only this thread adds places: the check cannot race.
                 if handshaking.load(Ordering::Acquire) >= limit {
                     if !told_full {
-                        eprintln!(
+                        tracing::warn!(
                             "lazarus: {what}: more than {limit} connections are \
                              authenticating at once; closing new ones until some finish"
                         );
@@ -279,13 +279,15 @@ pub fn accept_loop(
             Err(e) => match e.raw_os_error() {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS) => {
                     if !told_exhausted {
-                        eprintln!("lazarus: {what}: cannot accept a connection ({e}); retrying");
+                        tracing::warn!(
+                            "lazarus: {what}: cannot accept a connection ({e}); retrying"
+                        );
                         told_exhausted = true;
                     }
                     std::thread::sleep(EXHAUSTED_BACKOFF);
                 }
                 Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP) => {
-                    eprintln!("lazarus: {what}: the listening socket failed ({e})");
+                    tracing::warn!("lazarus: {what}: the listening socket failed ({e})");
                     return;
                 }
                 // One connection's failure (ECONNABORTED, EPROTO, a

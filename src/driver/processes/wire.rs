@@ -39,8 +39,9 @@ use crate::engine::frame::{AppMessage, Body, Envelope, Frame};
 use crate::segments::Segments;
 use crate::store::StoreMsg;
 
-/// Version of the wire format; a peer speaking another one is refused.
-pub const WIRE_VERSION: u8 = 5;
+/// Version of the wire format; a peer speaking another one is refused
+/// (6: a failure notice carries its cause).
+pub const WIRE_VERSION: u8 = 6;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;
@@ -224,6 +225,9 @@ pub enum WireMsg {
         dead: Vec<(Rank, u64)>,
         /// Whether replacements are being started.
         respawn: bool,
+        /// Why the launcher declared them dead, for the ranks' logs (a
+        /// fault-injection kill, an exit status, heartbeat silence...).
+        cause: String,
     },
     /// Launcher → worker: the job is aborted.
     Abort {

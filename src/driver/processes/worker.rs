@@ -72,6 +72,9 @@ enum Arrival {
     },
     /// A sender put a frame in a ring while this rank slept.
     Wake,
+    /// A connection from a peer ended inside a frame (its process may have
+    /// died): said once a failure notice explains it (see [`LostWithSender`]).
+    Lost(LostWithSender),
 }
 
 /// A ring this rank receives on.
@@ -178,7 +181,8 @@ impl Retry {
                 return false;
             }
             self.reported = true;
-            eprintln!(
+            tracing::warn!(
+                peer,
                 "lazarus: rank {peer} has been unreachable for {} s; it runs on this host and \
                  the launcher has not declared it dead (stopped, or hung?): still trying",
                 UNREACHABLE_LIMIT.as_secs()
@@ -337,6 +341,67 @@ struct ProcessEndpoint {
     /// Every peer runs on this host: one unreachable is waited for as
     /// long as the launcher has not declared it dead (see [`Retry`]).
     peers_here: bool,
+    /// Per peer, the newest incarnation the launcher declared dead and
+    /// why (from its failure notices).
+    causes: HashMap<Rank, (u64, String)>,
+    /// Rings and connections closed because their sender ended, not yet
+    /// explained by a failure notice.
+    lost: Vec<LostWithSender>,
+}
+
+/// A ring closed because its sender's process ended while this rank read a
+/// payload out of its memory, or a connection from a peer that ended
+/// inside a frame: the message is lost with its sender. That is a
+/// consequence of the sender's failure, said with the failure's cause once
+/// the launcher's notice gives it (the notice may come after the loss: the
+/// launcher kills before it tells), and as a warning with the symptom
+/// alone if no notice ever explains it.
+struct LostWithSender {
+    /// "ring", or "connection" (a socket that ended inside a frame).
+    what: &'static str,
+    from: Rank,
+    incarnation: u64,
+    why: String,
+}
+
+/// Say that `l`'s payload was lost with its sender, which failed for
+/// `cause` (the failure is the news, the loss its consequence: `info`).
+fn lost_with_cause(me: Rank, l: &LostWithSender, cause: &str) {
+    tracing::info!(
+        rank = me,
+        peer = l.from,
+        cause,
+        "lazarus: rank {me}: closing the {} from rank {}: {} (rank {} failed: {cause})",
+        l.what,
+        l.from,
+        l.why,
+        l.from
+    );
+}
+
+/// Say that the ring from `l.from` was closed, for a reason no failure
+/// explains.
+fn lost_unexplained(me: Rank, l: &LostWithSender) {
+    tracing::warn!(
+        rank = me,
+        peer = l.from,
+        "lazarus: rank {me}: closing the {} from rank {}: {}",
+        l.what,
+        l.from,
+        l.why
+    );
+}
+
+impl Drop for ProcessEndpoint {
+    /// Rings whose senders' ends no failure notice explained (a sender
+    /// that exited while its payload was read) are said as they were
+    /// before the cause could be known.
+    fn drop(&mut self) {
+        let me = self.rank();
+        for l in std::mem::take(&mut self.lost) {
+            lost_unexplained(me, &l);
+        }
+    }
 }
 
 /// A peer's window mapped by this rank, for one incarnation and window
@@ -381,7 +446,11 @@ impl ProcessEndpoint {
                 let addr = match addr.parse() {
                     Ok(a) => a,
                     Err(e) => {
-                        eprintln!("lazarus: rank {}: {e}", self.sh.me.rank.unwrap_or(0));
+                        tracing::warn!(
+                            peer = rank,
+                            "lazarus: rank {}: {e}",
+                            self.sh.me.rank.unwrap_or(0)
+                        );
                         return;
                     }
                 };
@@ -406,7 +475,21 @@ impl ProcessEndpoint {
                 epoch,
                 dead,
                 respawn,
+                cause,
             } => {
+                let me = self.rank();
+                let names: Vec<Rank> = dead.iter().map(|d| d.0).collect();
+                tracing::info!(
+                    rank = me,
+                    epoch,
+                    cause = %cause,
+                    "lazarus: rank {me}: told that rank{} {} failed: {cause}",
+                    if names.len() == 1 { "" } else { "s" },
+                    crate::error::list(&names)
+                );
+                for &(r, inc) in &dead {
+                    self.causes.insert(r, (inc, cause.clone()));
+                }
                 let mut ranks = Vec::new();
                 for (r, inc) in dead {
                     ranks.push(r);
@@ -440,6 +523,19 @@ impl ProcessEndpoint {
                     } else {
                         PeerState::Gone { after: inc }
                     };
+                }
+                // Payloads lost with their senders, now explained.
+                let (explained, still): (Vec<LostWithSender>, Vec<LostWithSender>) =
+                    std::mem::take(&mut self.lost).into_iter().partition(|l| {
+                        self.causes
+                            .get(&l.from)
+                            .is_some_and(|(dead, _)| *dead >= l.incarnation)
+                    });
+                self.lost = still;
+                for l in &explained {
+                    if let Some((_, cause)) = self.causes.get(&l.from) {
+                        lost_with_cause(me, l, cause);
+                    }
                 }
                 self.ready
                     .push_back(Incoming::FailureNotice { epoch, dead: ranks });
@@ -538,12 +634,11 @@ impl ProcessEndpoint {
                     *out = Some(Outgoing { conn, stream });
                 }
                 Err((e, gone)) => {
-                    if std::env::var_os("LAZARUS_DEBUG").is_some() {
-                        eprintln!(
-                            "lazarus: rank {:?}: cannot reach rank {dest}: {e}",
-                            sh.me.rank
-                        );
-                    }
+                    tracing::debug!(
+                        peer = dest,
+                        "lazarus: rank {}: cannot reach rank {dest}: {e}",
+                        sh.me.rank.unwrap_or(0)
+                    );
                     return Err(gone);
                 }
             }
@@ -611,12 +706,11 @@ impl ProcessEndpoint {
             match ShmWindow::open(dir, &ShmWindow::file_name(id, target, incarnation, epoch)) {
                 Ok(w) => w.map(Arc::new),
                 Err(e) => {
-                    if std::env::var_os("LAZARUS_DEBUG").is_some() {
-                        eprintln!(
-                            "lazarus: rank {}: window {id} of rank {target} over the socket: {e}",
-                            self.rank()
-                        );
-                    }
+                    tracing::debug!(
+                        peer = target,
+                        "lazarus: rank {}: window {id} of rank {target} over the socket: {e}",
+                        self.rank()
+                    );
                     None
                 }
             };
@@ -633,6 +727,7 @@ impl ProcessEndpoint {
     /// contents do not decode is closed (as a socket would be).
     fn pump_rings(&mut self) {
         let max = self.sh.max_frame;
+        // (ring, why, whether its sender's process had ended)
         let mut broken = Vec::new();
         for (i, r) in self.rings.iter_mut().enumerate() {
             loop {
@@ -640,7 +735,8 @@ impl ProcessEndpoint {
                     Ok(Some(rec)) => rec,
                     Ok(None) => break,
                     Err(e) => {
-                        broken.push((i, e.to_string()));
+                        let gone = matches!(e, WireError::SenderGone { .. });
+                        broken.push((i, e.to_string(), gone));
                         break;
                     }
                 };
@@ -649,23 +745,29 @@ impl ProcessEndpoint {
                         self.ready.push_back(Incoming::Frame(f));
                     }
                     Ok(_) => {
-                        broken.push((i, "a message that is not its frame".to_string()));
+                        broken.push((i, "a message that is not its frame".to_string(), false));
                         break;
                     }
                     Err(e) => {
-                        broken.push((i, e.to_string()));
+                        broken.push((i, e.to_string(), false));
                         break;
                     }
                 }
             }
         }
-        for (i, why) in broken.into_iter().rev() {
+        for (i, why, gone) in broken.into_iter().rev() {
             let r = self.rings.remove(i);
-            eprintln!(
-                "lazarus: rank {}: closing the ring from rank {}: {why}",
-                self.rank(),
-                r.from
-            );
+            let lost = LostWithSender {
+                what: "ring",
+                from: r.from,
+                incarnation: r.incarnation,
+                why,
+            };
+            if gone {
+                self.lost_with_sender(lost);
+            } else {
+                lost_unexplained(self.rank(), &lost);
+            }
         }
     }
 
@@ -704,6 +806,22 @@ impl ProcessEndpoint {
                 None
             }
             Arrival::Wake => None,
+            Arrival::Lost(l) => {
+                self.lost_with_sender(l);
+                None
+            }
+        }
+    }
+
+    /// A payload or frame `l` lost because its sender's connection or
+    /// process ended: said with the cause if a failure notice gave it
+    /// already, else kept until one does.
+    fn lost_with_sender(&mut self, l: LostWithSender) {
+        match self.causes.get(&l.from) {
+            Some((dead, cause)) if *dead >= l.incarnation => {
+                lost_with_cause(self.rank(), &l, cause)
+            }
+            _ => self.lost.push(l),
         }
     }
 
@@ -736,9 +854,11 @@ impl ProcessEndpoint {
         let w = match RingWriter::create(&dir, &name, shm::capacity_for(self.size)) {
             Ok(w) => w,
             Err(e) => {
-                if std::env::var_os("LAZARUS_DEBUG").is_some() {
-                    eprintln!("lazarus: rank {:?}: no ring to rank {dest}: {e}", me.rank);
-                }
+                tracing::debug!(
+                    peer = dest,
+                    "lazarus: rank {}: no ring to rank {dest}: {e}",
+                    me.rank.unwrap_or(0)
+                );
                 return None;
             }
         };
@@ -900,7 +1020,8 @@ impl ProcessEndpoint {
                 let now = Instant::now();
                 let since = *stalled_since.get_or_insert(now);
                 if !told && now - since > RING_STALL_REPORT {
-                    eprintln!(
+                    tracing::warn!(
+                        peer = dest,
                         "lazarus: rank {}: rank {dest} has not read its ring for {} s; it is \
                          alive (no failure notice), so the send waits for it",
                         self.rank(),
@@ -1208,9 +1329,10 @@ impl Endpoint for ProcessEndpoint {
             match ShmWindow::create(dir, key, bytes, init) {
                 Ok(w) => Some(Box::new(w) as Box<dyn WindowMemory>),
                 Err(e) => {
-                    if std::env::var_os("LAZARUS_DEBUG").is_some() {
-                        eprintln!("lazarus: rank {rank}: window {id} in process memory: {e}");
-                    }
+                    tracing::debug!(
+                        rank,
+                        "lazarus: rank {rank}: window {id} in process memory: {e}"
+                    );
                     None
                 }
             }
@@ -1370,14 +1492,17 @@ fn serve_connection(
     let peer = match authenticated {
         Ok(p) if p.rank.is_some() => p,
         Ok(p) => {
-            eprintln!("lazarus: rank {me}: refused a connection from {p}: not a rank");
+            tracing::warn!(
+                rank = me,
+                "lazarus: rank {me}: refused a connection from {p}: not a rank"
+            );
             return;
         }
         // A peer killed while it connected is no intruder: its death is
         // reported by the launcher, not here.
         Err(e) if e.peer_vanished() => return,
         Err(e) => {
-            eprintln!("lazarus: rank {me}: refused a connection: {e}");
+            tracing::warn!(rank = me, "lazarus: rank {me}: refused a connection: {e}");
             return;
         }
     };
@@ -1407,7 +1532,9 @@ fn serve_connection(
                 let ring = match ring {
                     Ok(r) => r,
                     Err(e) => {
-                        eprintln!(
+                        tracing::warn!(
+                            rank = me,
+                            peer = from,
                             "lazarus: rank {me}: closing the connection from rank {from}: \
                              cannot attach its ring: {e}"
                         );
@@ -1436,14 +1563,31 @@ fn serve_connection(
                 }
             }
             Ok(other) => {
-                eprintln!(
+                tracing::warn!(
+                    rank = me,
+                    peer = from,
                     "lazarus: rank {me}: closing the connection from rank {from}: unexpected {other:?}"
                 );
                 return;
             }
             Err(WireError::Closed) => return,
+            // Ended inside a frame: the sender's process may have died,
+            // which its failure notice will say.
+            Err(e @ (WireError::Truncated { .. } | WireError::Io(_))) => {
+                let _ = inbox.send(Arrival::Lost(LostWithSender {
+                    what: "connection",
+                    from,
+                    incarnation: peer.incarnation,
+                    why: e.to_string(),
+                }));
+                return;
+            }
             Err(e) => {
-                eprintln!("lazarus: rank {me}: closing the connection from rank {from}: {e}");
+                tracing::warn!(
+                    rank = me,
+                    peer = from,
+                    "lazarus: rank {me}: closing the connection from rank {from}: {e}"
+                );
                 return;
             }
         }
@@ -1605,6 +1749,8 @@ pub(crate) fn run_worker<T: Serialize>(
         spin: core_per_rank(env.host_ranks),
         mapped_windows: HashMap::new(),
         peers_here: env.host_ranks >= env.size,
+        causes: HashMap::new(),
+        lost: Vec::new(),
     };
     ep.set_peers(peers);
     // The value goes to the launcher before finalize too: a process killed
@@ -1709,7 +1855,7 @@ fn spawn_control_reader(
                             return;
                         }
                         // The launcher is gone: so is the job.
-                        eprintln!("lazarus: the launcher went away ({e}); this rank exits");
+                        tracing::error!("lazarus: the launcher went away ({e}); this rank exits");
                         std::process::exit(70);
                     }
                 };
