@@ -1,8 +1,12 @@
 //! The `sim` backend: a deterministic discrete-event simulator.
 //!
-//! The real engine and protocols run on rank threads, but only one rank runs
-//! at a time: a rank keeps the baton until it blocks (waits for a frame, charges
-//! computation, or finishes), and then it picks the next rank itself. Which
+//! The real engine and protocols run, unchanged, in one stackful coroutine per
+//! rank (corosensei), all on the thread that called the simulator: a rank runs
+//! until it blocks (waits for a frame, charges computation, or finishes), and
+//! then suspends back to the scheduler, which picks the next rank. No rank
+//! costs an OS thread, so neither the kernel's thread limit nor a futex
+//! hand-over bounds the scale; a rank's stack is a slot of a few large
+//! mappings (`stack.rs`), committed only where it is touched. Which
 //! rank runs next among those ready at the same virtual instant, the jitter of
 //! every link, and when kills land are all drawn from one seeded generator, so
 //! a seed reproduces the whole run: its schedule, its failures and its result.
@@ -16,19 +20,21 @@
 //! the origin a round trip. If every rank is blocked and no event is pending,
 //! the run is a hang: the simulator says so and ends the job.
 
+use std::cell::{Cell, RefCell, RefMut};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use corosensei::{Coroutine, CoroutineResult, Yielder};
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::shared::{
-    ExitAction, Finals, RespawnHold, Slot, StatsBook, WindowRegistry, lock, rank_body,
-};
+use super::shared::{ExitAction, Finals, RespawnHold, Slot, StatsBook, WindowRegistry, rank_body};
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
 use crate::engine::frame::{Body, Frame, Incoming};
@@ -37,6 +43,10 @@ use crate::job::{JobStats, RankFn};
 use crate::store::StoreMsg;
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
+
+mod stack;
+
+use stack::{RankStack, Sentinel, StackPool};
 
 /// The simulated network and failure detector.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -93,6 +103,15 @@ pub struct SimReport {
     pub messages: u64,
     /// Bytes of those frames (payload plus a 64-byte header each).
     pub bytes: u64,
+    /// Bytes of the ranks' coroutine stacks resident at the end (what the
+    /// kernel committed of their slots), over all ranks.
+    #[serde(default)]
+    pub stack_bytes: u64,
+    /// Whether every rank's stack had a guard page (false when the
+    /// kernel's mapping limit cannot hold one per rank: a canary check
+    /// stands in, `stack.rs`).
+    #[serde(default)]
+    pub stacks_guarded: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,10 +124,13 @@ enum St {
 }
 
 struct Entity {
+    /// The rank this entity is an incarnation of.
+    rank: Rank,
+    /// The world epoch it started in.
+    start_epoch: u64,
     slot: Arc<Slot>,
     inbox: VecDeque<Incoming>,
     st: St,
-    cv: Arc<Condvar>,
     /// Consecutive empty non-blocking polls (a spinning rank must yield).
     spins: u32,
 }
@@ -168,6 +190,16 @@ struct Sched<T> {
     token: u64,
 }
 
+/// What a rank's coroutine yields to the scheduler (nothing: the rank's
+/// state in `Sched` says why it blocked) and gets back on resumption.
+type RankYielder = Yielder<(), ()>;
+
+/// A rank's coroutine: it returns the rank's outcome.
+type RankCoroutine<T> = Coroutine<(), (), Result<T>, RankStack>;
+
+/// A rank's coroutine and its stack's overflow check.
+type Running<T> = (RankCoroutine<T>, Sentinel);
+
 struct SimWorld<T> {
     size: usize,
     placement: Placement,
@@ -176,9 +208,10 @@ struct SimWorld<T> {
     f: Arc<RankFn<T>>,
     replaces: bool,
     windows: WindowRegistry,
-    sched: Mutex<Sched<T>>,
-    done: Condvar,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    sched: RefCell<Sched<T>>,
+    /// The entity whose coroutine runs now (none while the scheduler does):
+    /// an endpoint suspends only from inside its own coroutine.
+    inside: Cell<Option<usize>>,
 }
 
 const FNV_PRIME: u64 = 0x100_0000_01b3;
@@ -271,76 +304,68 @@ impl<T> Sched<T> {
 }
 
 struct SimEndpoint<T: Send + 'static> {
-    world: Arc<SimWorld<T>>,
+    world: Rc<SimWorld<T>>,
     rank: Rank,
     entity: usize,
     slot: Arc<Slot>,
     start_epoch: u64,
+    /// The yielder corosensei gave this rank's coroutine body; it lives on
+    /// that coroutine's stack for as long as the body runs.
+    yielder: *const RankYielder,
+}
+
+fn simulation_ended() -> Error {
+    Error::Driver("the simulation ended".into())
 }
 
 impl<T: Send + 'static> SimWorld<T> {
-    fn sched(&self) -> MutexGuard<'_, Sched<T>> {
-        lock(&self.sched)
+    fn sched(&self) -> RefMut<'_, Sched<T>> {
+        self.sched.borrow_mut()
     }
 
-    /// Give the baton away and wait to get it back.
-    fn yield_baton<'a>(
-        &'a self,
-        mut s: MutexGuard<'a, Sched<T>>,
-        me: usize,
-    ) -> MutexGuard<'a, Sched<T>> {
-        self.hand_over(&mut s);
-        let cv = s.entities[me].cv.clone();
-        while s.running != Some(me) && !s.finished {
-            s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
+    /// Pick who runs next; `None` when nobody can: the job ended, or it
+    /// hung, which ends it once every rank has been told.
+    fn hand_over(&self) -> Option<usize> {
+        let mut s = self.sched();
+        if let Some(next) = s.switch(nanos(self.net.time_limit)) {
+            return Some(next);
         }
-        s
-    }
-
-    /// Pick who runs next and wake it; when nobody can, the job ended or hung.
-    fn hand_over(&self, s: &mut Sched<T>) {
-        match s.switch(nanos(self.net.time_limit)) {
-            Some(next) => s.entities[next].cv.notify_one(),
-            None => {
-                if !s.all_exited() && !s.hung {
-                    // Every rank blocked, nothing pending: a hang. End it
-                    // deterministically by aborting every rank.
-                    s.hung = true;
-                    s.plan.conclude();
-                    let why = format!(
-                        "simulated hang at t = {:.6} s: every rank is blocked and nothing is in flight",
-                        s.now as f64 * 1e-9
-                    );
-                    for e in 0..s.entities.len() {
-                        if s.entities[e].st != St::Exited {
-                            s.entities[e].inbox.push_back(Incoming::Abort {
-                                rank: usize::MAX,
-                                reason: why.clone(),
-                            });
-                            s.make_ready(e);
-                        }
-                    }
-                    if let Some(next) = s.switch(u64::MAX) {
-                        s.entities[next].cv.notify_one();
-                        return;
-                    }
+        if !s.all_exited() && !s.hung {
+            // Every rank blocked, nothing pending: a hang. End it
+            // deterministically by aborting every rank.
+            s.hung = true;
+            s.plan.conclude();
+            let why = format!(
+                "simulated hang at t = {:.6} s: every rank is blocked and nothing is in flight",
+                s.now as f64 * 1e-9
+            );
+            for e in 0..s.entities.len() {
+                if s.entities[e].st != St::Exited {
+                    s.entities[e].inbox.push_back(Incoming::Abort {
+                        rank: usize::MAX,
+                        reason: why.clone(),
+                    });
+                    s.make_ready(e);
                 }
-                s.finished = true;
-                for e in &s.entities {
-                    e.cv.notify_one();
-                }
-                self.done.notify_all();
+            }
+            if let Some(next) = s.switch(u64::MAX) {
+                return Some(next);
             }
         }
+        s.finished = true;
+        None
     }
 
-    fn spawn(self: &Arc<Self>, s: &mut Sched<T>, rank: Rank, slot: Arc<Slot>, epoch: u64) {
+    /// A new incarnation of `rank`, ready to run; its coroutine (and stack)
+    /// is made when it first runs.
+    fn spawn(s: &mut Sched<T>, rank: Rank, slot: Arc<Slot>, epoch: u64) {
         let entity = s.entities.len();
         s.entities.push(Entity {
-            slot: slot.clone(),
+            rank,
+            start_epoch: epoch,
+            slot,
             inbox: VecDeque::new(),
             st: St::Ready,
-            cv: Arc::new(Condvar::new()),
             spins: 0,
         });
         s.ready.push(entity);
@@ -349,37 +374,43 @@ impl<T: Send + 'static> SimWorld<T> {
         } else {
             s.current.push(entity);
         }
-        let world = self.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("sim-rank-{rank}"))
-            .stack_size(1 << 20)
-            .spawn(move || world.rank_thread(rank, entity, slot, epoch))
-            .unwrap_or_else(|e| panic!("cannot start a thread for rank {rank}: {e}"));
-        lock(&self.threads).push(handle);
     }
 
-    fn rank_thread(self: Arc<Self>, rank: Rank, entity: usize, slot: Arc<Slot>, epoch: u64) {
-        {
-            let mut s = self.sched();
-            let cv = s.entities[entity].cv.clone();
-            while s.running != Some(entity) && !s.finished {
-                s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
-            }
-            if s.finished {
-                return;
-            }
-        }
-        let ep = SimEndpoint {
-            world: self.clone(),
-            rank,
-            entity,
-            slot: slot.clone(),
-            start_epoch: epoch,
+    /// The coroutine that runs `entity`'s rank function on a stack of `pool`.
+    fn coroutine(self: &Rc<Self>, entity: usize, pool: &StackPool) -> Result<Running<T>> {
+        let (rank, slot, start_epoch) = {
+            let s = self.sched();
+            let e = &s.entities[entity];
+            (e.rank, e.slot.clone(), e.start_epoch)
         };
-        let outcome = rank_body(Box::new(ep), &self.cfg, self.placement.clone(), &*self.f);
+        let stack = pool.take().map_err(|e| {
+            Error::Driver(format!(
+                "no memory for the stack of simulated rank {rank}: {}",
+                e.0
+            ))
+        })?;
+        let sentinel = stack.sentinel();
+        let world = self.clone();
+        let co = Coroutine::with_stack(stack, move |yielder: &RankYielder, ()| {
+            let ep = SimEndpoint {
+                world: world.clone(),
+                rank,
+                entity,
+                slot,
+                start_epoch,
+                yielder,
+            };
+            rank_body(Box::new(ep), &world.cfg, world.placement.clone(), &*world.f)
+        });
+        Ok((co, sentinel))
+    }
+
+    /// `entity`'s rank function returned `outcome`.
+    fn exited(&self, entity: usize, outcome: Result<T>) {
         let mut s = self.sched();
         s.entities[entity].st = St::Exited;
         s.entities[entity].inbox.clear();
+        let rank = s.entities[entity].rank;
         let superseded = s.current[rank] != entity;
         if let ExitAction::Abort { rank, reason } =
             s.finals
@@ -398,8 +429,60 @@ impl<T: Send + 'static> SimWorld<T> {
                 }
             }
         }
-        if s.running == Some(entity) {
-            self.hand_over(&mut s);
+    }
+
+    /// Run every rank to its end: resume the one the scheduler picks until
+    /// none is left, then let the ranks still blocked (the job hung or
+    /// ended without them) return "the simulation ended" from their next
+    /// call and finish.
+    fn drive(self: &Rc<Self>, pool: &StackPool) -> Result<()> {
+        let mut coroutines: Vec<Option<Running<T>>> = Vec::new();
+        let mut failure = None;
+        while let Some(e) = self.hand_over() {
+            if coroutines.len() <= e {
+                coroutines.resize_with(e + 1, || None);
+            }
+            if coroutines[e].is_none() {
+                match self.coroutine(e, pool) {
+                    Ok(co) => coroutines[e] = Some(co),
+                    Err(err) => {
+                        failure = Some(err);
+                        self.sched().finished = true;
+                        break;
+                    }
+                }
+            }
+            self.resume(e, &mut coroutines);
+        }
+        for e in 0..coroutines.len() {
+            while coroutines[e].is_some() {
+                self.resume(e, &mut coroutines);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    fn resume(&self, e: usize, coroutines: &mut [Option<Running<T>>]) {
+        let Some((co, sentinel)) = coroutines[e].as_mut() else {
+            return;
+        };
+        self.inside.set(Some(e));
+        let result = co.resume(());
+        self.inside.set(None);
+        if sentinel.overflowed() {
+            // The rank wrote below its stack into a neighbouring slot; stop
+            // before any rank runs on that memory (as a thread's guard page
+            // would).
+            eprintln!(
+                "simulated rank {} overflowed its {} KiB coroutine stack; aborting",
+                self.sched().entities[e].rank,
+                stack::SLOT_BYTES >> 10
+            );
+            std::process::abort();
+        }
+        if let CoroutineResult::Return(outcome) = result {
+            coroutines[e] = None; // its stack goes back to the pool
+            self.exited(e, outcome);
         }
     }
 
@@ -446,7 +529,7 @@ impl<T: Send + 'static> SimWorld<T> {
     }
 
     /// Kill `victims` at once (sched lock held by the caller).
-    fn kill(self: &Arc<Self>, s: &mut Sched<T>, victims: &[Rank]) {
+    fn kill(&self, s: &mut Sched<T>, victims: &[Rank]) {
         s.epoch += 1;
         let epoch = s.epoch;
         let now = Duration::from_nanos(s.now);
@@ -454,11 +537,11 @@ impl<T: Send + 'static> SimWorld<T> {
             let e = s.current[v];
             s.entities[e].slot.killed.store(true, Ordering::SeqCst);
             s.entities[e].inbox.clear();
-            s.make_ready(e); // so its thread runs, sees it is dead, and ends
+            s.make_ready(e); // so it runs, sees it is dead, and ends
             self.windows.remove_rank(v);
             let slot = Slot::new(s.entities[e].slot.incarnation + 1);
             if self.replaces {
-                self.spawn(s, v, slot, epoch);
+                Self::spawn(s, v, slot, epoch);
             }
         }
         let at = s.now + nanos(self.net.detection);
@@ -484,31 +567,57 @@ impl<T: Send + 'static> SimWorld<T> {
 
 impl<T: Send + 'static> SimEndpoint<T> {
     /// Block this rank until woken (by a delivery if `poll`, else only by the
-    /// timer), charging nothing else.
-    fn block<'a>(
-        &'a self,
-        mut s: MutexGuard<'a, Sched<T>>,
-        wake_after: Option<u64>,
-        poll: bool,
-    ) -> MutexGuard<'a, Sched<T>> {
-        s.token += 1;
-        let token = s.token;
-        s.entities[self.entity].st = if poll {
-            St::BlockedPoll(token)
-        } else {
-            St::BlockedCompute(token)
-        };
-        if let Some(d) = wake_after {
-            let at = s.now.saturating_add(d);
-            s.push(
-                at,
-                Ev::Wake {
-                    entity: self.entity,
-                    token,
-                },
-            );
+    /// timer), charging nothing else: suspend its coroutine back to the
+    /// scheduler.
+    fn block(&self, wake_after: Option<u64>, poll: bool) -> Result<()> {
+        {
+            let mut s = self.world.sched();
+            if s.finished {
+                return Err(simulation_ended());
+            }
+            if self.world.inside.get() != Some(self.entity) {
+                // Only reachable if a program kept a communicator past its
+                // rank's end: its coroutine (and yielder) are gone.
+                return Err(Error::Driver(format!(
+                    "simulated rank {} was used outside its own rank function",
+                    self.rank
+                )));
+            }
+            s.token += 1;
+            let token = s.token;
+            s.entities[self.entity].st = if poll {
+                St::BlockedPoll(token)
+            } else {
+                St::BlockedCompute(token)
+            };
+            if let Some(d) = wake_after {
+                let at = s.now.saturating_add(d);
+                s.push(
+                    at,
+                    Ev::Wake {
+                        entity: self.entity,
+                        token,
+                    },
+                );
+            }
         }
-        self.world.yield_baton(s, self.entity)
+        self.suspend();
+        let s = self.world.sched();
+        if s.finished && s.running != Some(self.entity) {
+            return Err(simulation_ended());
+        }
+        Ok(())
+    }
+
+    /// Give the thread back to the scheduler until it resumes this rank.
+    #[allow(unsafe_code)]
+    fn suspend(&self) {
+        // SAFETY: `yielder` is the one corosensei passed to this rank's
+        // coroutine body, and it lives on that coroutine's stack until the
+        // body returns. `block` checked that this entity's coroutine is the
+        // one running now (the scheduler sets `inside` around each resume),
+        // so the body has not returned and this call runs on its stack.
+        unsafe { (*self.yielder).suspend(()) }
     }
 }
 
@@ -548,47 +657,40 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
 
     fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
         self.slot.alive()?;
-        let mut s = self.world.sched();
-        if let Some(inc) = s.entities[self.entity].inbox.pop_front() {
-            s.entities[self.entity].spins = 0;
-            return Ok(Some(inc));
-        }
-        match timeout {
-            Some(t) if t.is_zero() => {
-                // A rank that keeps testing must let the others (and time) move.
-                s.entities[self.entity].spins += 1;
-                if s.entities[self.entity].spins < 16 {
-                    return Ok(None);
+        let after = {
+            let mut s = self.world.sched();
+            let me = &mut s.entities[self.entity];
+            if let Some(inc) = me.inbox.pop_front() {
+                me.spins = 0;
+                return Ok(Some(inc));
+            }
+            match timeout {
+                Some(t) if t.is_zero() => {
+                    // A rank that keeps testing must let the others (and
+                    // time) move.
+                    me.spins += 1;
+                    if me.spins < 16 {
+                        return Ok(None);
+                    }
+                    me.spins = 0;
+                    Some(100)
                 }
-                s.entities[self.entity].spins = 0;
-                s = self.block(s, Some(100), true);
+                t => t.map(nanos),
             }
-            t => {
-                let after = t.map(nanos);
-                s = self.block(s, after, true);
-            }
-        }
-        if s.finished && s.running != Some(self.entity) {
-            return Err(Error::Driver("the simulation ended".into()));
-        }
-        drop(s);
+        };
+        self.block(after, true)?;
         self.slot.alive()?;
         let mut s = self.world.sched();
         Ok(s.entities[self.entity].inbox.pop_front())
     }
 
     fn now(&self) -> Duration {
-        Duration::from_nanos(self.world.sched().now)
+        Duration::from_nanos(self.world.sched.borrow().now)
     }
 
     fn compute(&mut self, d: Duration) -> Result<()> {
         self.slot.alive()?;
-        let s = self.world.sched();
-        let s = self.block(s, Some(nanos(d)), false);
-        if s.finished && s.running != Some(self.entity) {
-            return Err(Error::Driver("the simulation ended".into()));
-        }
-        drop(s);
+        self.block(Some(nanos(d)), false)?;
         self.slot.alive()
     }
 
@@ -638,12 +740,7 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         // The origin waits a round trip (the target's CPU is not involved).
         let (lat, bw) = self.world.latency_and_bandwidth(self.rank, target);
         let rtt = 2 * nanos(lat) + (bytes as f64 / bw * 1e9) as u64;
-        let s = self.world.sched();
-        let s = self.block(s, Some(rtt), false);
-        if s.finished && s.running != Some(self.entity) {
-            return Err(Error::Driver("the simulation ended".into()));
-        }
-        drop(s);
+        self.block(Some(rtt), false)?;
         self.slot.alive()?;
         Ok(reply)
     }
@@ -664,7 +761,7 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
 
     fn respawn(&mut self, rank: Rank) -> Result<()> {
         self.slot.alive()?;
-        let world = self.world.clone();
+        let world = &self.world;
         let mut s = world.sched();
         let Some(&e) = s.current.get(rank) else {
             return Err(Error::RankOutOfRange {
@@ -674,7 +771,7 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         };
         let slot = Slot::new(s.entities[e].slot.incarnation + 1);
         let epoch = s.epoch;
-        world.spawn(&mut s, rank, slot, epoch);
+        SimWorld::<T>::spawn(&mut s, rank, slot, epoch);
         for (from, frame) in s.respawning.release(rank) {
             world.transmit(&mut s, from, rank, frame);
         }
@@ -695,57 +792,6 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
     }
 }
 
-/// Memory mappings one rank thread costs (stack, guard page, signal stack
-/// and its guard), measured on Linux.
-const MAPPINGS_PER_THREAD: usize = 4;
-
-/// Refuse clearly, instead of aborting mid-run, when the kernel's limit on
-/// memory mappings cannot hold one thread per rank.
-fn check_mapping_limit(ranks: usize, kills: usize) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string("/proc/sys/vm/max_map_count") else {
-        return Ok(());
-    };
-    let Ok(limit) = text.trim().parse::<usize>() else {
-        return Ok(());
-    };
-    let need = MAPPINGS_PER_THREAD * (ranks + 8 * kills) + 4096;
-    if need > limit {
-        return Err(Error::config(
-            "ranks",
-            format!(
-                "{ranks} simulated ranks need about {need} memory mappings but vm.max_map_count is {limit}; \
-                 raise it (as root: sysctl -w vm.max_map_count={})",
-                need.next_power_of_two()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Linux 6.17+ gives each process a private futex hash sized for its CPUs;
-/// with thousands of rank threads parked on 2 cores, every wake-up then
-/// scans long buckets and the hand-over costs O(P). Ask for enough slots.
-#[allow(unsafe_code)]
-fn widen_futex_hash(threads: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        const PR_FUTEX_HASH: libc::c_int = 78;
-        const PR_FUTEX_HASH_SET_SLOTS: libc::c_ulong = 1;
-        let slots = threads.next_power_of_two().clamp(16, 1 << 16) as libc::c_ulong;
-        // SAFETY: prctl with integer arguments only, no pointers; a kernel
-        // without this option returns EINVAL, which changes nothing.
-        let _ = unsafe {
-            libc::prctl(
-                PR_FUTEX_HASH,
-                PR_FUTEX_HASH_SET_SLOTS,
-                slots,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-            )
-        };
-    }
-}
-
 /// Run `f` on `cfg.ranks` simulated ranks.
 pub(crate) fn run<T: Send + 'static>(
     cfg: &Config,
@@ -754,13 +800,7 @@ pub(crate) fn run<T: Send + 'static>(
 ) -> (Result<Vec<T>>, JobStats, SimReport) {
     let size = cfg.ranks;
     let wall = Instant::now();
-    if let Err(e) = check_mapping_limit(size, cfg.kills.len()) {
-        return (Err(e), JobStats::default(), SimReport::default());
-    }
-    if size >= 256 {
-        widen_futex_hash(size);
-    }
-    let world = Arc::new(SimWorld {
+    let world = Rc::new(SimWorld {
         size,
         placement: placement.clone(),
         net: cfg.network,
@@ -768,7 +808,7 @@ pub(crate) fn run<T: Send + 'static>(
         f,
         replaces: cfg.protocol.replaces_failed_ranks(),
         windows: WindowRegistry::default(),
-        sched: Mutex::new(Sched {
+        sched: RefCell::new(Sched {
             now: 0,
             seq: 0,
             queue: BinaryHeap::new(),
@@ -794,28 +834,17 @@ pub(crate) fn run<T: Send + 'static>(
             finished: false,
             token: 0,
         }),
-        done: Condvar::new(),
-        threads: Mutex::new(Vec::new()),
+        inside: Cell::new(None),
     });
     {
         let mut s = world.sched();
         for r in 0..size {
-            world.spawn(&mut s, r, Slot::new(0), 0);
-        }
-        world.hand_over(&mut s);
-        while !s.finished {
-            s = world.done.wait(s).unwrap_or_else(|e| e.into_inner());
+            SimWorld::<T>::spawn(&mut s, r, Slot::new(0), 0);
         }
     }
-    loop {
-        let next = lock(&world.threads).pop();
-        match next {
-            Some(h) => {
-                let _ = h.join();
-            }
-            None => break,
-        }
-    }
+    // Stacks for every rank, and for the replacements of a few kills.
+    let pool = StackPool::new(size + size.min(64) * cfg.kills.len());
+    let driven = world.drive(&pool);
     let mut s = world.sched();
     let mut stats = s.stats.stats.clone();
     stats.wall_s = s.now as f64 * 1e-9;
@@ -828,9 +857,13 @@ pub(crate) fn run<T: Send + 'static>(
         hung: s.hung,
         messages: s.messages,
         bytes: s.bytes,
+        stack_bytes: pool.resident_bytes(),
+        stacks_guarded: pool.guarded(),
     };
     let finals = std::mem::replace(&mut s.finals, Finals::new(0));
-    let outcome = if s.hung {
+    let outcome = if let Err(e) = driven {
+        Err(e)
+    } else if s.hung {
         Err(Error::Driver(format!(
             "simulated hang at t = {:.6} s (seed {})",
             report.virtual_s, cfg.seed
