@@ -309,6 +309,7 @@ mod tests {
         let mut co = corosensei::Coroutine::with_stack(stack, |y: &corosensei::Yielder<u32, u32>, x| {
             let mut buf = [0u8; 8192]; // spans pages, so stack probes run
             buf[100] = 7;
+            std::hint::black_box(&mut buf);
             let z = y.suspend(x + u32::from(buf[100]));
             z * 2
         });
