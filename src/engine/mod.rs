@@ -310,9 +310,10 @@ pub struct Engine {
     /// vector beats hashing here, on every message).
     completed: Vec<(ReqId, AppMessage)>,
     next_req: ReqId,
-    /// Last SSN sent per destination rank (0: none yet): indexed, not
-    /// looked up, on every send.
-    ssn_out: Vec<u64>,
+    /// Last SSN sent per destination rank (absent: none yet). A map, not
+    /// a vector indexed by rank: P counters on each of P ranks was most of
+    /// a large simulation's memory (issue 38).
+    ssn_out: crate::protocol::SsnOut,
     /// Highest SSN arrived per source (HSR, 002 §3.1); kept under message
     /// logging only.
     ssn_in: BTreeMap<Rank, u64>,
@@ -511,7 +512,7 @@ impl Engine {
             posted: Vec::new(),
             completed: Vec::new(),
             next_req: 1,
-            ssn_out: vec![0; size],
+            ssn_out: BTreeMap::new(),
             ssn_in: BTreeMap::new(),
             rsn: 0,
             replay: VecDeque::new(),
@@ -1266,8 +1267,7 @@ impl Engine {
             self.op_begin()?;
         }
         let ssn = if sequenced {
-            // (`dest` was checked against the size above.)
-            let ssn = &mut self.ssn_out[dest];
+            let ssn = self.ssn_out.entry(dest).or_insert(0);
             *ssn += 1;
             *ssn
         } else {
@@ -1782,9 +1782,9 @@ impl Engine {
                 .chain(&self.rma_inbox)
                 .cloned()
                 .collect(),
-            ssn_out: (self.ssn_out.iter().enumerate())
+            ssn_out: (self.ssn_out.iter())
                 .filter(|&(_, &n)| n > 0)
-                .map(|(r, &n)| (r, n))
+                .map(|(&r, &n)| (r, n))
                 .collect(),
             ssn_in: self.ssn_in.iter().map(|(&r, &n)| (r, n)).collect(),
             rsn: self.rsn,
@@ -1847,7 +1847,7 @@ impl Engine {
             self.ep.window_withdraw(id);
         }
         self.next_context = FIRST_FREE_CONTEXT;
-        self.ssn_out.fill(0);
+        self.ssn_out.clear();
         self.app_sent = 0;
         self.app_arrived = 0;
         self.safe_points = 0;
@@ -1957,15 +1957,15 @@ impl Engine {
         self.ssn_in = snap.ssn_in.into_iter().collect();
         self.unexpected.extend(arrived);
         self.ops = snap.ops;
-        self.ssn_out.fill(0);
+        self.ssn_out.clear();
         for (r, n) in snap.ssn_out {
-            let Some(last) = self.ssn_out.get_mut(r) else {
+            if r >= self.size {
                 return Err(corrupt(format!(
                     "an SSN to rank {r} in a job of {} ranks",
                     self.size
                 )));
-            };
-            *last = n;
+            }
+            self.ssn_out.insert(r, n);
         }
         self.rsn = snap.rsn;
         self.coll_seq = snap.collectives.into_iter().collect();
@@ -2042,7 +2042,11 @@ impl Engine {
                 told = Some(leader);
                 self.transmit(leader, Body::Runtime(RuntimeMsg::Done))?;
             }
-            if self.rank == leader {
+            // Every live rank said `Done` only if this many did (`done_from`
+            // may hold ranks that died since): the leader looks at each rank
+            // once they have, not at every arrival (O(P²) at P ranks).
+            let failed = self.ulfm.as_ref().map_or(0, |u| u.failed.len());
+            if self.rank == leader && self.done_from.len() + failed >= self.size {
                 let others: Vec<Rank> = (0..self.size)
                     .filter(|&r| !self.is_failed(r) && r != self.rank)
                     .collect();
@@ -2058,7 +2062,7 @@ impl Engine {
                     }
                     return Ok(());
                 }
-            } else if self.exit_received {
+            } else if self.rank != leader && self.exit_received {
                 return Ok(());
             }
             self.progress(None)?;

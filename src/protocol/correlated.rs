@@ -688,7 +688,7 @@ impl Protocol for Correlated {
         self.p2p.send_stalled()
     }
 
-    fn regenerating(&self, ssn_out: &[u64]) -> bool {
+    fn regenerating(&self, ssn_out: &super::SsnOut) -> bool {
         self.p2p.regenerating(ssn_out)
     }
 

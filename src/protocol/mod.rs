@@ -650,6 +650,11 @@ impl ProtocolCx<'_> {
     }
 }
 
+/// The last SSN a rank sent to each destination (absent: none yet).
+/// Sparse, as a rank talks to few others: a million simulated ranks cannot
+/// each hold a counter per rank.
+pub type SsnOut = std::collections::BTreeMap<Rank, u64>;
+
 /// A rollback-recovery protocol.
 pub trait Protocol: Send {
     /// Name (as on the command line).
@@ -693,7 +698,7 @@ pub trait Protocol: Send {
     /// indexed by rank). Their SSNs must come out as in the first execution, so
     /// a nondeterministic event the log does not order (applying a new
     /// one-sided request) waits until this is false.
-    fn regenerating(&self, _ssn_out: &[u64]) -> bool {
+    fn regenerating(&self, _ssn_out: &SsnOut) -> bool {
         false
     }
     /// Whether collectives whose result is the same everywhere are logged

@@ -1358,12 +1358,12 @@ impl Protocol for Pessimistic {
         })
     }
 
-    fn regenerating(&self, ssn_out: &[u64]) -> bool {
+    fn regenerating(&self, ssn_out: &super::SsnOut) -> bool {
         !self.hsr_pending.is_empty()
             || self
                 .regen
                 .iter()
-                .any(|(&d, &h)| ssn_out.get(d).copied().unwrap_or(0) < h)
+                .any(|(&d, &h)| ssn_out.get(&d).copied().unwrap_or(0) < h)
     }
 
     fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
@@ -1633,12 +1633,20 @@ mod tests {
     /// received before it applies a request no determinant places, also
     /// after such a destination rolls back (its replay names those
     /// messages), and up to what a destination's replay names.
+    /// The last SSN sent to each rank, as the engine keeps it.
+    fn ssns(last: &[u64]) -> crate::protocol::SsnOut {
+        (last.iter().enumerate())
+            .filter(|&(_, &n)| n > 0)
+            .map(|(r, &n)| (r, n))
+            .collect()
+    }
+
     #[test]
     fn regeneration_covers_what_rolled_back_destinations_had_received() {
         let h = Harness::new(0, 4, 1);
         let mut p = Pessimistic::new(0, None);
         // The last SSN sent to each of the 4 ranks: `n` to rank 2.
-        let out = |n: u64| [0, 0, n, 0];
+        let out = |n: u64| ssns(&[0, 0, n, 0]);
         h.control(
             &mut p,
             2,
@@ -1673,8 +1681,8 @@ mod tests {
                 replayed: 14,
             },
         );
-        assert!(p.regenerating(&[0, 0, 10, 13]));
-        assert!(!p.regenerating(&[0, 0, 10, 14]));
+        assert!(p.regenerating(&ssns(&[0, 0, 10, 13])));
+        assert!(!p.regenerating(&ssns(&[0, 0, 10, 14])));
     }
 
     /// A member's own determinants survive a second rollback of the same
@@ -1737,7 +1745,7 @@ mod tests {
             },
         );
         assert!(
-            p.regenerating(&[0; 4]),
+            p.regenerating(&ssns(&[0; 4])),
             "until the set peer told what its replay names"
         );
         h.control(
@@ -1748,8 +1756,8 @@ mod tests {
                 replayed: 44,
             },
         );
-        assert!(p.regenerating(&[43, 0, 0, 0]));
-        assert!(!p.regenerating(&[44, 0, 0, 0]));
+        assert!(p.regenerating(&ssns(&[43, 0, 0, 0])));
+        assert!(!p.regenerating(&ssns(&[44, 0, 0, 0])));
         // And this rank tells its set peer at its own restore what its own
         // replay names of the peer's messages.
         p.set_replay(vec![
