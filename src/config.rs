@@ -49,11 +49,11 @@ pub const MAX_THREAD_RANKS: usize = 4096;
 /// `threads`, for the same per-user limits, and file descriptors.
 pub const MAX_PROCESS_RANKS: usize = 4096;
 
-/// Most ranks of a simulated job: a million (the scale the simulator is
-/// built to study); each rank is a parked thread, so memory and the
-/// kernel's mapping limit (checked when the simulator starts) may refuse
-/// fewer.
-pub const MAX_SIM_RANKS: usize = 1_000_000;
+/// Most ranks of a simulated job: 2^24. Each rank is a coroutine of a
+/// few tens of KiB (stack, engine, protocol and the program's data), so
+/// memory, checked when the simulator starts, refuses far fewer on most
+/// machines (a 24 GiB machine holds 2^20 ranks of the stencil pattern).
+pub const MAX_SIM_RANKS: usize = 1 << 24;
 
 impl Backend {
     /// Most ranks a job may have on this backend ([`MAX_THREAD_RANKS`],

@@ -617,8 +617,7 @@ fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
 }
 
 /// The harness of one rank incarnation.
-pub(crate) fn run_rank<T>(engine: Engine, f: &BorrowedRankFn<'_, T>) -> Result<T> {
-    let engine = Rc::new(RefCell::new(engine));
+pub(crate) fn run_rank<T>(engine: Rc<RefCell<Engine>>, f: &BorrowedRankFn<'_, T>) -> Result<T> {
     let starts_in_recovery = engine.borrow().starts_in_recovery();
     if starts_in_recovery {
         recover(&engine)?;

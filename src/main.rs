@@ -545,8 +545,9 @@ struct SimArgs {
     /// The communication pattern: stencil, allreduce.
     #[arg(value_name = "PATTERN")]
     app: String,
-    /// Number of simulated ranks (at most 1000000, and what the kernel's
-    /// vm.max_map_count holds).
+    /// Number of simulated ranks (at most 16777216, and what memory holds:
+    /// a rank costs some tens of KiB; the simulator refuses a count that
+    /// cannot fit before it starts).
     #[arg(long, default_value_t = 1024)]
     ranks: usize,
     /// Failure domains (nodes) ranks are placed on, in blocks.
@@ -658,8 +659,8 @@ struct AppArgs {
 struct JobArgs {
     #[command(flatten)]
     what: AppArgs,
-    /// Number of ranks (at most 4096 on threads and processes, 1000000 on
-    /// sim).
+    /// Number of ranks (at most 4096 on threads and processes, 16777216 on
+    /// sim, memory permitting).
     #[arg(long, default_value_t = 4)]
     ranks: usize,
     /// Failure domains (nodes) ranks are placed on, in blocks.

@@ -65,6 +65,14 @@ pub struct ScaleRow {
     /// tests, for instance), and an earlier run's peak when the reset is not
     /// available. 0.0 where `/proc` is not available.
     pub peak_rss_mib: f64,
+    /// Bytes of the simulated ranks' coroutine stacks resident at the end,
+    /// over all ranks (`SimReport::stack_bytes`).
+    #[serde(default)]
+    pub stack_bytes: u64,
+    /// Whether every rank's stack had a guard page
+    /// (`SimReport::stacks_guarded`).
+    #[serde(default)]
+    pub stacks_guarded: bool,
 }
 
 /// The process's peak resident set size (`VmHWM` of `/proc/self/status`) in
@@ -147,6 +155,8 @@ pub fn scale_study(
             messages: sim.messages,
             bytes: sim.bytes,
             peak_rss_mib,
+            stack_bytes: sim.stack_bytes,
+            stacks_guarded: sim.stacks_guarded,
         });
     }
     Ok(rows)
@@ -172,6 +182,8 @@ pub fn render(rows: &[ScaleRow]) -> String {
         "wall_s",
         "events/s",
         "rss",
+        "rss/rank",
+        "stack/rank",
         "trace_hash",
         "value",
     ];
@@ -195,6 +207,8 @@ pub fn render(rows: &[ScaleRow]) -> String {
                 format!("{:.2}", r.wall_s),
                 format!("{:.0}", r.events_per_s),
                 super::human_bytes_f64(r.peak_rss_mib * (1u64 << 20) as f64),
+                super::human_bytes_f64(r.peak_rss_mib * (1u64 << 20) as f64 / r.ranks.max(1) as f64),
+                super::human_bytes_f64(r.stack_bytes as f64 / r.ranks.max(1) as f64),
                 r.trace_hash.clone(),
                 r.value.clone(),
             ]

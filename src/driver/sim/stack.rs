@@ -181,6 +181,10 @@ impl Pool {
         }
         let base = base.cast::<u8>();
         let chunk = Chunk { base, len, guarded };
+        // A transparent huge page would commit 2 MiB for the few KiB eight
+        // ranks touch. Advice only: a kernel without THP refuses it harmlessly.
+        // SAFETY: advice on the mapping just made.
+        let _ = unsafe { libc::madvise(base.cast(), len, libc::MADV_NOHUGEPAGE) };
         if guarded {
             for i in 0..slots {
                 // SAFETY: the page lies inside the mapping just made, which
