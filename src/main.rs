@@ -46,7 +46,8 @@ Exit status: 0 when every case passes, 1 otherwise, 2 bad usage.";
 
 const SIM_EXAMPLES: &str = "Examples:
   lazarus sim stencil --ranks 4096 --protocols none,coordinated --kill 5@50%
-  lazarus sim allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json";
+  lazarus sim allreduce --ranks 4096 --nodes 64 --protocols coordinated --checkpoint-every 5 --json scale.json
+  lazarus sim stencil --ranks 1024,4096,16384 --ranks-per-node 64 --protocols coordinated,correlated,pessimistic --kill 5@50% --json scale.json --plot scale.svg";
 
 const MODEL_EXAMPLES: &str = "Examples:
   lazarus model --checkpoint-cost 60 --mtbf 86400
@@ -545,14 +546,19 @@ struct SimArgs {
     /// The communication pattern: stencil, allreduce.
     #[arg(value_name = "PATTERN")]
     app: String,
-    /// Number of simulated ranks (at most 16777216, and what memory holds:
-    /// a rank costs some tens of KiB; the simulator refuses a count that
-    /// cannot fit before it starts).
-    #[arg(long, default_value_t = 1024)]
-    ranks: usize,
+    /// Number of simulated ranks, or a comma-separated list of counts for a
+    /// scale study (1024,4096,16384). At most 16777216, and what memory
+    /// holds: a rank costs some tens of KiB, and the simulator refuses a
+    /// count that cannot fit before it starts.
+    #[arg(long, default_value = "1024")]
+    ranks: String,
     /// Failure domains (nodes) ranks are placed on, in blocks.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "ranks_per_node")]
     nodes: usize,
+    /// Ranks per failure domain instead of a node count: each rank count of
+    /// a study gets ranks / K nodes (rounded up).
+    #[arg(long, value_name = "K")]
+    ranks_per_node: Option<usize>,
     /// Comma-separated protocols.
     #[arg(long, default_value = "none,coordinated")]
     protocols: String,
@@ -584,6 +590,10 @@ struct SimArgs {
     /// Write the JSON rows here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw checkpoint coordination and recovery time against the rank
+    /// count, per protocol, as SVG here (log-log).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -1729,7 +1739,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
 
 fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
     use lazarus::apps::patterns::{Pattern, PatternParams};
-    use lazarus::tools::scale::{render, scale_study};
+    use lazarus::tools::scale::{plot_svg, render, scale_study};
     let pattern: Pattern = args.app.parse().map_err(usage)?;
     let params = PatternParams {
         iterations: args.iterations,
@@ -1737,17 +1747,66 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         halo_bytes: args.halo_bytes,
         reduce_len: args.reduce_len,
     };
+    let counts: Vec<usize> = args
+        .ranks
+        .split(',')
+        .map(|c| {
+            c.trim().parse::<usize>().map_err(|e| {
+                usage(lazarus::Error::config(
+                    "ranks",
+                    format!("`{c}` is not a rank count ({e}); write e.g. 4096 or 1024,4096,16384"),
+                ))
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if args.ranks_per_node == Some(0) {
+        return Err(usage(lazarus::Error::config(
+            "ranks_per_node",
+            "at least one rank per node",
+        )));
+    }
     let kills = parse_kills(&args.kills)?;
-    let base = Config::new(args.ranks)
-        .backend(Backend::Sim)
-        .nodes(args.nodes)
-        .kills(kills)
-        .checkpoint_every(checkpoint_every(&args.checkpoint_every, args.iterations)?)
-        .seed(args.seed)
-        .iterations(args.iterations);
-    base.validate().map_err(usage)?;
+    let configs = counts
+        .iter()
+        .map(|&ranks| {
+            let nodes = args
+                .ranks_per_node
+                .map_or(args.nodes, |k| ranks.div_ceil(k));
+            let cfg = Config::new(ranks)
+                .backend(Backend::Sim)
+                .nodes(nodes)
+                .kills(kills.clone())
+                .checkpoint_every(checkpoint_every(&args.checkpoint_every, args.iterations)?)
+                .seed(args.seed)
+                .iterations(args.iterations);
+            cfg.validate().map_err(usage)?;
+            Ok(cfg)
+        })
+        .collect::<anyhow::Result<Vec<Config>>>()?;
     check_output_opt("--json", &args.json)?;
-    let rows = scale_study(pattern, &params, &base, &protocols(&args.protocols)?).map_err(usage)?;
+    check_output_opt("--plot", &args.plot)?;
+    let protocols = protocols(&args.protocols)?;
+    let mut rows = Vec::new();
+    for base in &configs {
+        let these = scale_study(pattern, &params, base, &protocols).map_err(usage)?;
+        if configs.len() > 1 {
+            // A study's largest counts take minutes: say each as it ends.
+            for r in &these {
+                eprintln!(
+                    "{} ranks, {}: {} in {:.1} s",
+                    r.ranks,
+                    r.protocol,
+                    if r.verified {
+                        "verified"
+                    } else {
+                        "NOT verified"
+                    },
+                    r.wall_s
+                );
+            }
+        }
+        rows.extend(these);
+    }
     print!("{}", render(&rows));
     if let Some(path) = &args.json {
         #[derive(serde::Serialize)]
@@ -1755,6 +1814,9 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
             rows: &'a [lazarus::tools::scale::ScaleRow],
         }
         write_json(path, &Rows { rows: &rows })?;
+    }
+    if let Some(path) = &args.plot {
+        plot_svg(&rows, path)?;
     }
     let ok = rows.iter().all(|r| r.verified);
     if !ok {

@@ -585,6 +585,89 @@ fn sim_scale_study_reports_rows() {
     );
 }
 
+/// A scale study in one command (issue 38, Build 4): several rank counts,
+/// nodes from `--ranks-per-node`, JSON rows per count and protocol, and a
+/// log-log plot of coordination and recovery time against ranks.
+#[test]
+fn sim_sweeps_rank_counts_with_json_and_plot() {
+    let dir = std::env::temp_dir().join(format!("lazarus-sim-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (json, svg) = (dir.join("scale.json"), dir.join("scale.svg"));
+    let o = lazarus(&[
+        "sim",
+        "allreduce",
+        "--ranks",
+        "64,256",
+        "--ranks-per-node",
+        "16",
+        "--protocols",
+        "coordinated,pessimistic",
+        "--iterations",
+        "6",
+        "--checkpoint-every",
+        "2",
+        "--kill",
+        "5@50%",
+        "--json",
+        json.to_str().expect("utf-8"),
+        "--plot",
+        svg.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
+    let rows = report["rows"].as_array().expect("rows");
+    let got: Vec<(u64, u64, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["ranks"].as_u64().expect("ranks"),
+                r["nodes"].as_u64().expect("nodes"),
+                r["protocol"].as_str().expect("protocol"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (64, 4, "coordinated"),
+            (64, 4, "pessimistic"),
+            (256, 16, "coordinated"),
+            (256, 16, "pessimistic")
+        ]
+    );
+    for r in rows {
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(r["recovery_s"].as_f64().expect("recovery") > 0.0, "{r}");
+        assert!(r["stack_bytes"].as_u64().expect("stack bytes") > 0, "{r}");
+    }
+    let picture = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(
+        picture.contains("coordinated checkpoint"),
+        "legend names the series"
+    );
+    assert!(
+        picture.contains("pessimistic recovery"),
+        "legend names the series"
+    );
+    // The table has one row per count and protocol, under one header.
+    assert_eq!(
+        stdout(&o)
+            .lines()
+            .filter(|l| l.starts_with("protocol"))
+            .count(),
+        1
+    );
+    assert_eq!(
+        stdout(&o)
+            .lines()
+            .filter(|l| l.starts_with("coordinated"))
+            .count(),
+        2
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn daly_interval_is_used_and_reported() {
     let dir = std::env::temp_dir().join(format!("lazarus-daly-{}", std::process::id()));
@@ -695,8 +778,8 @@ fn hostile_inputs_are_usage_errors_naming_the_option() {
             "at most 4096",
         ),
         (
-            &["run", "cg", "--backend", "sim", "--ranks", "2000000"],
-            "at most 1000000",
+            &["run", "cg", "--backend", "sim", "--ranks", "20000000"],
+            "at most 16777216",
         ),
         (&["bench", "cg", "--ranks", huge], "--ranks"),
         (&["chaos", "cg", "--ranks", huge], "--ranks"),
@@ -824,15 +907,24 @@ fn hostile_inputs_are_usage_errors_naming_the_option() {
     for (args, needle) in cases {
         assert_usage_error(args, needle);
     }
-    // More simulated ranks than the kernel's mapping limit holds: a usage
-    // error too, where the limit is below what the bound allows.
-    let limit: Option<usize> = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+    // More simulated ranks than memory holds (12 KiB each at the least): a
+    // usage error too, before the run starts, on any machine with less than
+    // 192 GiB available.
+    let available: Option<u64> = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|t| t.trim().parse().ok());
-    if limit.is_some_and(|l| l < 4 * 900_000) {
-        let o = lazarus(&["sim", "stencil", "--ranks", "900000"]);
+        .and_then(|t| {
+            let line = t
+                .lines()
+                .find(|l| l.starts_with("MemAvailable:"))?
+                .to_owned();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map(|kib| kib * 1024);
+    if available.is_some_and(|b| b < 192 << 30) {
+        let o = lazarus(&["sim", "stencil", "--ranks", "16777216"]);
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains("--ranks"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("available"), "{}", stderr(&o));
     }
 }
 

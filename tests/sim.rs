@@ -234,3 +234,38 @@ fn a_chaos_case_replays_exactly_from_its_seed() {
     };
     assert_eq!(value(&a), value(&b));
 }
+
+/// More ranks than the kernel gives threads (`pid_max` is 32,768 by
+/// default) and more than `vm.max_map_count`'s 65,530 mappings hold guarded
+/// stacks for: ranks are coroutines on one thread, so the run completes and
+/// verifies, with a checkpoint and a failure (a thread per rank panicked at
+/// 32,448 ranks, issue 38).
+#[test]
+fn more_ranks_than_the_kernel_gives_threads() {
+    use lazarus::apps::patterns::{Pattern, PatternParams, run_pattern};
+    let ranks = 40_000;
+    let p = PatternParams {
+        iterations: 3,
+        ..PatternParams::default()
+    };
+    let cfg = Config::new(ranks)
+        .backend(Backend::Sim)
+        .nodes(400)
+        .protocol(ProtocolKind::Coordinated)
+        .checkpoint_every(1)
+        .kill("7@50%".parse().expect("spec"));
+    let r = run_pattern(Pattern::Allreduce, &p, &cfg);
+    let v = r.outcome.expect("the run verifies");
+    assert!(v[0].verified, "{}", v[0].detail);
+    assert_eq!(r.stats.failures, 1);
+    let sim = r.sim.expect("sim report");
+    assert!(!sim.hung);
+    // Every rank's stack is resident in part (a blocked rank touches a
+    // page or more), and no more than a slot each.
+    assert!(
+        sim.stack_bytes >= 4096 * ranks as u64,
+        "{}",
+        sim.stack_bytes
+    );
+    assert!(sim.stack_bytes <= (256 << 10) * ranks as u64 * 2);
+}

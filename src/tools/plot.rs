@@ -31,16 +31,15 @@ const COLORS: [(u8, u8, u8); 8] = [
     (110, 110, 110),
 ];
 
-/// The SVG chart of a line plot with a linear x axis and a logarithmic y
-/// axis (ping-pong bandwidth here, `P_cf` in [`super::model`]).
-pub(crate) type LogChart<'a, 'b> = plotters::chart::ChartContext<
-    'a,
-    plotters::backend::SVGBackend<'b>,
-    plotters::coord::cartesian::Cartesian2d<
-        plotters::coord::types::RangedCoordf64,
-        plotters::coord::combinators::LogCoord<f64>,
-    >,
->;
+/// The SVG chart of a line plot with a linear or logarithmic x axis `X`
+/// and a logarithmic y axis (ping-pong bandwidth here, `P_cf` in
+/// [`super::model`], coordination time against ranks in [`super::scale`]).
+pub(crate) type LogChart<'a, 'b, X = plotters::coord::types::RangedCoordf64> =
+    plotters::chart::ChartContext<
+        'a,
+        plotters::backend::SVGBackend<'b>,
+        plotters::coord::cartesian::Cartesian2d<X, plotters::coord::combinators::LogCoord<f64>>,
+    >;
 
 /// Series colour `i` (cycling through [`COLORS`]).
 pub(crate) fn color(i: usize) -> plotters::style::RGBColor {
@@ -50,8 +49,8 @@ pub(crate) fn color(i: usize) -> plotters::style::RGBColor {
 
 /// Draw `points` as series `i` of `chart`: a line with a dot at each point,
 /// named `label` in the legend.
-pub(crate) fn line_with_points(
-    chart: &mut LogChart<'_, '_>,
+pub(crate) fn line_with_points<X: plotters::coord::ranged1d::Ranged<ValueType = f64>>(
+    chart: &mut LogChart<'_, '_, X>,
     points: Vec<(f64, f64)>,
     i: usize,
     label: String,
@@ -75,8 +74,8 @@ pub(crate) fn line_with_points(
 }
 
 /// Draw the legend of `chart`'s series at `position` and finish the picture.
-pub(crate) fn finish<'b>(
-    chart: &mut LogChart<'b, 'b>,
+pub(crate) fn finish<'b, X: plotters::coord::ranged1d::Ranged<ValueType = f64>>(
+    chart: &mut LogChart<'b, 'b, X>,
     position: plotters::chart::SeriesLabelPosition,
     fail: &dyn Fn(&dyn std::fmt::Display) -> Error,
 ) -> Result<()> {

@@ -162,6 +162,79 @@ pub fn scale_study(
     Ok(rows)
 }
 
+/// Draw checkpoint coordination time (`checkpoint_s`, the longest one rank
+/// spent in one checkpoint) and recovery time against the rank count, one
+/// line per protocol and quantity, log-log, as SVG at `path` (003 §7.1 and
+/// 004 §1: how coordination grows with scale). Zero times (a protocol
+/// without checkpoints, a run without failures) are left out.
+pub fn plot_svg(rows: &[ScaleRow], path: &std::path::Path) -> Result<()> {
+    use plotters::prelude::*;
+
+    let fail = super::plot::draw_error(path);
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut protocols: Vec<&str> = rows.iter().map(|r| r.protocol.as_str()).collect();
+    protocols.dedup();
+    protocols.sort_unstable();
+    protocols.dedup();
+    for p in &protocols {
+        for (what, get) in [
+            (
+                "checkpoint",
+                (|r: &ScaleRow| r.checkpoint_s) as fn(&ScaleRow) -> f64,
+            ),
+            ("recovery", |r: &ScaleRow| r.recovery_s),
+        ] {
+            let mut pts: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.protocol == *p && r.verified && get(r) > 0.0)
+                .map(|r| (r.ranks as f64, get(r) * 1e3))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if !pts.is_empty() {
+                series.push((format!("{p} {what}"), pts));
+            }
+        }
+    }
+    let all = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) = (f64::MAX, 0.0f64, f64::MAX, 0.0f64);
+    for &(x, y) in all {
+        (x_lo, x_hi, y_lo, y_hi) = (x_lo.min(x), x_hi.max(x), y_lo.min(y), y_hi.max(y));
+    }
+    if series.is_empty() {
+        return Err(Error::config(
+            "plot",
+            "no verified run with a checkpoint or a recovery to draw",
+        ));
+    }
+    let root = SVGBackend::new(path, (860, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Checkpoint coordination and recovery time against ranks (simulated)",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (x_lo / 1.5..x_hi * 1.5).log_scale(),
+            (y_lo / 2.0..y_hi * 2.0).log_scale(),
+        )
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("ranks")
+        .y_desc("virtual time [ms]")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| super::plot::log_tick(*v))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    for (i, (name, pts)) in series.into_iter().enumerate() {
+        super::plot::line_with_points(&mut chart, pts, i, name, &fail)?;
+    }
+    super::plot::finish(&mut chart, SeriesLabelPosition::UpperLeft, &fail)
+}
+
 /// A plain-text table of `rows`, one line per protocol (virtual times in
 /// milliseconds).
 pub fn render(rows: &[ScaleRow]) -> String {
@@ -207,7 +280,9 @@ pub fn render(rows: &[ScaleRow]) -> String {
                 format!("{:.2}", r.wall_s),
                 format!("{:.0}", r.events_per_s),
                 super::human_bytes_f64(r.peak_rss_mib * (1u64 << 20) as f64),
-                super::human_bytes_f64(r.peak_rss_mib * (1u64 << 20) as f64 / r.ranks.max(1) as f64),
+                super::human_bytes_f64(
+                    r.peak_rss_mib * (1u64 << 20) as f64 / r.ranks.max(1) as f64,
+                ),
                 super::human_bytes_f64(r.stack_bytes as f64 / r.ranks.max(1) as f64),
                 r.trace_hash.clone(),
                 r.value.clone(),

@@ -89,9 +89,10 @@ impl StackPool {
         if p.free.is_empty() {
             p.grow()?;
         }
-        let id = p.free.pop().ok_or_else(|| {
-            NoStack(std::io::Error::other("the stack pool did not grow"))
-        })?;
+        let id = p
+            .free
+            .pop()
+            .ok_or_else(|| NoStack(std::io::Error::other("the stack pool did not grow")))?;
         let chunk = &p.chunks[id / SLOTS_PER_CHUNK];
         let limit = chunk.base as usize + (id % SLOTS_PER_CHUNK) * SLOT_BYTES;
         let stack = RankStack {
@@ -310,13 +311,14 @@ mod tests {
     fn a_coroutine_runs_on_a_pool_stack() {
         let pool = StackPool::new(1);
         let stack = pool.take().expect("a stack");
-        let mut co = corosensei::Coroutine::with_stack(stack, |y: &corosensei::Yielder<u32, u32>, x| {
-            let mut buf = [0u8; 8192]; // spans pages, so stack probes run
-            buf[100] = 7;
-            std::hint::black_box(&mut buf);
-            let z = y.suspend(x + u32::from(buf[100]));
-            z * 2
-        });
+        let mut co =
+            corosensei::Coroutine::with_stack(stack, |y: &corosensei::Yielder<u32, u32>, x| {
+                let mut buf = [0u8; 8192]; // spans pages, so stack probes run
+                buf[100] = 7;
+                std::hint::black_box(&mut buf);
+                let z = y.suspend(x + u32::from(buf[100]));
+                z * 2
+            });
         assert_eq!(co.resume(1).as_yield(), Some(8));
         assert_eq!(co.resume(5).as_return(), Some(10));
         assert!(pool.resident_bytes() >= 8192);
