@@ -239,6 +239,20 @@ pub fn handshake(
             .map_err(|_| HandshakeError::BadProof(peer))?,
         other => return Err(HandshakeError::Unexpected(format!("{other:?}"))),
     }
+    // The acceptor gives up on a handshake that takes longer than
+    // HANDSHAKE_TIMEOUT (a loaded machine can make it); without a last word
+    // from it, a connector whose proof arrived after that would take the
+    // closed connection for an open one and lose what it sent on it (a job
+    // hung so, 12 rank processes on 2 busy cores). So the connector is up
+    // only once the acceptor says it serves the connection, and retries
+    // otherwise.
+    match role {
+        Role::Acceptor => write_msg(stream, &WireMsg::Welcome, HANDSHAKE_MAX)?,
+        Role::Connector => match read_msg(stream, HANDSHAKE_MAX)? {
+            WireMsg::Welcome => {}
+            other => return Err(HandshakeError::Unexpected(format!("{other:?}"))),
+        },
+    }
     stream.set_read_timeout(None).map_err(WireError::Io)?;
     Ok(peer)
 }
@@ -270,6 +284,38 @@ mod tests {
         let peer = handshake(&mut a, &s, id(Some(3)), Role::Connector).expect("connector ok");
         assert_eq!(peer, id(None));
         assert_eq!(t.join().expect("thread").expect("acceptor ok"), id(Some(3)));
+    }
+
+    /// An acceptor that proves itself and then drops the connection (its
+    /// handshake timed out on a loaded machine) leaves the connector with
+    /// an error to retry on, not a connection it would send frames into.
+    #[test]
+    fn a_connection_the_acceptor_gave_up_on_is_not_up() {
+        let s = Secret::generate();
+        let (mut a, mut b) = pair();
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || {
+            let me = id(None);
+            let WireMsg::Hello { nonce, .. } = read_msg(&mut b, HANDSHAKE_MAX).expect("hello")
+            else {
+                panic!("not a hello");
+            };
+            let hello = WireMsg::Hello {
+                job: me.job,
+                rank: me.rank,
+                incarnation: me.incarnation,
+                nonce: [7; 16],
+            };
+            write_msg(&mut b, &hello, HANDSHAKE_MAX).expect("hello sent");
+            let mut mac = [0u8; 32];
+            mac.copy_from_slice(&s2.mac(Role::Acceptor, &nonce, &me).finalize().into_bytes());
+            write_msg(&mut b, &WireMsg::Proof { mac }, HANDSHAKE_MAX).expect("proof sent");
+            let _ = read_msg(&mut b, HANDSHAKE_MAX); // the connector's proof
+            // ... and no `Welcome`: the connection is dropped.
+        });
+        let r = handshake(&mut a, &s, id(Some(3)), Role::Connector);
+        t.join().expect("thread");
+        assert!(r.is_err(), "{r:?}");
     }
 
     #[test]

@@ -40,8 +40,9 @@ use crate::segments::Segments;
 use crate::store::StoreMsg;
 
 /// Version of the wire format; a peer speaking another one is refused
-/// (6: a failure notice carries its cause).
-pub const WIRE_VERSION: u8 = 6;
+/// (6: a failure notice carries its cause; 7: the acceptor ends the
+/// handshake with `Welcome`).
+pub const WIRE_VERSION: u8 = 7;
 
 /// Bytes before the header: `len` and `version` and `header_len`.
 const PREFIX: usize = 4 + 1 + 4;
@@ -150,6 +151,9 @@ pub enum WireMsg {
         /// The MAC.
         mac: [u8; 32],
     },
+    /// The acceptor verified the connector's proof and serves the
+    /// connection: the last message of the handshake (see `auth`).
+    Welcome,
     /// A frame of the engine; an application payload follows the header.
     Frame(Frame),
     /// An RMA operation for the receiver's window memory.
