@@ -51,9 +51,22 @@ impl Placement {
 
     /// The ranks hosted on `node`, in order.
     pub fn ranks_on(&self, node: usize) -> Vec<Rank> {
-        (0..self.ranks)
-            .filter(|&r| self.node_of(r) == node)
-            .collect()
+        self.range_on(node).collect()
+    }
+
+    /// The ranks hosted on `node`, a block (the last node takes the rest;
+    /// empty for a node that does not exist).
+    pub fn range_on(&self, node: usize) -> std::ops::Range<Rank> {
+        if node >= self.nodes {
+            return 0..0;
+        }
+        let start = node * self.per_node;
+        let end = if node + 1 == self.nodes {
+            self.ranks
+        } else {
+            (start + self.per_node).min(self.ranks)
+        };
+        start.min(end)..end
     }
 
     /// The rank that keeps `rank`'s partner copy: the same position on the

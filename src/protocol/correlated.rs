@@ -85,25 +85,41 @@ pub enum SetRule {
 }
 
 impl SetRule {
-    /// The set of every rank, by rank.
-    pub fn sets(self, placement: &Placement, ranks: usize) -> Vec<usize> {
-        (0..ranks)
-            .map(|r| match self {
-                SetRule::FailureDomains => placement.node_of(r),
-                SetRule::Consecutive(n) => r / n.max(1),
-            })
-            .collect()
+    /// The set of `rank`.
+    pub fn set_of(self, placement: &Placement, rank: Rank) -> usize {
+        match self {
+            SetRule::FailureDomains => placement.node_of(rank),
+            SetRule::Consecutive(n) => rank / n.max(1),
+        }
+    }
+
+    /// The ranks of `set`, ascending. Both rules give blocks of consecutive
+    /// ranks, so a set is a range: no rank holds a table of every rank's
+    /// set (P entries on each of P ranks, most of a large simulation's
+    /// memory, issue 38).
+    pub fn members(self, placement: &Placement, set: usize) -> std::ops::Range<Rank> {
+        match self {
+            SetRule::FailureDomains => placement.range_on(set),
+            SetRule::Consecutive(n) => {
+                let n = n.max(1);
+                let ranks = placement.ranks();
+                let start = set.saturating_mul(n).min(ranks);
+                start..start.saturating_add(n).min(ranks)
+            }
+        }
     }
 }
 
-/// The ranks of the sets of `dead` (`set_of`: the set of every rank).
-pub(crate) fn rolled_back_with(set_of: &[usize], dead: &[Rank]) -> Vec<Rank> {
+/// The ranks of the sets of `dead` under `rule` over `placement`, ascending.
+pub(crate) fn rolled_back_with(rule: SetRule, placement: &Placement, dead: &[Rank]) -> Vec<Rank> {
     let sets: BTreeSet<usize> = dead
         .iter()
-        .filter_map(|&d| set_of.get(d).copied())
+        .filter(|&&d| d < placement.ranks())
+        .map(|&d| rule.set_of(placement, d))
         .collect();
-    (0..set_of.len())
-        .filter(|&r| sets.contains(&set_of[r]) || dead.contains(&r))
+    // Sets are disjoint blocks, ascending with the set number.
+    sets.into_iter()
+        .flat_map(|s| rule.members(placement, s))
         .collect()
 }
 
@@ -229,7 +245,10 @@ pub struct Correlated {
     p2p: Pessimistic,
     every: u64,
     /// Set of every rank.
-    set_of: Vec<usize>,
+    /// How sets are formed (`SetRule::set_of`, `SetRule::members`), over
+    /// `placement`.
+    rule: SetRule,
+    placement: Placement,
     /// This rank's set, itself included, ascending (known from the first
     /// event).
     members: Vec<Rank>,
@@ -292,11 +311,11 @@ impl Correlated {
         rule: SetRule,
         placement: &Placement,
     ) -> Self {
-        let ranks = placement.ranks();
         Correlated {
             p2p,
             every,
-            set_of: rule.sets(placement, ranks),
+            rule,
+            placement: placement.clone(),
             members: Vec::new(),
             last_index: 0,
             index: 0,
@@ -325,9 +344,9 @@ impl Correlated {
         if !self.members.is_empty() {
             return;
         }
-        let mine = self.set_of.get(cx.rank).copied();
-        self.members = (0..self.set_of.len())
-            .filter(|&r| Some(self.set_of[r]) == mine)
+        self.members = self
+            .rule
+            .members(&self.placement, self.rule.set_of(&self.placement, cx.rank))
             .collect();
         if self.members.is_empty() {
             self.members.push(cx.rank);
@@ -673,7 +692,7 @@ impl Protocol for Correlated {
     }
 
     fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
-        rolled_back_with(&self.set_of, dead)
+        rolled_back_with(self.rule, &self.placement, dead)
     }
 
     fn send_ready(&self) -> bool {

@@ -145,9 +145,7 @@ impl ProtocolKind {
         match self {
             ProtocolKind::None | ProtocolKind::Coordinated => (0..ranks).collect(),
             ProtocolKind::Pessimistic | ProtocolKind::Ulml => dead.to_vec(),
-            ProtocolKind::Correlated => {
-                correlated::rolled_back_with(&sets.sets(placement, ranks), dead)
-            }
+            ProtocolKind::Correlated => correlated::rolled_back_with(sets, placement, dead),
         }
     }
 
