@@ -173,7 +173,6 @@ pub fn plot_svg(rows: &[ScaleRow], path: &std::path::Path) -> Result<()> {
     let fail = super::plot::draw_error(path);
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut protocols: Vec<&str> = rows.iter().map(|r| r.protocol.as_str()).collect();
-    protocols.dedup();
     protocols.sort_unstable();
     protocols.dedup();
     for p in &protocols {
