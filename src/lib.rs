@@ -112,7 +112,7 @@ pub use api::comm::{
     Communicator, Message, ReceiveRequest, Request, Source, Status, TagMatch, wait_all,
 };
 pub use api::datatype::{DType, Equivalence, ReduceOp, bulk};
-pub use api::window::Window;
+pub use api::window::{GetRequest, PutRequest, Window};
 pub use config::{Backend, Config, FailureHandling};
 pub use driver::{LockType, WinId};
 pub use engine::frame::Tag;

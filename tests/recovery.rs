@@ -184,7 +184,7 @@ fn dht_survives_every_scenario() {
     );
     // Under message logging the one-sided accesses travel as logged
     // requests whose target-side order is a determinant
-    // (`engine::rma_logging`): only the dead ranks roll back, and the
+    // (`engine::rma_messages`): only the dead ranks roll back, and the
     // compare-and-swap races replay to the same table.
     // (A quarter of class S: every access is a message round trip here.)
     check_app(

@@ -98,6 +98,53 @@ fn lock_program(ctx: &mut Ctx) -> Result<u64> {
     Ok(st.1)
 }
 
+/// Request-based operations (`immediate_put`, `immediate_accumulate`,
+/// `immediate_get`), several in flight at once, completed by `wait`, by a
+/// flush, by an unlock and by a fence, before each safe point.
+fn request_program(ctx: &mut Ctx) -> Result<u64> {
+    let world = ctx.world();
+    let (me, n) = (world.rank(), world.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let win = world.allocate_window::<u64>(n)?;
+    let mut st: (u64, u64) = ctx.restore_or_else(|| (0, 0))?;
+    if st.0 == 0 {
+        win.fence()?;
+    }
+    while st.0 < ITERATIONS {
+        // Fence epoch: a read of what the right neighbour got last time,
+        // a write to it and a sum into the left one, all in flight.
+        let read = win.immediate_get(right, left, 1)?;
+        let put = win.immediate_put(right, me, &[st.1.wrapping_add(st.0 + me as u64)])?;
+        let _sum = win.immediate_accumulate(left, me, &[st.0 + 1], lazarus::ReduceOp::Sum)?;
+        let before = read.wait()?[0];
+        put.wait()?;
+        win.fence()?; // completes the accumulate
+        let seen = win.with_local(digest)?;
+        mix(&mut st, seen ^ before, win.epoch_to(right)?);
+        win.fence()?;
+        // Passive target: read-modify-write under an exclusive lock, the
+        // write completed by the unlock; then a flush completes another.
+        win.fence()?;
+        win.lock(right, LockType::Exclusive)?;
+        let old = win.immediate_get(right, me, 1)?.wait()?[0];
+        let _w = win.immediate_put(right, me, &[old.wrapping_mul(3) ^ st.0])?;
+        win.unlock(right)?;
+        win.lock(left, LockType::Shared)?;
+        let _a = win.immediate_accumulate(left, me, &[1], lazarus::ReduceOp::Sum)?;
+        win.flush(left)?;
+        win.unlock(left)?;
+        world.barrier()?;
+        let seen = win.with_local(digest)?;
+        mix(&mut st, seen, win.epoch_to(left)?);
+        world.barrier()?;
+        win.fence()?;
+        st.0 += 1;
+        ctx.set_progress(st.0 as f64 / ITERATIONS as f64);
+        ctx.checkpoint(&st)?;
+    }
+    Ok(st.1)
+}
+
 type Program = fn(&mut Ctx) -> Result<u64>;
 
 /// Run `program` under `cfg` (failing the test instead of hanging it).
@@ -190,6 +237,85 @@ fn fence_epochs_under_ulml_on_processes_survive_a_node_kill() {
 #[test]
 fn closed_lock_epochs_survive_a_kill_under_every_protocol() {
     survives_kills(lock_program, "lock epochs");
+}
+
+#[test]
+fn request_based_operations_survive_a_kill_under_every_protocol() {
+    survives_kills(request_program, "request-based operations");
+}
+
+/// A GET whose response has not arrived is observable (`test` gives
+/// `None`) on every backend: the target serves it only when it next calls
+/// into the runtime, which here it does only once the origin has tested
+/// (a file is the signal on real backends, where ranks are threads or
+/// processes; on the simulator the network's latency alone keeps the
+/// response in flight at the first test).
+#[test]
+fn a_get_in_flight_is_observable_on_every_backend() {
+    for backend in Backend::ALL {
+        let flag = std::env::temp_dir().join(format!(
+            "lazarus-get-in-flight-{}-{backend}",
+            common::test_process_id()
+        ));
+        let _ = std::fs::remove_file(&flag);
+        let cfg = common::config(backend, 2);
+        let what = format!("get in flight on {backend}");
+        let report = common::within(common::HANG_S, &what.clone(), move || {
+            lazarus::run(&cfg, move |ctx| {
+                let world = ctx.world();
+                let win = world.allocate_window::<u64>(1)?;
+                win.with_local_mut(|m| m[0] = 70 + world.rank() as u64)?;
+                win.fence()?;
+                if world.rank() == 1 {
+                    world.send(0, 0, &[1u8])?;
+                    // Out of the runtime until rank 0 has tested.
+                    while backend != Backend::Sim && !flag.exists() {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    win.fence()?;
+                    return Ok((None, 0));
+                }
+                world.receive::<u8>(1, 0)?;
+                let mut request = win.immediate_get(1, 0, 1)?;
+                let first = request.test()?;
+                std::fs::write(&flag, b"tested").expect("write the flag");
+                let got = loop {
+                    if let Some(v) = request.test()? {
+                        break v[0];
+                    }
+                };
+                win.fence()?;
+                Ok((Some(first.is_none()), got))
+            })
+        });
+        let values = report.outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(values[0], (Some(true), 71), "{what}");
+    }
+}
+
+/// A safe point with a request-based operation pending is refused, with a
+/// message that says what to do.
+#[test]
+fn a_safe_point_with_a_request_pending_is_refused() {
+    let cfg = common::config(Backend::Threads, 2).protocol(ProtocolKind::Coordinated);
+    let report = common::within(common::HANG_S, "pending request", move || {
+        lazarus::run(&cfg, move |ctx| {
+            let world = ctx.world();
+            let win = world.allocate_window::<u64>(1)?;
+            let _: u64 = ctx.restore_or_else(|| 0)?;
+            win.fence()?;
+            let _get = win.immediate_get(1 - world.rank(), 0, 1)?;
+            ctx.checkpoint(&0u64)?;
+            Ok(0u64)
+        })
+    });
+    match report.outcome {
+        Err(Error::NotSafePoint(msg)) => assert!(
+            msg.contains("one-sided request") && msg.contains("flush"),
+            "unclear message: {msg}"
+        ),
+        other => panic!("expected NotSafePoint, got {other:?}"),
+    }
 }
 
 /// A safe point inside a passive-target epoch (`lock` or `lock_all`) is

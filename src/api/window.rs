@@ -79,6 +79,20 @@ impl Communicator {
     }
 }
 
+/// The elements a reply on window `id` carries.
+fn decode_elements<T: Equivalence>(b: &[u8], id: WinId) -> Result<Vec<T>> {
+    read_vec(b).map_err(|why| Error::Rma {
+        window: id,
+        detail: match why {
+            Unreadable::Ragged => "reply is not a whole number of elements".into(),
+            Unreadable::InvalidValue => format!(
+                "reply holds bytes that are not a valid `{}`",
+                std::any::type_name::<T>()
+            ),
+        },
+    })
+}
+
 fn data_of(reply: RmaReply, id: WinId) -> Result<Bytes> {
     match reply {
         RmaReply::Data(b) => Ok(b),
@@ -98,16 +112,7 @@ impl<T: Equivalence> Window<T> {
     }
 
     fn decode(&self, b: &[u8]) -> Result<Vec<T>> {
-        read_vec(b).map_err(|why| Error::Rma {
-            window: self.id,
-            detail: match why {
-                Unreadable::Ragged => "reply is not a whole number of elements".into(),
-                Unreadable::InvalidValue => format!(
-                    "reply holds bytes that are not a valid `{}`",
-                    std::any::type_name::<T>()
-                ),
-            },
-        })
+        decode_elements(b, self.id)
     }
 
     /// The window's id.
@@ -238,6 +243,125 @@ impl<T: Equivalence> Window<T> {
             self.id,
         )?;
         self.decode(&b)
+    }
+
+    /// Request-based PUT (`MPI_Rput`): the request travels to `target` and
+    /// this returns at once. The PUT is complete (applied at the target)
+    /// when [`PutRequest::wait`] returns, [`PutRequest::test`] says so, or
+    /// the flush, unlock or fence that ends the epoch returns. A safe
+    /// point refuses pending requests.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let (me, n) = (world.rank(), world.size());
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.fence()?;
+    ///     let request = window.immediate_put((me + 1) % n, 0, &[me as u64 + 10])?;
+    ///     request.wait()?; // applied at the target
+    ///     window.fence()?;
+    ///     window.with_local(|m| m[0])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![12, 10, 11]);
+    /// ```
+    pub fn immediate_put(&self, target: Rank, offset: usize, data: &[T]) -> Result<PutRequest> {
+        self.issue(
+            target,
+            RmaOp::Put {
+                offset: offset * Self::ELEM,
+                data: slice_to_bytes(data),
+            },
+        )
+        .map(|pending| PutRequest { pending })
+    }
+
+    /// Request-based GET (`MPI_Rget`): a read request travels to `target`
+    /// and its response comes back on the channel from it (000 §III-B);
+    /// this returns at once, and [`GetRequest::test`] tells whether the
+    /// response has arrived.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u32>(2)?;
+    ///     window.with_local_mut(|m| m.copy_from_slice(&[7, 8 + world.rank() as u32]))?;
+    ///     window.fence()?;
+    ///     let request = window.immediate_get(1 - world.rank(), 1, 1)?;
+    ///     let got = request.wait()?;
+    ///     window.fence()?;
+    ///     Ok(got)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![9], vec![8]]);
+    /// ```
+    pub fn immediate_get(&self, target: Rank, offset: usize, len: usize) -> Result<GetRequest<T>> {
+        self.issue(
+            target,
+            RmaOp::Get {
+                offset: offset * Self::ELEM,
+                len: len * Self::ELEM,
+            },
+        )
+        .map(|pending| GetRequest {
+            pending,
+            _t: PhantomData,
+        })
+    }
+
+    /// Request-based combining PUT (`MPI_Raccumulate`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::{Config, ReduceOp};
+    ///
+    /// let report = lazarus::run(&Config::new(4), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.fence()?;
+    ///     let request =
+    ///         window.immediate_accumulate(0, 0, &[world.rank() as u64], ReduceOp::Sum)?;
+    ///     window.fence()?; // completes it
+    ///     drop(request);
+    ///     window.with_local(|m| m[0])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![6, 0, 0, 0]);
+    /// ```
+    pub fn immediate_accumulate(
+        &self,
+        target: Rank,
+        offset: usize,
+        data: &[T],
+        op: ReduceOp,
+    ) -> Result<PutRequest> {
+        self.issue(
+            target,
+            RmaOp::Accumulate {
+                offset: offset * Self::ELEM,
+                data: slice_to_bytes(data),
+                dtype: T::DTYPE,
+                op,
+                fetch: false,
+            },
+        )
+        .map(|pending| PutRequest { pending })
+    }
+
+    fn issue(&self, target: Rank, op: RmaOp) -> Result<PendingOp> {
+        let t = self.comm.world_rank(target)?;
+        let ticket = self.comm.engine.borrow_mut().rma_issue(self.id, t, op)?;
+        Ok(PendingOp {
+            comm: self.comm.clone(),
+            window: self.id,
+            ticket: Some(ticket),
+        })
     }
 
     /// Combining PUT: `target[offset..] = target[offset..] op data`.
@@ -721,7 +845,205 @@ impl<T: Equivalence> Window<T> {
     /// assert_eq!(report.outcome.unwrap(), vec![(true, 0); 2]);
     /// ```
     pub fn free(self) -> Result<()> {
+        self.comm.engine.borrow_mut().window_settle(self.id)?;
         self.comm.barrier()?;
         self.comm.engine.borrow_mut().window_free(self.id)
+    }
+}
+
+/// A request-based operation in flight; dropping it lets the operation
+/// complete at the end of its epoch without its outcome.
+struct PendingOp {
+    comm: Communicator,
+    window: WinId,
+    ticket: Option<crate::engine::ReqId>,
+}
+
+impl PendingOp {
+    fn wait(&mut self) -> Result<RmaReply> {
+        let ticket = self
+            .ticket
+            .take()
+            .ok_or_else(|| Error::InvalidRequest("already completed".into()))?;
+        self.comm.engine.borrow_mut().rma_wait(self.window, ticket)
+    }
+
+    fn test(&mut self) -> Result<Option<RmaReply>> {
+        let Some(ticket) = self.ticket else {
+            return Err(Error::InvalidRequest("already completed".into()));
+        };
+        let r = self
+            .comm
+            .engine
+            .borrow_mut()
+            .rma_test(self.window, ticket)?;
+        if r.is_some() {
+            self.ticket = None;
+        }
+        Ok(r)
+    }
+}
+
+impl Drop for PendingOp {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take()
+            && let Ok(mut e) = self.comm.engine.try_borrow_mut()
+        {
+            e.rma_forget(t);
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingOp")
+            .field("window", &self.window)
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+/// A request-based PUT or accumulate in flight ([`Window::immediate_put`],
+/// [`Window::immediate_accumulate`]).
+#[derive(Debug)]
+#[must_use = "a request completes by wait or test, or at the end of its epoch"]
+pub struct PutRequest {
+    pending: PendingOp,
+}
+
+impl PutRequest {
+    /// Wait until the target has applied the operation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u8>(1)?;
+    ///     window.fence()?;
+    ///     if world.rank() == 0 {
+    ///         window.immediate_put(1, 0, &[5])?.wait()?;
+    ///     }
+    ///     window.fence()?;
+    ///     window.with_local(|m| m[0])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![0, 5]);
+    /// ```
+    pub fn wait(mut self) -> Result<()> {
+        self.pending.wait().map(|_| ())
+    }
+
+    /// Whether the target has applied it (its acknowledgement arrived).
+    /// After `true` the request is complete; testing again is an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u8>(1)?;
+    ///     window.fence()?;
+    ///     if world.rank() == 0 {
+    ///         let mut request = window.immediate_put(1, 0, &[5])?;
+    ///         while !request.test()? {} // rank 1 applies it in its fence
+    ///     }
+    ///     window.fence()?;
+    ///     window.with_local(|m| m[0])
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![0, 5]);
+    /// ```
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test().map(|r| r.is_some())
+    }
+}
+
+/// A request-based GET in flight ([`Window::immediate_get`]).
+#[must_use = "a request completes by wait or test, or at the end of its epoch"]
+pub struct GetRequest<T: Equivalence> {
+    pending: PendingOp,
+    _t: PhantomData<T>,
+}
+
+impl<T: Equivalence> std::fmt::Debug for GetRequest<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GetRequest")
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+impl<T: Equivalence> GetRequest<T> {
+    fn decode(&self, reply: RmaReply) -> Result<Vec<T>> {
+        decode_elements(&data_of(reply, self.pending.window)?, self.pending.window)
+    }
+
+    /// Wait for the response and return the data read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let (me, n) = (world.rank(), world.size());
+    ///     let window = world.allocate_window::<u64>(1)?;
+    ///     window.with_local_mut(|m| m[0] = 100 + me as u64)?;
+    ///     window.fence()?;
+    ///     // Several in flight at once, to different targets.
+    ///     let requests = (1..n)
+    ///         .map(|d| window.immediate_get((me + d) % n, 0, 1))
+    ///         .collect::<lazarus::Result<Vec<_>>>()?;
+    ///     let mut got = Vec::new();
+    ///     for r in requests {
+    ///         got.extend(r.wait()?);
+    ///     }
+    ///     window.fence()?;
+    ///     Ok(got)
+    /// });
+    /// assert_eq!(
+    ///     report.outcome.unwrap(),
+    ///     vec![vec![101, 102], vec![102, 100], vec![100, 101]]
+    /// );
+    /// ```
+    pub fn wait(mut self) -> Result<Vec<T>> {
+        let reply = self.pending.wait()?;
+        self.decode(reply)
+    }
+
+    /// The data, if the response has arrived (`None` while the GET is in
+    /// flight: its target serves it when it next calls into the runtime).
+    /// After `Some` the request is complete; testing again is an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(2), |ctx| {
+    ///     let world = ctx.world();
+    ///     let window = world.allocate_window::<u32>(1)?;
+    ///     window.with_local_mut(|m| m[0] = 40 + world.rank() as u32)?;
+    ///     window.fence()?;
+    ///     let mut request = window.immediate_get(1 - world.rank(), 0, 1)?;
+    ///     let got = loop {
+    ///         if let Some(v) = request.test()? {
+    ///             break v;
+    ///         }
+    ///     };
+    ///     window.fence()?;
+    ///     Ok(got)
+    /// });
+    /// assert_eq!(report.outcome.unwrap(), vec![vec![41], vec![40]]);
+    /// ```
+    pub fn test(&mut self) -> Result<Option<Vec<T>>> {
+        match self.pending.test()? {
+            Some(reply) => self.decode(reply).map(Some),
+            None => Ok(None),
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! returns it, so the rank function unwinds with `?` back to the harness.
 
 pub mod frame;
-mod rma_logging;
+mod rma_messages;
 #[cfg(test)]
 mod tests;
 
@@ -205,6 +205,17 @@ struct RmaRequest {
 /// results (002 §3.2); under any logging protocol a survivor is.
 type RmaAfter = Vec<(ContextId, u64)>;
 
+/// A request-based one-sided operation in flight: the receive of its
+/// reply, on `window` to `target`.
+#[derive(Debug, Clone, Copy)]
+struct PendingRma {
+    reply: ReqId,
+    window: WinId,
+    target: Rank,
+    /// Its request was dropped: the outcome is not kept.
+    forgotten: bool,
+}
+
 /// The target's answer to an [`RmaRequest`]: the reply, or why the access
 /// failed (reported at the origin as [`Error::Rma`]).
 type RmaOutcome = std::result::Result<RmaReply, String>;
@@ -330,8 +341,20 @@ pub struct Engine {
     /// Operations begun that order accesses to this rank's windows
     /// (message logging; see [`Engine::op_begin`]).
     ops: u64,
-    /// One-sided requests arrived and not yet applied (message logging).
+    /// One-sided requests arrived and not yet applied.
     rma_inbox: VecDeque<AppMessage>,
+    /// One-sided operations travel as request and reply messages for
+    /// every call (message logging, `chandy-lamport`); otherwise only the
+    /// request-based ones do, and the blocking ones access the target's
+    /// memory through the driver.
+    rma_messages: bool,
+    /// Request-based operations of this origin whose reply has not been
+    /// taken in (completed by `wait`, `test`, a flush, an unlock or a
+    /// fence).
+    rma_pending: Vec<PendingRma>,
+    /// Outcomes of request-based operations completed by a flush, an
+    /// unlock or a fence, until their request asks (by reply id).
+    rma_finished: Vec<(ReqId, RmaOutcome)>,
     /// Applying requests now (the replies it sends may wait for progress,
     /// which must not apply requests in turn), or a message waits to leave
     /// (a reply sent meanwhile would overtake it on its channel).
@@ -485,6 +508,7 @@ impl Engine {
         let (rank, size, epoch) = (ep.rank(), ep.size(), ep.start_epoch());
         let logging = !proto.rolls_back_survivors();
         let coll_results = proto.logs_collective_results();
+        let rma_messages = logging || proto.one_sided_as_messages();
         // A replacement re-executes with every rank that rolled back with
         // it (its correlated set): what they sent before this epoch belongs
         // to the execution that was rolled back.
@@ -519,6 +543,9 @@ impl Engine {
             reserved: HashSet::new(),
             ops: 0,
             rma_inbox: VecDeque::new(),
+            rma_messages,
+            rma_pending: Vec::new(),
+            rma_finished: Vec::new(),
             serving_rma: false,
             logging,
             early: Vec::new(),
@@ -755,15 +782,14 @@ impl Engine {
         self.ep.report_progress(self.progress);
     }
 
-    /// Charge `d` of computation (virtual time on the simulator). Under
-    /// message logging a rank with windows serves one-sided requests
-    /// meanwhile: they are messages this rank applies (issue 33, defect
-    /// 9b), and as an MPI library's progress engine runs inside its calls,
-    /// a rank that computes through the runtime must not stall its origins
-    /// until it is done.
+    /// Charge `d` of computation (virtual time on the simulator). A rank
+    /// with windows serves one-sided requests meanwhile: they are messages
+    /// this rank applies (issue 33, defect 9b), and as an MPI library's
+    /// progress engine runs inside its calls, a rank that computes through
+    /// the runtime must not stall its origins until it is done.
     pub fn compute(&mut self, d: Duration) -> Result<()> {
         self.enter()?;
-        if !self.logging || self.windows.is_empty() {
+        if self.windows.is_empty() {
             return self.ep.compute(d);
         }
         let deadline = self.ep.now() + d;
@@ -1658,6 +1684,12 @@ impl Engine {
                 "the rank was restored from a checkpoint but `restore_or_else` was not called before the first safe point".into(),
             ));
         }
+        if !self.rma_pending.is_empty() {
+            return Err(Error::NotSafePoint(format!(
+                "{} one-sided request(s) still pending; wait for them, or flush, before a safe point",
+                self.rma_pending.len()
+            )));
+        }
         if !self.posted.is_empty() || !self.completed.is_empty() {
             return Err(Error::NotSafePoint(format!(
                 "{} receive request(s) still pending; complete them before a safe point",
@@ -1838,6 +1870,8 @@ impl Engine {
         self.reserved.clear();
         self.ops = 0;
         self.rma_inbox.clear();
+        self.rma_pending.clear();
+        self.rma_finished.clear();
         self.serving_rma = false;
         self.capture_due = None;
         self.committed_now = None;
@@ -2491,6 +2525,7 @@ impl Engine {
     /// origin waited for the reply for ever.
     pub fn window_free(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
+        self.settle(|p| p.window == id)?;
         self.op_begin()?;
         self.windows.remove(&id);
         self.ep.window_withdraw(id);
@@ -2519,6 +2554,14 @@ impl Engine {
 
     fn rma_here(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
         self.enter()?;
+        self.check_access(id, target)?;
+        // Bounds are checked by the driver against the target's own size
+        // (windows may differ in size per rank).
+        self.rma_raw(id, target, op)
+    }
+
+    /// Whether this origin may access `target` in window `id` now.
+    fn check_access(&mut self, id: WinId, target: Rank) -> Result<()> {
         if target >= self.size {
             return Err(Error::RankOutOfRange {
                 rank: target,
@@ -2534,16 +2577,116 @@ impl Engine {
                 ),
             });
         }
-        // Bounds are checked by the driver against the target's own size
-        // (windows may differ in size per rank).
-        self.rma_raw(id, target, op)
+        Ok(())
+    }
+
+    /// A request-based operation (MPI's `MPI_Rget`, `MPI_Rput`,
+    /// `MPI_Raccumulate`): sent as a request message to `target` and
+    /// returned at once, as the id of its reply's receive. It completes by
+    /// [`Engine::rma_wait`] or [`Engine::rma_test`], or by the flush,
+    /// unlock or fence that ends its epoch. One on this rank's own window
+    /// completes at issue.
+    pub fn rma_issue(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<ReqId> {
+        self.traced(Activity::OneSided, |e| {
+            e.enter()?;
+            e.check_access(id, target)?;
+            if target == e.rank {
+                let outcome = if e.rma_messages {
+                    e.rma_own(id, op)?
+                } else {
+                    Ok(e.ep.rma(e.epoch, target, id, op)?)
+                };
+                let ticket = e.next_req;
+                e.next_req += 1;
+                e.rma_finished.push((ticket, outcome));
+                return Ok(ticket);
+            }
+            let reply = e.send_request(id, target, op)?;
+            e.rma_pending.push(PendingRma {
+                reply,
+                window: id,
+                target,
+                forgotten: false,
+            });
+            Ok(reply)
+        })
+    }
+
+    /// Wait for request-based operation `ticket`.
+    pub fn rma_wait(&mut self, id: WinId, ticket: ReqId) -> Result<RmaReply> {
+        self.traced(Activity::OneSided, |e| {
+            e.enter()?;
+            e.settle(|p| p.reply == ticket)?;
+            e.take_finished(id, ticket)
+        })
+    }
+
+    /// Request-based operation `ticket`'s reply if it has arrived (what
+    /// arrived meanwhile is handled, requests to this rank served).
+    pub fn rma_test(&mut self, id: WinId, ticket: ReqId) -> Result<Option<RmaReply>> {
+        self.enter()?;
+        self.drain()?;
+        self.check()?;
+        let arrived = self.completed.iter().any(|(r, _)| *r == ticket);
+        if arrived {
+            self.settle(|p| p.reply == ticket)?;
+        }
+        if arrived || self.rma_finished.iter().any(|(t, _)| *t == ticket) {
+            return self.take_finished(id, ticket).map(Some);
+        }
+        if self.rma_pending.iter().any(|p| p.reply == ticket) {
+            return Ok(None);
+        }
+        Err(Error::InvalidRequest(format!(
+            "one-sided request {ticket} is not pending"
+        )))
+    }
+
+    /// The request of `ticket` was dropped: it still completes (at the
+    /// latest when its epoch ends), its outcome is not kept.
+    pub fn rma_forget(&mut self, ticket: ReqId) {
+        self.rma_finished.retain(|(t, _)| *t != ticket);
+        for p in &mut self.rma_pending {
+            if p.reply == ticket {
+                p.forgotten = true;
+            }
+        }
+    }
+
+    fn take_finished(&mut self, id: WinId, ticket: ReqId) -> Result<RmaReply> {
+        let i = (self.rma_finished.iter().position(|(t, _)| *t == ticket)).ok_or_else(|| {
+            Error::InvalidRequest(format!("one-sided request {ticket} is not pending"))
+        })?;
+        let (_, outcome) = self.rma_finished.swap_remove(i);
+        outcome.map_err(|detail| Error::Rma { window: id, detail })
+    }
+
+    /// Complete the pending request-based operations that `which` selects,
+    /// in issue order, keeping their outcomes for their requests.
+    fn settle(&mut self, which: impl Fn(&PendingRma) -> bool) -> Result<()> {
+        while let Some(i) = self.rma_pending.iter().position(&which) {
+            let p = self.rma_pending[i];
+            let outcome = self.await_reply(p.target, p.reply)?;
+            self.rma_pending.remove(i);
+            if !p.forgotten {
+                self.rma_finished.push((p.reply, outcome));
+            }
+        }
+        Ok(())
+    }
+
+    /// Complete every request-based operation on window `id` (before a
+    /// collective that ends all its epochs: fence, free).
+    pub fn window_settle(&mut self, id: WinId) -> Result<()> {
+        self.enter()?;
+        self.settle(|p| p.window == id)
     }
 
     /// Issue an operation to the driver; if the target is gone, wait for the
     /// failure notice and return what the protocol decided.
     fn rma_raw(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
-        if self.logging {
-            return self.rma_logged(id, target, op);
+        if self.rma_messages {
+            return self.rma_by_message(id, target, op);
         }
         match self.ep.rma(self.epoch, target, id, op) {
             Ok(r) => Ok(r),
@@ -2569,6 +2712,8 @@ impl Engine {
 
     fn window_fence_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
+        self.win(id)?;
+        self.settle(|p| p.window == id)?;
         let w = self.win(id)?;
         if w.lock_all || !w.locks.is_empty() {
             return Err(Error::Rma {
@@ -2619,6 +2764,13 @@ impl Engine {
 
     fn window_unlock_here(&mut self, id: WinId, target: Rank) -> Result<()> {
         self.enter()?;
+        if !self.win(id)?.locks.contains_key(&target) {
+            return Err(Error::Rma {
+                window: id,
+                detail: format!("unlock of rank {target}, which this origin has not locked"),
+            });
+        }
+        self.settle(|p| p.window == id && p.target == target)?;
         let kind = self.win(id)?.locks.remove(&target).ok_or(Error::Rma {
             window: id,
             detail: format!("unlock of rank {target}, which this origin has not locked"),
@@ -2662,6 +2814,7 @@ impl Engine {
                 detail: "unlock_all without lock_all".into(),
             });
         }
+        self.settle(|p| p.window == id)?;
         for t in self.win(id)?.group.clone() {
             self.rma_raw(id, t, RmaOp::Unlock(LockType::Shared))?;
         }
@@ -2671,8 +2824,9 @@ impl Engine {
         Ok(())
     }
 
-    /// FLUSH(p -> q) (all targets if `None`): completes outstanding operations
-    /// (on this driver they complete at issue) and closes the epoch.
+    /// FLUSH(p -> q) (all targets if `None`): completes outstanding
+    /// operations (blocking ones completed at issue; request-based ones are
+    /// waited for here) and closes the epoch.
     pub fn window_flush(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
         self.traced(Activity::OneSided, |e| e.window_flush_here(id, target))
     }
@@ -2680,6 +2834,11 @@ impl Engine {
     fn window_flush_here(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
         self.enter()?;
         let size = self.size;
+        self.win(id)?;
+        match target {
+            Some(t) => self.settle(|p| p.window == id && p.target == t)?,
+            None => self.settle(|p| p.window == id)?,
+        }
         let w = self.win(id)?;
         match target {
             Some(t) if t < size => *w.state.per_target.entry(t).or_insert(0) += 1,

@@ -699,6 +699,13 @@ pub trait Protocol: Send {
     fn regenerating(&self, _ssn_out: &SsnOut) -> bool {
         false
     }
+    /// Whether every one-sided operation must travel as request and reply
+    /// messages on the FIFO channels (where markers can order them, 000
+    /// §III-B), rather than access the target's memory through the driver.
+    /// Message-logging protocols always use messages (the engine knows).
+    fn one_sided_as_messages(&self) -> bool {
+        false
+    }
     /// Whether collectives whose result is the same everywhere are logged
     /// as one result per rank (002 §2.2) instead of as their point-to-point
     /// messages. Their internal messages then carry no SSN and are never

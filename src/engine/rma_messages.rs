@@ -1,15 +1,23 @@
-//! One-sided operations under message logging (`pessimistic`, `ulml`,
-//! `correlated`).
+//! One-sided operations as request and reply messages.
 //!
-//! Under these protocols only the dead ranks roll back, so a restored window
-//! must get back every access survivors made to it since its checkpoint, in
-//! the order they were applied, and a re-executing origin must neither apply
-//! its accesses to survivors' windows a second time nor see other results
-//! than the first time (003 §3.2 and §4.2: combining accesses such as
-//! compare-and-swap or fetch-and-op cannot be replayed blindly). Rather than
-//! a second logging mechanism beside the message log, one-sided operations
-//! travel here as messages on a context of their own:
+//! Three users: the message-logging protocols (`pessimistic`, `ulml`,
+//! `correlated`), `chandy-lamport` (whose markers must be ordered with
+//! every access on the FIFO channels, 000 §III-B and §IV), and the
+//! request-based operations of every protocol (`Window::immediate_get` and
+//! friends, MPI's `MPI_Rget`/`MPI_Rput`: a GET is a read request on the
+//! channel to the target and a response on the channel back, so a GET whose
+//! response has not arrived is observable). The target's engine applies
+//! requests in arrival order whenever it makes progress, as an MPI
+//! library's progress engine does where the network cannot.
 //!
+//! Under message logging only the dead ranks roll back, so a restored
+//! window must get back every access survivors made to it since its
+//! checkpoint, in the order they were applied, and a re-executing origin
+//! must neither apply its accesses to survivors' windows a second time nor
+//! see other results than the first time (003 §3.2 and §4.2: combining
+//! accesses such as compare-and-swap or fetch-and-op cannot be replayed
+//! blindly). Rather than a second logging mechanism beside the message log,
+//! one-sided operations travel as messages on a context of their own:
 //! - the origin sends a request (a sequenced application message, so it is
 //!   kept in the origin's payload log by reference, like any other) and
 //!   waits for the reply (also sequenced and logged, by the target);
@@ -40,8 +48,8 @@ use bytes::Bytes;
 
 use super::frame::ContextId;
 use super::{
-    Engine, MatchSpec, RMA_CONTEXT, RMA_REPLY, RMA_REQUEST, RmaAfter, RmaOutcome, RmaRequest,
-    WinLocal,
+    Engine, MatchSpec, RMA_CONTEXT, RMA_REPLY, RMA_REQUEST, ReqId, RmaAfter, RmaOutcome,
+    RmaRequest, WinLocal,
 };
 use crate::driver::shared::apply_to_memory;
 use crate::driver::{LockType, RmaOp, RmaReply, WinId};
@@ -141,12 +149,14 @@ impl Engine {
             };
             let replayed = self.pop_determinant();
             self.rsn += 1;
-            self.handle(Event::AppDeliver {
-                msg: &msg,
-                rsn: self.rsn,
-                applied_at: Some(self.ops),
-                replayed,
-            })?;
+            if self.logging {
+                self.handle(Event::AppDeliver {
+                    msg: &msg,
+                    rsn: self.rsn,
+                    applied_at: Some(self.ops),
+                    replayed,
+                })?;
+            }
             if let Some(outcome) = outcome {
                 self.send_outcome(origin, &outcome)?;
             }
@@ -280,40 +290,72 @@ impl Engine {
         }
     }
 
-    /// A one-sided operation under message logging: applied at once to this
-    /// rank's own window, else sent as a request to `target`, whose reply
-    /// is awaited (arrivals, including requests to this rank, are handled
+    /// A one-sided operation as messages: applied at once to this rank's
+    /// own window, else sent as a request to `target`, whose reply is
+    /// awaited (arrivals, including requests to this rank, are handled
     /// meanwhile).
-    pub(super) fn rma_logged(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
+    pub(super) fn rma_by_message(
+        &mut self,
+        id: WinId,
+        target: Rank,
+        op: RmaOp,
+    ) -> Result<RmaReply> {
         let outcome = if target == self.rank {
-            self.op_begin()?;
-            let outcome = self.apply_own(id, op);
-            self.grant_waiting(id)?;
-            outcome
+            self.rma_own(id, op)?
         } else {
-            let after = (self.coll_synced.iter())
-                .filter(|&(&context, _)| self.member_of(context, target))
-                .map(|(&context, &index)| (context, index))
-                .collect();
-            let request = postcard::to_allocvec(&RmaRequest {
-                after,
-                window: id,
-                op,
-            })?;
-            self.send_message(target, RMA_CONTEXT, RMA_REQUEST, Bytes::from(request), true)?;
-            let reply = self.post_receive(MatchSpec {
-                context: RMA_CONTEXT,
-                source: Some(target),
-                tag: Some(RMA_REPLY),
-            })?;
-            let msg = self.wait(reply)?;
-            postcard::from_bytes::<RmaOutcome>(&msg.payload).map_err(|e| Error::Codec {
-                what: "one-sided reply".into(),
-                detail: format!("from rank {target}: {e}"),
-            })?
+            let reply = self.send_request(id, target, op)?;
+            self.await_reply(target, reply)?
         };
         outcome.map_err(|detail| Error::Rma { window: id, detail })
     }
+
+    /// An operation on this rank's own window, applied now (an operation
+    /// in the order of accesses).
+    pub(super) fn rma_own(&mut self, id: WinId, op: RmaOp) -> Result<RmaOutcome> {
+        self.op_begin()?;
+        let outcome = self.apply_own(id, op);
+        self.grant_waiting(id)?;
+        Ok(outcome)
+    }
+
+    /// Send `op` to `target` as a request (000 §III-B: a GET is a read
+    /// request on the channel to the target and a response on the channel
+    /// back; a PUT completes when the target's acknowledgement arrives) and
+    /// post the receive of its reply: the returned request. Replies come
+    /// back in the order of the requests (FIFO channels, applied in
+    /// arrival order), which is the order receives of the same source and
+    /// tag match in.
+    pub(super) fn send_request(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<ReqId> {
+        let after = (self.coll_synced.iter())
+            .filter(|&(&context, _)| self.member_of(context, target))
+            .map(|(&context, &index)| (context, index))
+            .collect();
+        let request = postcard::to_allocvec(&RmaRequest {
+            after,
+            window: id,
+            op,
+        })?;
+        self.send_message(target, RMA_CONTEXT, RMA_REQUEST, Bytes::from(request), true)?;
+        self.post_receive(MatchSpec {
+            context: RMA_CONTEXT,
+            source: Some(target),
+            tag: Some(RMA_REPLY),
+        })
+    }
+
+    /// Wait for the reply `reply` of a request sent to `target`.
+    pub(super) fn await_reply(&mut self, target: Rank, reply: ReqId) -> Result<RmaOutcome> {
+        let msg = self.wait_entered(reply)?;
+        decode_reply(target, &msg.payload)
+    }
+}
+
+/// The outcome a reply from `target` carries.
+pub(super) fn decode_reply(target: Rank, payload: &[u8]) -> Result<RmaOutcome> {
+    postcard::from_bytes::<RmaOutcome>(payload).map_err(|e| Error::Codec {
+        what: "one-sided reply".into(),
+        detail: format!("from rank {target}: {e}"),
+    })
 }
 
 /// Take a lock of `kind` on this rank's window if its state allows it.
