@@ -110,6 +110,21 @@ pub struct JobStats {
     /// Ranks in the largest correlated set.
     #[serde(default)]
     pub set_size: u64,
+    /// Markers sent by non-blocking snapshots (`chandy-lamport`, all
+    /// ranks and generations; n(n − 1) a generation, 000 §IV-D).
+    #[serde(default)]
+    pub markers: u64,
+    /// Messages recorded as channel state (sent before their sender's
+    /// cut, received after their receiver's).
+    #[serde(default)]
+    pub channel_messages: u64,
+    /// Their payload bytes.
+    #[serde(default)]
+    pub channel_bytes: u64,
+    /// Messages held out of the application's reach: they arrived after
+    /// their channel's marker, before their receiver recorded.
+    #[serde(default)]
+    pub held_messages: u64,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,

@@ -148,6 +148,7 @@ fn check_app(
 /// `dht_survives_every_scenario`).
 const MESSAGE_PASSING: &[ProtocolKind] = &[
     ProtocolKind::Coordinated,
+    ProtocolKind::ChandyLamport,
     ProtocolKind::Pessimistic,
     ProtocolKind::Ulml,
 ];
@@ -180,7 +181,7 @@ fn dht_survives_every_scenario() {
         AppParams::default(),
         4,
         2,
-        &[ProtocolKind::Coordinated],
+        &[ProtocolKind::Coordinated, ProtocolKind::ChandyLamport],
     );
     // Under message logging the one-sided accesses travel as logged
     // requests whose target-side order is a determinant

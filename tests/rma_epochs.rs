@@ -20,8 +20,9 @@ const NODES: usize = 2;
 const ITERATIONS: u64 = 8;
 
 /// Protocols that recover (`none` gives the failure-free reference).
-const RECOVERING: [ProtocolKind; 4] = [
+const RECOVERING: [ProtocolKind; 5] = [
     ProtocolKind::Coordinated,
+    ProtocolKind::ChandyLamport,
     ProtocolKind::Pessimistic,
     ProtocolKind::Ulml,
     ProtocolKind::Correlated,

@@ -171,6 +171,19 @@ pub enum Stat {
         /// Ranks in the set.
         set_size: usize,
     },
+    /// Non-blocking snapshots (`chandy-lamport`): this rank incarnation's
+    /// counters, reported when its rank function returns.
+    Snapshot {
+        /// Markers sent (n − 1 per generation recorded).
+        markers_sent: u64,
+        /// Messages recorded as channel state.
+        channel_messages: u64,
+        /// Their payload bytes.
+        channel_bytes: u64,
+        /// Messages held because they arrived after their channel's
+        /// marker, before this rank recorded.
+        held: u64,
+    },
     /// The checkpoint interval was set by Daly's formula (003 §6.1).
     Interval {
         /// Safe points between checkpoints.

@@ -616,6 +616,17 @@ impl StatsBook {
                 st.set_sync_max_s = st.set_sync_max_s.max(seconds);
                 st.set_size = st.set_size.max(set_size as u64);
             }
+            Stat::Snapshot {
+                markers_sent,
+                channel_messages,
+                channel_bytes,
+                held,
+            } => {
+                st.markers += markers_sent;
+                st.channel_messages += channel_messages;
+                st.channel_bytes += channel_bytes;
+                st.held_messages += held;
+            }
             Stat::Interval {
                 every,
                 tau_s,

@@ -389,6 +389,28 @@ pub struct Engine {
     interrupt: Option<Error>,
     released: bool,
     capture_due: Option<u64>,
+    /// The protocol sees every arrival from another rank
+    /// ([`Event::AppArrive`]) and may hold it.
+    watch_arrivals: bool,
+    /// The protocol held the arrival being handled.
+    hold: bool,
+    /// The protocol asked to record this rank's state at this safe point
+    /// ([`Action::RecordState`]).
+    record_due: Option<u64>,
+    /// States recorded and not yet stored, per generation: the piece's
+    /// head and the seconds recording took.
+    recorded: BTreeMap<u64, (Vec<u8>, f64)>,
+    /// A non-blocking snapshot's generation in progress at this rank
+    /// (recorded, piece not yet stored): a kill at `R@checkpoint:N` lands
+    /// in the N-th one's wave.
+    in_wave: Option<u64>,
+    /// Pieces stored for generations not yet committed: `generation ->
+    /// (bytes, seconds)`, reported when it commits.
+    unreported: BTreeMap<u64, (usize, f64)>,
+    /// Application messages and one-sided requests that arrived while
+    /// this rank recovered: after the restored ones and the restored
+    /// channel state.
+    arrived_in_recovery: (VecDeque<AppMessage>, VecDeque<AppMessage>),
     committed_now: Option<u64>,
     resume: Option<Option<u64>>,
     /// Ranks whose `Done` arrived (finalize, rank 0).
@@ -509,6 +531,7 @@ impl Engine {
         let logging = !proto.rolls_back_survivors();
         let coll_results = proto.logs_collective_results();
         let rma_messages = logging || proto.one_sided_as_messages();
+        let proto_watches = proto.watches_arrivals();
         // A replacement re-executes with every rank that rolled back with
         // it (its correlated set): what they sent before this epoch belongs
         // to the execution that was rolled back.
@@ -559,6 +582,13 @@ impl Engine {
             interrupt: None,
             released: false,
             capture_due: None,
+            watch_arrivals: proto_watches,
+            hold: false,
+            record_due: None,
+            recorded: BTreeMap::new(),
+            in_wave: None,
+            unreported: BTreeMap::new(),
+            arrived_in_recovery: (VecDeque::new(), VecDeque::new()),
             committed_now: None,
             resume: None,
             exit_received: false,
@@ -754,7 +784,7 @@ impl Engine {
             iteration: self.safe_points,
             progress: self.progress,
             recovery: self.recovering.then_some(self.epoch).or(self.serving),
-            checkpoint: self.in_checkpoint,
+            checkpoint: self.in_checkpoint.or(self.in_wave),
             finalizing: self.finalizing,
         };
         let r = self.ep.fault_point(&at);
@@ -977,6 +1007,20 @@ impl Engine {
         {
             return;
         }
+        if self.watch_arrivals && msg.envelope.src != self.rank {
+            self.hold = false;
+            // Its actions (holding, recording) cannot fail the arrival.
+            let _ = self.handle(Event::AppArrive { msg: &msg });
+            if std::mem::take(&mut self.hold) {
+                return;
+            }
+        }
+        self.arrive_unwatched(msg);
+    }
+
+    /// An arrival past the protocol's watch (delivered by it, or not
+    /// watched).
+    fn arrive_unwatched(&mut self, msg: AppMessage) {
         if self.logging {
             // A recovering rank's state is about to be replaced: the sender
             // resends logged messages after the restore. Otherwise accept only
@@ -1181,9 +1225,28 @@ impl Engine {
             match a {
                 Action::Transmit { dest, msg } => self.transmit(dest, Body::Control(msg))?,
                 Action::Capture { generation } => self.capture_due = Some(generation),
+                Action::RecordState { generation } => self.record_due = Some(generation),
+                Action::StoreRecorded { generation } => self.store_recorded(generation)?,
+                Action::Hold => self.hold = true,
+                Action::Deliver { msg } => self.arrive_unwatched(msg),
                 Action::Commit { generation } => {
                     self.store.commit(generation)?;
-                    self.committed_now = Some(generation);
+                    // A non-blocking snapshot commits after its safe point,
+                    // wherever this rank is then.
+                    let stored = self.unreported.remove(&generation);
+                    self.unreported.retain(|&g, _| g > generation);
+                    match stored {
+                        Some((bytes, seconds)) => {
+                            self.stats.checkpoints += 1;
+                            self.stats.checkpoint_bytes = bytes;
+                            self.ep.record(Stat::Checkpoint {
+                                generation,
+                                bytes,
+                                seconds,
+                            });
+                        }
+                        _ => self.committed_now = Some(generation),
+                    }
                     self.trace_mark(Mark::Commit, generation);
                 }
                 Action::ReleaseSafePoint => self.released = true,
@@ -1746,7 +1809,7 @@ impl Engine {
         self.handle(Event::SafePoint {
             index: self.safe_points,
         })?;
-        if !self.released || self.capture_due.is_some() {
+        if !self.released || self.capture_due.is_some() || self.record_due.is_some() {
             // The protocol is saving here: fault points inside the
             // checkpoint let a kill land mid-checkpoint (for a protocol that
             // releases at once, before its piece is captured).
@@ -1774,6 +1837,15 @@ impl Engine {
             if self.in_checkpoint.is_some() {
                 self.fault()?;
             }
+            if let Some(generation) = self.record_due.take() {
+                let t0 = self.ep.now();
+                let head = self.traced(Activity::Checkpoint, |e| e.snapshot_head(serialize))?;
+                let seconds = (self.ep.now() - t0).as_secs_f64();
+                self.recorded.insert(generation, (head, seconds));
+                self.in_wave = self.in_checkpoint;
+                self.handle(Event::Recorded { generation })?;
+                continue;
+            }
             if let Some(generation) = self.capture_due.take() {
                 let data = self.traced(Activity::Checkpoint, |e| e.snapshot(serialize))?;
                 self.stats.checkpoint_bytes = data.len();
@@ -1793,6 +1865,42 @@ impl Engine {
     }
 
     fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Segments> {
+        let head = self.snapshot_head(serialize)?;
+        self.finish_piece(head)
+    }
+
+    /// Store the piece of `generation` recorded at an earlier safe point,
+    /// with the protocol's state as it is now (its channel state).
+    fn store_recorded(&mut self, generation: u64) -> Result<()> {
+        let (head, record_s) = self.recorded.remove(&generation).ok_or_else(|| {
+            Error::Unrecoverable(
+                format!(
+                    "rank {}: the protocol stores generation {generation}, which this rank has not recorded",
+                    self.rank
+                )
+                .into(),
+            )
+        })?;
+        let t0 = self.ep.now();
+        let data = self.traced(Activity::Checkpoint, |e| e.finish_piece(head))?;
+        let bytes = data.len();
+        self.traced(Activity::Storage, |e| {
+            let mut out = StoreOut::default();
+            e.store
+                .put(Piece::new(generation, e.rank, data), &mut out)?;
+            e.apply_store_out(out)
+        })?;
+        if self.recorded.is_empty() {
+            self.in_wave = None;
+        }
+        let seconds = record_s + (self.ep.now() - t0).as_secs_f64();
+        self.unreported.insert(generation, (bytes, seconds));
+        Ok(())
+    }
+
+    /// A piece's head: the application's state and the engine's, without
+    /// the protocol's ([`Engine::finish_piece`]).
+    fn snapshot_head(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Vec<u8>> {
         let mut windows = Vec::with_capacity(self.windows.len());
         for (&id, w) in &self.windows {
             let mut mem = Vec::new();
@@ -1840,9 +1948,14 @@ impl Engine {
         let app_len = head.len() - APP_LEN;
         head[..APP_LEN].copy_from_slice(&(app_len as u64).to_le_bytes());
         frame::postcard_append(&snap, &mut head)?;
+        self.last_app_len = app_len;
+        Ok(head)
+    }
+
+    /// The whole piece: `head` and the protocol's state.
+    fn finish_piece(&mut self, head: Vec<u8>) -> Result<Segments> {
         let mut piece = PieceWriter::new(&self.piece_pool, head);
         self.proto.save_state(&mut piece)?;
-        self.last_app_len = app_len;
         Ok(piece.finish())
     }
 
@@ -1874,6 +1987,11 @@ impl Engine {
         self.rma_finished.clear();
         self.serving_rma = false;
         self.capture_due = None;
+        self.record_due = None;
+        self.recorded.clear();
+        self.in_wave = None;
+        self.unreported.clear();
+        self.hold = false;
         self.committed_now = None;
         self.released = false;
         self.resume = None;
@@ -1939,6 +2057,9 @@ impl Engine {
                 self.recovering = false;
                 self.traced(Activity::Restore, |e| e.restore(generation))?;
                 self.handle(Event::Restored { generation })?;
+                let (messages, requests) = std::mem::take(&mut self.arrived_in_recovery);
+                self.unexpected.extend(messages);
+                self.rma_inbox.extend(requests);
                 for msg in std::mem::take(&mut self.early) {
                     self.arrive(msg);
                 }
@@ -1983,13 +2104,17 @@ impl Engine {
         // Messages checkpointed as unexpected were sent before the cut; any
         // that arrived during recovery come from ranks that already resumed,
         // so they follow.
-        let arrived = std::mem::take(&mut self.unexpected);
+        // (They join the queues after the restored channel state, see
+        // `recover_here`.)
+        self.arrived_in_recovery = (
+            std::mem::take(&mut self.unexpected),
+            std::mem::take(&mut self.rma_inbox),
+        );
         let (requests, unexpected): (Vec<AppMessage>, Vec<AppMessage>) =
             snap.unexpected.into_iter().partition(is_rma_request);
         self.unexpected = unexpected.into();
         self.rma_inbox = requests.into();
         self.ssn_in = snap.ssn_in.into_iter().collect();
-        self.unexpected.extend(arrived);
         self.ops = snap.ops;
         self.ssn_out.clear();
         for (r, n) in snap.ssn_out {

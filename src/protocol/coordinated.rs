@@ -32,7 +32,7 @@
 //! this starts a new recovery in the new epoch (frames of the old epoch are
 //! dropped by the engine).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::store::Inventory;
@@ -99,7 +99,10 @@ pub struct Coordinated {
     counts: BTreeMap<(u64, u32), Sums>,
     /// Children whose subtree is stored, per generation.
     stored_children: BTreeMap<u64, usize>,
-    own_stored: Option<u64>,
+    /// Generations whose piece this rank has stored and not yet seen
+    /// commit (one under blocking checkpoints; under `chandy-lamport` a
+    /// rank may store the next before the previous commits).
+    own_stored: BTreeSet<u64>,
     recovery: Option<Recovery>,
 }
 
@@ -118,7 +121,7 @@ impl Coordinated {
             reported: false,
             counts: BTreeMap::new(),
             stored_children: BTreeMap::new(),
-            own_stored: None,
+            own_stored: BTreeSet::new(),
             recovery: None,
         }
     }
@@ -227,7 +230,7 @@ impl Coordinated {
     /// Report `Stored` up once this rank's piece and all its children's
     /// subtrees are stored; the root commits.
     fn try_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
-        if self.own_stored != Some(generation)
+        if !self.own_stored.contains(&generation)
             || self.stored_children.get(&generation).copied().unwrap_or(0)
                 < child_count(cx.rank, cx.size)
         {
@@ -249,6 +252,7 @@ impl Coordinated {
 
     fn on_commit(&mut self, generation: u64, every: u64, cx: &mut ProtocolCx<'_>) {
         self.every = every;
+        self.own_stored.retain(|&g| g > generation);
         self.send_down(&Control::Commit { generation, every }, cx);
         cx.emit(Action::Commit { generation });
         if self.saving == Some(generation) {
@@ -434,7 +438,7 @@ impl Protocol for Coordinated {
                 self.saving = Some(g);
                 self.round = 0;
                 self.reported = false;
-                self.own_stored = None;
+                self.own_stored.clear();
                 self.try_report(cx);
             }
             Event::Control { src, msg } => self.on_control(src, msg, cx),
@@ -442,7 +446,7 @@ impl Protocol for Coordinated {
                 Some(rec) if rec.decided.is_some() => self.ready(cx),
                 Some(_) => {}
                 None => {
-                    self.own_stored = Some(generation);
+                    self.own_stored.insert(generation);
                     self.try_stored(generation, cx);
                 }
             },
@@ -460,7 +464,7 @@ impl Protocol for Coordinated {
                 self.saving = None;
                 self.counts.clear();
                 self.stored_children.clear();
-                self.own_stored = None;
+                self.own_stored.clear();
                 self.recovery = None;
                 cx.emit(Action::Rollback { epoch });
             }
@@ -487,6 +491,8 @@ impl Protocol for Coordinated {
                 }
             }
             Event::AppSend { .. }
+            | Event::AppArrive { .. }
+            | Event::Recorded { .. }
             | Event::AppDeliver { .. }
             | Event::Restored { .. }
             | Event::CollectiveBegin { .. }

@@ -14,13 +14,14 @@
 //! | --- | --- | --- |
 //! | [`none`] | baseline | implemented |
 //! | [`coordinated`] | 004 §2.2, 003 §3.1 | implemented |
-//! | `chandy_lamport` | 000 | planned |
+//! | [`chandy_lamport`] | 000 | implemented (markers, channel state, RMA as messages; the get() fixes planned) |
 //! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (messages and RMA windows) |
 //! | [`ulml`] | 002 | implemented (messages and RMA windows) |
 //! | [`correlated`] | 004 §3 | implemented (messages and RMA windows) |
 //! | `rma` | 003 §3–§6 | planned |
 //! | `proactive` | 001 | planned |
 
+pub mod chandy_lamport;
 pub mod coordinated;
 pub mod correlated;
 pub mod none;
@@ -50,6 +51,9 @@ pub enum ProtocolKind {
     None,
     /// Blocking coordinated checkpointing.
     Coordinated,
+    /// Non-blocking coordinated checkpointing by markers and recorded
+    /// channel state (Chandy–Lamport, 000).
+    ChandyLamport,
     /// Pessimistic sender-based message logging with uncoordinated
     /// checkpoints: only failed ranks roll back.
     Pessimistic,
@@ -63,9 +67,10 @@ pub enum ProtocolKind {
 
 impl ProtocolKind {
     /// All protocols that exist.
-    pub const ALL: [ProtocolKind; 5] = [
+    pub const ALL: [ProtocolKind; 6] = [
         ProtocolKind::None,
         ProtocolKind::Coordinated,
+        ProtocolKind::ChandyLamport,
         ProtocolKind::Pessimistic,
         ProtocolKind::Ulml,
         ProtocolKind::Correlated,
@@ -76,6 +81,7 @@ impl ProtocolKind {
         match self {
             ProtocolKind::None => "none",
             ProtocolKind::Coordinated => "coordinated",
+            ProtocolKind::ChandyLamport => "chandy-lamport",
             ProtocolKind::Pessimistic => "pessimistic",
             ProtocolKind::Ulml => "ulml",
             ProtocolKind::Correlated => "correlated",
@@ -108,6 +114,9 @@ impl ProtocolKind {
             ProtocolKind::None => Box::new(none::NoProtocol),
             ProtocolKind::Coordinated => {
                 Box::new(coordinated::Coordinated::new(checkpoint_every).with_daly(mtbf_s))
+            }
+            ProtocolKind::ChandyLamport => {
+                Box::new(chandy_lamport::ChandyLamport::new(checkpoint_every))
             }
             ProtocolKind::Pessimistic => Box::new(bounded(pessimistic::Pessimistic::new(
                 checkpoint_every,
@@ -143,7 +152,9 @@ impl ProtocolKind {
     ) -> Vec<Rank> {
         let ranks = placement.ranks();
         match self {
-            ProtocolKind::None | ProtocolKind::Coordinated => (0..ranks).collect(),
+            ProtocolKind::None | ProtocolKind::Coordinated | ProtocolKind::ChandyLamport => {
+                (0..ranks).collect()
+            }
             ProtocolKind::Pessimistic | ProtocolKind::Ulml => dead.to_vec(),
             ProtocolKind::Correlated => correlated::rolled_back_with(sets, placement, dead),
         }
@@ -405,6 +416,19 @@ pub enum Event<'a> {
         /// The reception was forced by a logged determinant (replay).
         replayed: bool,
     },
+    /// An application message arrived from another rank (before it is
+    /// matched), for a protocol that [`Protocol::watches_arrivals`]: it
+    /// may hold it back ([`Action::Hold`]) and deliver it later.
+    AppArrive {
+        /// The message.
+        msg: &'a AppMessage,
+    },
+    /// The engine recorded this rank's state for `generation`
+    /// ([`Action::RecordState`]) and the application goes on.
+    Recorded {
+        /// Generation.
+        generation: u64,
+    },
     /// The application reached safe point number `index` (1-based).
     SafePoint {
         /// Index of the safe point.
@@ -497,6 +521,29 @@ pub enum Action {
         dest: Rank,
         /// Message.
         msg: Control,
+    },
+    /// Record this rank's state for `generation` now, at this safe point,
+    /// and keep it until [`Action::StoreRecorded`] (non-blocking snapshots: the
+    /// piece also holds channel state recorded after the safe point).
+    /// The engine answers with [`Event::Recorded`].
+    RecordState {
+        /// Generation.
+        generation: u64,
+    },
+    /// Store the piece of `generation` recorded earlier, with the
+    /// protocol's state ([`Protocol::save_state`]) as it is now.
+    StoreRecorded {
+        /// Generation.
+        generation: u64,
+    },
+    /// Do not deliver the message of the `AppArrive` being handled; the
+    /// protocol delivers it later with [`Action::Deliver`].
+    Hold,
+    /// Deliver an application message to this rank as if it arrived now
+    /// (a held one, or a recorded channel's after a restore).
+    Deliver {
+        /// The message.
+        msg: AppMessage,
     },
     /// Capture this rank's state as the piece of `generation` and store it.
     Capture {
@@ -704,6 +751,12 @@ pub trait Protocol: Send {
     /// §III-B), rather than access the target's memory through the driver.
     /// Message-logging protocols always use messages (the engine knows).
     fn one_sided_as_messages(&self) -> bool {
+        false
+    }
+    /// Whether the protocol sees every application message that arrives
+    /// from another rank ([`Event::AppArrive`]), to record or hold it
+    /// (channel state, 000 §II).
+    fn watches_arrivals(&self) -> bool {
         false
     }
     /// Whether collectives whose result is the same everywhere are logged

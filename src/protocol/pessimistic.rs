@@ -1603,8 +1603,12 @@ impl Protocol for Pessimistic {
                 }
             }
             Event::Finish => self.report(cx),
-            // Collectives are logged by their point-to-point messages here.
-            Event::CollectiveBegin { .. } | Event::CollectiveEnd { .. } => {}
+            // Collectives are logged by their point-to-point messages here;
+            // arrivals are not watched, and states are captured whole.
+            Event::CollectiveBegin { .. }
+            | Event::CollectiveEnd { .. }
+            | Event::AppArrive { .. }
+            | Event::Recorded { .. } => {}
         }
     }
 }
