@@ -363,6 +363,15 @@ impl Config {
                 ));
             }
         }
+        if self.mtbf.is_some() && self.protocol == ProtocolKind::ChandyLamport {
+            // Every rank records generation g at its safe point g × every
+            // without asking anyone (protocol::chandy_lamport), so the
+            // interval cannot change during the run.
+            return Err(Error::config(
+                "mtbf",
+                "Daly's interval changes the checkpoint interval during the run; chandy-lamport needs a fixed one (--checkpoint-interval fixed)",
+            ));
+        }
         if let SetRule::Consecutive(n) = self.sets
             && (n == 0 || n > self.ranks)
         {

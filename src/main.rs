@@ -663,6 +663,11 @@ struct AppArgs {
     /// Iterations (stencil: sweeps; dht: insert batches; pingpong: round trips per size).
     #[arg(long)]
     iterations: Option<u64>,
+    /// Stencil: load imbalance; odd ranks sweep their block this many
+    /// times per iteration (2: twice the work), so ranks reach safe points
+    /// at different times.
+    #[arg(long)]
+    imbalance: Option<u32>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -870,6 +875,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         class: what.class.map(|c| c.to_ascii_uppercase()),
         size: what.size,
         iterations: what.iterations,
+        imbalance: what.imbalance,
     };
     let n = iterations(app, &params).map_err(usage)?;
     let every = checkpoint_every(&job.checkpoint_every, n)?;
@@ -1199,6 +1205,15 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.set_sync_max_s * 1e6
         );
     }
+    if st.markers > 0 {
+        println!(
+            "snapshots: {} markers, {} messages recorded as channel state ({}), {} held until their receiver recorded",
+            st.markers,
+            st.channel_messages,
+            human_bytes(st.channel_bytes),
+            st.held_messages
+        );
+    }
     if let Some(sim) = &summary.sim {
         println!(
             "sim: trace hash {:016x}, {} events in {:.3} s wall ({:.0} events/s), virtual time {:.6} s{}",
@@ -1444,6 +1459,15 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 "    cpu: {:.3} s user, {:.3} s system (all rank processes)",
                 per(|s| s.user_cpu_s.unwrap_or(0.0)),
                 per(|s| s.system_cpu_s.unwrap_or(0.0))
+            );
+        }
+        if p.runs.iter().any(|r| r.stats.markers > 0) {
+            println!(
+                "    snapshots: {:.0} markers, {:.0} channel-state messages ({}), {:.0} held",
+                per(|s| s.markers as f64),
+                per(|s| s.channel_messages as f64),
+                human_bytes_f64(per(|s| s.channel_bytes as f64)),
+                per(|s| s.held_messages as f64)
             );
         }
         if p.runs.iter().any(|r| r.stats.set_syncs > 0) {

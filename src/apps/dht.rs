@@ -637,9 +637,9 @@ mod tests {
 
     fn small() -> Params {
         Params::from_app(&AppParams {
-            class: None,
             size: Some(256),
             iterations: Some(4),
+            ..AppParams::default()
         })
         .expect("valid sizes")
     }

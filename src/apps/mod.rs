@@ -124,6 +124,10 @@ pub struct AppParams {
     pub size: Option<usize>,
     /// Iterations (stencil: sweeps; dht: insert batches; pingpong: repetitions).
     pub iterations: Option<u64>,
+    /// Stencil: load imbalance. Odd ranks sweep their block this many
+    /// times per iteration (the extra sweeps' results are discarded), so
+    /// ranks reach safe points at different times. `None` or 1: balanced.
+    pub imbalance: Option<u32>,
 }
 
 /// The result of running an app.
@@ -142,6 +146,12 @@ pub struct AppRun {
 /// Number of safe points an app will pass with these parameters (validates
 /// `--kill R@iI` and `--checkpoint-every`).
 pub fn iterations(app: AppKind, p: &AppParams) -> Result<u64> {
+    if app != AppKind::Stencil && p.imbalance.is_some() {
+        return Err(Error::config(
+            "imbalance",
+            format!("only the stencil has a load imbalance, not {app}"),
+        ));
+    }
     match app {
         AppKind::Stencil => Ok(stencil::Params::from_app(p)?.iterations),
         AppKind::Cg => Ok(cg::Params::from_app(p)?.niter),

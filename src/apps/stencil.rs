@@ -23,6 +23,9 @@ pub struct Params {
     pub n: usize,
     /// Sweeps.
     pub iterations: u64,
+    /// Sweeps of its block an odd rank computes per iteration (1:
+    /// balanced; the extra ones are discarded): `--imbalance`.
+    pub imbalance: u32,
 }
 
 impl Params {
@@ -53,7 +56,18 @@ impl Params {
         if iterations == 0 {
             return Err(Error::config("iterations", "at least one sweep"));
         }
-        Ok(Params { n, iterations })
+        let imbalance = p.imbalance.unwrap_or(1);
+        if !(1..=64).contains(&imbalance) {
+            return Err(Error::config(
+                "imbalance",
+                "an odd rank's sweeps per iteration must be in 1..=64",
+            ));
+        }
+        Ok(Params {
+            n,
+            iterations,
+            imbalance,
+        })
     }
 }
 
@@ -163,7 +177,10 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
             if halo_up.len() != n || halo_down.len() != n {
                 return Err(Error::app("halo row of the wrong length"));
             }
-            for i in 0..nloc {
+            // Load imbalance: an odd rank's extra sweeps, into `next` and
+            // overwritten by the last one (the result does not change).
+            let sweeps = if rank % 2 == 1 { p.imbalance } else { 1 };
+            for i in (0..nloc).cycle().take(nloc * sweeps as usize) {
                 let up = if i == 0 {
                     &halo_up[..]
                 } else {

@@ -312,3 +312,199 @@ impl Protocol for ChandyLamport {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::testing::{Harness, app_message};
+    use crate::store::pool::BufferPool;
+
+    fn arrive(h: &Harness, p: &mut ChandyLamport, msg: &AppMessage) -> Vec<Action> {
+        h.run(p, Event::AppArrive { msg })
+    }
+
+    fn markers_to(actions: &[Action]) -> Vec<Rank> {
+        (actions.iter())
+            .filter_map(|a| match a {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Marker { .. },
+                } => Some(*dest),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn delivered(actions: &[Action]) -> Vec<u64> {
+        (actions.iter())
+            .filter_map(|a| match a {
+                Action::Deliver { msg } => Some(msg.ssn),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A generation is recorded at its own safe point, `g × every`, and
+    /// the safe point is released at once (nobody waits).
+    #[test]
+    fn records_at_the_generations_safe_point_and_never_blocks() {
+        let h = Harness::new(1, 4, 1);
+        let mut p = ChandyLamport::new(3);
+        for index in 1..=7 {
+            let a = h.run(&mut p, Event::SafePoint { index });
+            assert!(a.contains(&Action::ReleaseSafePoint), "safe point {index}");
+            let recorded = a.contains(&Action::RecordState {
+                generation: index / 3,
+            });
+            assert_eq!(recorded, index % 3 == 0, "safe point {index}: {a:?}");
+            if recorded {
+                h.run(
+                    &mut p,
+                    Event::Recorded {
+                        generation: index / 3,
+                    },
+                );
+            }
+        }
+    }
+
+    /// After recording, a marker on each of the n − 1 outgoing channels;
+    /// what arrives on a channel before its marker is channel state, what
+    /// arrives after is not; once every marker is in, the piece is stored,
+    /// and a restore delivers the channel state again, in order.
+    #[test]
+    fn channel_state_is_what_arrives_between_the_recording_and_the_marker() {
+        let h = Harness::new(0, 3, 1);
+        let mut p = ChandyLamport::new(1);
+        let a = h.run(&mut p, Event::SafePoint { index: 1 });
+        assert!(a.contains(&Action::RecordState { generation: 1 }));
+        let a = h.run(&mut p, Event::Recorded { generation: 1 });
+        assert_eq!(markers_to(&a), vec![1, 2]);
+        assert!(!a.contains(&Action::StoreRecorded { generation: 1 }));
+        // From rank 1: two messages, then its marker, then a third.
+        for ssn in [1, 2] {
+            assert!(arrive(&h, &mut p, &app_message(1, 0, ssn, 8)).is_empty());
+        }
+        let a = h.control(&mut p, 1, Control::Marker { generation: 1 });
+        assert!(a.is_empty(), "rank 2's channel is still open: {a:?}");
+        assert!(arrive(&h, &mut p, &app_message(1, 0, 3, 8)).is_empty());
+        // From rank 2: one message, then its marker closes the last channel.
+        assert!(arrive(&h, &mut p, &app_message(2, 0, 7, 4)).is_empty());
+        let a = h.control(&mut p, 2, Control::Marker { generation: 1 });
+        assert_eq!(a, vec![Action::StoreRecorded { generation: 1 }]);
+        let pool = BufferPool::new();
+        let mut w = PieceWriter::new(&pool, Vec::new());
+        p.save_state(&mut w).expect("saves");
+        let piece = w.finish().to_bytes();
+        // Stored: the next generation starts afresh.
+        h.run(&mut p, Event::PieceStored { generation: 1 });
+        let mut restored = ChandyLamport::new(1);
+        restored.load_state(piece).expect("loads");
+        let a = h.run(
+            &mut restored,
+            Event::Restored {
+                generation: Some(1),
+            },
+        );
+        assert_eq!(delivered(&a), vec![1, 2, 7], "rank 1's two, then rank 2's");
+    }
+
+    /// A message that arrives after its channel's marker, before this rank
+    /// has recorded, was sent after the sender's cut: it is held, and
+    /// delivered once this rank records (not as channel state). Other
+    /// channels are not held.
+    #[test]
+    fn a_message_after_the_marker_waits_for_the_recording() {
+        let h = Harness::new(2, 3, 1);
+        let mut p = ChandyLamport::new(2);
+        h.run(&mut p, Event::SafePoint { index: 1 });
+        assert!(
+            h.control(&mut p, 0, Control::Marker { generation: 1 })
+                .is_empty()
+        );
+        assert_eq!(
+            arrive(&h, &mut p, &app_message(0, 2, 1, 8)),
+            vec![Action::Hold]
+        );
+        assert_eq!(
+            arrive(&h, &mut p, &app_message(0, 2, 2, 8)),
+            vec![Action::Hold]
+        );
+        assert!(arrive(&h, &mut p, &app_message(1, 2, 1, 8)).is_empty());
+        h.run(&mut p, Event::SafePoint { index: 2 });
+        let a = h.run(&mut p, Event::Recorded { generation: 1 });
+        assert_eq!(delivered(&a), vec![1, 2]);
+        assert_eq!(markers_to(&a), vec![0, 1]);
+        // Rank 0's channel closed before the recording: only rank 1's is
+        // open, and its marker stores the piece with empty channel state.
+        assert!(arrive(&h, &mut p, &app_message(0, 2, 3, 8)).is_empty());
+        let a = h.control(&mut p, 1, Control::Marker { generation: 1 });
+        assert_eq!(a, vec![Action::StoreRecorded { generation: 1 }]);
+    }
+
+    /// A marker of a later generation keeps its channel held through the
+    /// recording of an earlier one.
+    #[test]
+    fn a_later_generations_marker_holds_past_an_earlier_recording() {
+        let h = Harness::new(1, 2, 1);
+        let mut p = ChandyLamport::new(1);
+        h.control(&mut p, 0, Control::Marker { generation: 1 });
+        assert_eq!(
+            arrive(&h, &mut p, &app_message(0, 1, 1, 8)),
+            vec![Action::Hold]
+        );
+        h.control(&mut p, 0, Control::Marker { generation: 2 });
+        assert_eq!(
+            arrive(&h, &mut p, &app_message(0, 1, 2, 8)),
+            vec![Action::Hold]
+        );
+        h.run(&mut p, Event::SafePoint { index: 1 });
+        let a = h.run(&mut p, Event::Recorded { generation: 1 });
+        assert_eq!(delivered(&a), vec![1], "only what followed marker 1");
+        assert!(a.contains(&Action::StoreRecorded { generation: 1 }));
+        h.run(&mut p, Event::PieceStored { generation: 1 });
+        h.run(&mut p, Event::SafePoint { index: 2 });
+        let a = h.run(&mut p, Event::Recorded { generation: 2 });
+        assert_eq!(delivered(&a), vec![2]);
+        assert!(a.contains(&Action::StoreRecorded { generation: 2 }));
+    }
+
+    /// Pieces go to the store in generation order, one at a time.
+    #[test]
+    fn pieces_are_stored_in_generation_order() {
+        let h = Harness::new(0, 2, 1);
+        let mut p = ChandyLamport::new(1);
+        h.run(&mut p, Event::SafePoint { index: 1 });
+        h.run(&mut p, Event::Recorded { generation: 1 });
+        h.run(&mut p, Event::SafePoint { index: 2 });
+        h.run(&mut p, Event::Recorded { generation: 2 });
+        // Rank 1's markers of both generations: generation 1 first.
+        let a = h.control(&mut p, 1, Control::Marker { generation: 1 });
+        assert_eq!(a, vec![Action::StoreRecorded { generation: 1 }]);
+        let a = h.control(&mut p, 1, Control::Marker { generation: 2 });
+        assert!(a.is_empty(), "generation 1 is still being stored");
+        let a = h.run(&mut p, Event::PieceStored { generation: 1 });
+        assert!(
+            a.contains(&Action::StoreRecorded { generation: 2 }),
+            "{a:?}"
+        );
+    }
+
+    /// A failure forgets held messages and recordings, and rolls back.
+    #[test]
+    fn a_failure_forgets_the_wave_and_rolls_back() {
+        let h = Harness::new(1, 2, 1);
+        let mut p = ChandyLamport::new(1);
+        h.control(&mut p, 0, Control::Marker { generation: 1 });
+        arrive(&h, &mut p, &app_message(0, 1, 1, 8));
+        let a = h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[0],
+            },
+        );
+        assert!(a.contains(&Action::Rollback { epoch: 1 }));
+        assert!(p.held.is_empty() && p.marked.is_empty() && p.recordings.is_empty());
+    }
+}
