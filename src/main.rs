@@ -575,6 +575,10 @@ struct SimArgs {
     /// Allreduce length, f64 elements.
     #[arg(long, default_value_t = 1)]
     reduce_len: usize,
+    /// Load imbalance: odd ranks compute this many times --compute-s per
+    /// iteration (2: twice the work).
+    #[arg(long, default_value_t = 1.0)]
+    imbalance: f64,
     /// Checkpoint every N iterations (0: never), or every P% of them, as
     /// for `run`. The default is 5, not run's 10%: a scale study runs few
     /// iterations (20 by default), and at 10% every other one would end in
@@ -1770,6 +1774,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         compute_s: args.compute_s.as_secs_f64(),
         halo_bytes: args.halo_bytes,
         reduce_len: args.reduce_len,
+        imbalance: args.imbalance,
     };
     let counts: Vec<usize> = args
         .ranks

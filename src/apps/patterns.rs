@@ -88,6 +88,10 @@ pub struct PatternParams {
     pub halo_bytes: usize,
     /// Allreduce: number of `f64` elements reduced per iteration (at least 1).
     pub reduce_len: usize,
+    /// Load imbalance: odd ranks compute this many times `compute_s` per
+    /// iteration (1: balanced), so ranks reach safe points at different
+    /// times.
+    pub imbalance: f64,
 }
 
 impl Default for PatternParams {
@@ -99,6 +103,7 @@ impl Default for PatternParams {
             compute_s: 1e-3,
             halo_bytes: 8 << 10,
             reduce_len: 1,
+            imbalance: 1.0,
         }
     }
 }
@@ -123,6 +128,15 @@ impl PatternParams {
                 format!(
                     "compute time per iteration must be in [0, 1e6] seconds, not {}",
                     self.compute_s
+                ),
+            ));
+        }
+        if !self.imbalance.is_finite() || !(1.0..=1000.0).contains(&self.imbalance) {
+            return Err(Error::config(
+                "imbalance",
+                format!(
+                    "odd ranks' compute factor must be in [1, 1000], not {}",
+                    self.imbalance
                 ),
             ));
         }
@@ -275,6 +289,11 @@ pub fn rank_main(
     p.validate(pattern, size)?;
     let mut st: State = ctx.restore_or_else(State::default)?;
     let (px, py) = grid(size);
+    let compute_s = if rank % 2 == 1 {
+        p.compute_s * p.imbalance
+    } else {
+        p.compute_s
+    };
     match pattern {
         Pattern::Stencil => {
             let (x, y) = (rank % px, rank / px);
@@ -289,7 +308,7 @@ pub fn rank_main(
             let payload = halos.payload(rank, p.halo_bytes);
             while st.it < p.iterations {
                 let i = st.it + 1;
-                ctx.compute(p.compute_s)?;
+                ctx.compute(compute_s)?;
                 for &(n, send_tag, _, _) in neighbours.iter().flatten() {
                     world.send_bytes(n, send_tag, payload.clone())?;
                 }
@@ -318,7 +337,7 @@ pub fn rank_main(
             let mut out = vec![0.0f64; p.reduce_len];
             while st.it < p.iterations {
                 let i = st.it + 1;
-                ctx.compute(p.compute_s)?;
+                ctx.compute(compute_s)?;
                 for (k, d) in data.iter_mut().enumerate() {
                     *d = (rank as u64 + 1 + k as u64 + i) as f64;
                 }
@@ -349,6 +368,7 @@ pub fn rank_main(
                 "compute_s": p.compute_s,
                 "halo_bytes": p.halo_bytes,
                 "reduce_len": p.reduce_len,
+                "imbalance": p.imbalance,
                 "checksum": total,
                 "expected": reference,
             }),
