@@ -534,6 +534,7 @@ mod tests {
             compute_s: 1e-5,
             halo_bytes: 64,
             reduce_len: 4,
+            imbalance: 2.0,
         };
         for pat in Pattern::ALL {
             for b in [Backend::Threads, Backend::Sim] {
