@@ -65,6 +65,12 @@ pub struct JobStats {
     pub checkpoint_s: f64,
     /// Time spent in checkpoints, averaged over ranks.
     pub checkpoint_s_total: f64,
+    /// Median over committed generations of rank 0's snapshot latency:
+    /// from entering the generation at its safe point to its commit (the
+    /// whole blocking checkpoint under `coordinated`; under
+    /// `chandy-lamport` the wave, which the application does not wait for).
+    #[serde(default)]
+    pub snapshot_latency_s: f64,
     /// Newest committed generation.
     pub last_generation: Option<u64>,
     /// Peak bytes of message logs in memory on one rank (each distinct

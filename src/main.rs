@@ -1211,7 +1211,8 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     if st.markers > 0 {
         println!(
-            "snapshots: {} markers, {} messages recorded as channel state ({}), {} held until their receiver recorded",
+            "snapshots: median latency {:.4} s (rank 0: recording to commit), {} markers, {} messages recorded as channel state ({}), {} held until their receiver recorded",
+            st.snapshot_latency_s,
             st.markers,
             st.channel_messages,
             human_bytes(st.channel_bytes),
@@ -1441,13 +1442,14 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             let in_checkpoints = of(|s| s.checkpoint_s_total);
             println!(
                 "    checkpoints: {:.0} generations per run, {} per piece, {:.4} s per rank \
-                 in them ({:.1}% of the median wall time)",
+                 in them ({:.1}% of the median wall time), snapshot latency {:.4} s (median, rank 0)",
                 of(|s| s.checkpoints as f64),
                 human_bytes_f64(of(
                     |s| s.checkpoint_bytes as f64 / s.checkpoint_pieces as f64
                 )),
                 in_checkpoints,
-                100.0 * in_checkpoints / p.median_wall_s
+                100.0 * in_checkpoints / p.median_wall_s,
+                of(|s| s.snapshot_latency_s)
             );
         }
         if p.runs.iter().all(|r| r.stats.mean_peak_rss_bytes.is_some()) {

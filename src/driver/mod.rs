@@ -112,6 +112,10 @@ pub enum Stat {
         bytes: usize,
         /// Seconds this rank spent inside the checkpoint.
         seconds: f64,
+        /// Seconds from this rank entering the generation (its safe
+        /// point) to the commit reaching it: the snapshot's latency, which
+        /// a non-blocking snapshot does not make the application wait.
+        latency_s: f64,
     },
     /// Under message logging: this rank's checkpoint `generation` is
     /// stored for good (at every holder, and under `correlated` committed

@@ -466,6 +466,8 @@ pub(crate) struct StatsBook {
     /// `Stat::Usage` reports so far and their summed peak resident sets.
     memory_reports: u64,
     peak_rss_sum: u64,
+    /// Rank 0's snapshot latencies, one per committed generation.
+    latencies: Vec<f64>,
     /// Under message logging, per rank: the holders of its newest stored
     /// checkpoint that have not died since it was stored (`None`: none
     /// stored, or every holder died). A rank restarting from the
@@ -505,6 +507,7 @@ impl StatsBook {
             rolling_back: std::collections::BTreeSet::new(),
             memory_reports: 0,
             peak_rss_sum: 0,
+            latencies: Vec::new(),
             protected: vec![None; ranks],
             deaths: Vec::new(),
         }
@@ -553,6 +556,7 @@ impl StatsBook {
                 generation,
                 bytes,
                 seconds,
+                latency_s,
             } => {
                 st.checkpoint_bytes += bytes as u64;
                 st.checkpoint_pieces += 1;
@@ -561,6 +565,10 @@ impl StatsBook {
                 if rank == 0 {
                     st.checkpoints += 1;
                     st.last_generation = Some(generation);
+                    self.latencies.push(latency_s);
+                    let mut sorted = self.latencies.clone();
+                    sorted.sort_by(f64::total_cmp);
+                    st.snapshot_latency_s = sorted[sorted.len() / 2];
                 }
             }
             Stat::Resumed {

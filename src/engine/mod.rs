@@ -399,14 +399,15 @@ pub struct Engine {
     record_due: Option<u64>,
     /// States recorded and not yet stored, per generation: the piece's
     /// head and the seconds recording took.
-    recorded: BTreeMap<u64, (Vec<u8>, f64)>,
+    recorded: BTreeMap<u64, (Vec<u8>, f64, Duration)>,
     /// A non-blocking snapshot's generation in progress at this rank
     /// (recorded, piece not yet stored): a kill at `R@checkpoint:N` lands
     /// in the N-th one's wave.
     in_wave: Option<u64>,
     /// Pieces stored for generations not yet committed: `generation ->
-    /// (bytes, seconds)`, reported when it commits.
-    unreported: BTreeMap<u64, (usize, f64)>,
+    /// (bytes, seconds, when this rank recorded it)`, reported when it
+    /// commits.
+    unreported: BTreeMap<u64, (usize, f64, Duration)>,
     /// Application messages and one-sided requests that arrived while
     /// this rank recovered: after the restored ones and the restored
     /// channel state.
@@ -1236,13 +1237,14 @@ impl Engine {
                     let stored = self.unreported.remove(&generation);
                     self.unreported.retain(|&g, _| g > generation);
                     match stored {
-                        Some((bytes, seconds)) => {
+                        Some((bytes, seconds, entered)) => {
                             self.stats.checkpoints += 1;
                             self.stats.checkpoint_bytes = bytes;
                             self.ep.record(Stat::Checkpoint {
                                 generation,
                                 bytes,
                                 seconds,
+                                latency_s: (self.ep.now().saturating_sub(entered)).as_secs_f64(),
                             });
                         }
                         _ => self.committed_now = Some(generation),
@@ -1826,6 +1828,7 @@ impl Engine {
                 generation,
                 bytes: self.stats.checkpoint_bytes,
                 seconds,
+                latency_s: seconds,
             });
         }
         Ok(())
@@ -1841,7 +1844,7 @@ impl Engine {
                 let t0 = self.ep.now();
                 let head = self.traced(Activity::Checkpoint, |e| e.snapshot_head(serialize))?;
                 let seconds = (self.ep.now() - t0).as_secs_f64();
-                self.recorded.insert(generation, (head, seconds));
+                self.recorded.insert(generation, (head, seconds, t0));
                 self.in_wave = self.in_checkpoint;
                 self.handle(Event::Recorded { generation })?;
                 continue;
@@ -1872,7 +1875,7 @@ impl Engine {
     /// Store the piece of `generation` recorded at an earlier safe point,
     /// with the protocol's state as it is now (its channel state).
     fn store_recorded(&mut self, generation: u64) -> Result<()> {
-        let (head, record_s) = self.recorded.remove(&generation).ok_or_else(|| {
+        let (head, record_s, entered) = self.recorded.remove(&generation).ok_or_else(|| {
             Error::Unrecoverable(
                 format!(
                     "rank {}: the protocol stores generation {generation}, which this rank has not recorded",
@@ -1894,7 +1897,7 @@ impl Engine {
             self.in_wave = None;
         }
         let seconds = record_s + (self.ep.now() - t0).as_secs_f64();
-        self.unreported.insert(generation, (bytes, seconds));
+        self.unreported.insert(generation, (bytes, seconds, entered));
         Ok(())
     }
 

@@ -39,6 +39,10 @@ pub struct ScaleRow {
     /// Time spent in checkpoints, averaged over ranks:
     /// `JobStats::checkpoint_s_total`.
     pub checkpoint_s_total: f64,
+    /// Median snapshot latency at rank 0 (entering a generation to its
+    /// commit): `JobStats::snapshot_latency_s`.
+    #[serde(default)]
+    pub snapshot_latency_s: f64,
     /// Checkpoint generations committed.
     pub checkpoints: u64,
     /// Time from failures until every rank resumed, summed over recoveries.
@@ -145,6 +149,7 @@ pub fn scale_study(
             virtual_s: sim.virtual_s,
             checkpoint_s: st.checkpoint_s,
             checkpoint_s_total: st.checkpoint_s_total,
+            snapshot_latency_s: st.snapshot_latency_s,
             checkpoints: st.checkpoints,
             recovery_s: st.recovery_s,
             failures: st.failures,
@@ -245,6 +250,7 @@ pub fn render(rows: &[ScaleRow]) -> String {
         "virtual_ms",
         "ckpt_max_ms",
         "ckpt_avg_ms",
+        "snap_ms",
         "ckpts",
         "recov_ms",
         "fail",
@@ -270,6 +276,7 @@ pub fn render(rows: &[ScaleRow]) -> String {
                 format!("{:.3}", r.virtual_s * 1e3),
                 format!("{:.3}", r.checkpoint_s * 1e3),
                 format!("{:.3}", r.checkpoint_s_total * 1e3),
+                format!("{:.3}", r.snapshot_latency_s * 1e3),
                 r.checkpoints.to_string(),
                 format!("{:.3}", r.recovery_s * 1e3),
                 r.failures.to_string(),
