@@ -1852,12 +1852,7 @@ impl Engine {
             if let Some(generation) = self.capture_due.take() {
                 let data = self.traced(Activity::Checkpoint, |e| e.snapshot(serialize))?;
                 self.stats.checkpoint_bytes = data.len();
-                self.traced(Activity::Storage, |e| {
-                    let mut out = StoreOut::default();
-                    e.store
-                        .put(Piece::new(generation, e.rank, data), &mut out)?;
-                    e.apply_store_out(out)
-                })?;
+                self.put_piece(generation, data)?;
                 continue;
             }
             if self.released {
@@ -1865,6 +1860,16 @@ impl Engine {
             }
             self.progress(None)?;
         }
+    }
+
+    /// Hand this rank's piece of `generation` to the store.
+    fn put_piece(&mut self, generation: u64, data: Segments) -> Result<()> {
+        self.traced(Activity::Storage, |e| {
+            let mut out = StoreOut::default();
+            e.store
+                .put(Piece::new(generation, e.rank, data), &mut out)?;
+            e.apply_store_out(out)
+        })
     }
 
     fn snapshot(&mut self, serialize: &mut AppSerializer<'_>) -> Result<Segments> {
@@ -1887,17 +1892,13 @@ impl Engine {
         let t0 = self.ep.now();
         let data = self.traced(Activity::Checkpoint, |e| e.finish_piece(head))?;
         let bytes = data.len();
-        self.traced(Activity::Storage, |e| {
-            let mut out = StoreOut::default();
-            e.store
-                .put(Piece::new(generation, e.rank, data), &mut out)?;
-            e.apply_store_out(out)
-        })?;
+        self.put_piece(generation, data)?;
         if self.recorded.is_empty() {
             self.in_wave = None;
         }
         let seconds = record_s + (self.ep.now() - t0).as_secs_f64();
-        self.unreported.insert(generation, (bytes, seconds, entered));
+        self.unreported
+            .insert(generation, (bytes, seconds, entered));
         Ok(())
     }
 
