@@ -66,6 +66,16 @@
 //!   `--sets N` consecutive ranks) that checkpoint and roll back together
 //!   under `correlated`; a message is **internal** to a set, or **ingoing**
 //!   / **outgoing** across its boundary, and only the latter are logged.
+//! - **marker, cut, channel state** (Chandy–Lamport, 000): under
+//!   `chandy-lamport` a rank records its state (its side of the **cut**) and
+//!   sends a **marker** on every outgoing channel; the messages that reach
+//!   it on a channel after its recording and before that channel's marker
+//!   are the channel's **state**, saved with its piece and delivered again
+//!   after a rollback. A message that **crosses** a cut was sent after its
+//!   sender's cut and received before its receiver's (an orphan).
+//! - **request-based operation**: a one-sided access that returns a request
+//!   at once ([`Window::immediate_get`], MPI's `MPI_Rget`), completed by
+//!   `wait`/`test` or at the end of its RMA epoch.
 //!
 //! ## Layers
 //!
