@@ -2893,17 +2893,13 @@ impl Engine {
 
     fn window_unlock_here(&mut self, id: WinId, target: Rank) -> Result<()> {
         self.enter()?;
-        if !self.win(id)?.locks.contains_key(&target) {
-            return Err(Error::Rma {
-                window: id,
-                detail: format!("unlock of rank {target}, which this origin has not locked"),
-            });
-        }
-        self.settle(|p| p.window == id && p.target == target)?;
-        let kind = self.win(id)?.locks.remove(&target).ok_or(Error::Rma {
+        let kind = *self.win(id)?.locks.get(&target).ok_or(Error::Rma {
             window: id,
             detail: format!("unlock of rank {target}, which this origin has not locked"),
         })?;
+        // The epoch's request-based operations complete before it ends.
+        self.settle(|p| p.window == id && p.target == target)?;
+        self.win(id)?.locks.remove(&target);
         self.rma_raw(id, target, RmaOp::Unlock(kind))?;
         *self.win(id)?.state.per_target.entry(target).or_insert(0) += 1;
         Ok(())
@@ -2962,16 +2958,17 @@ impl Engine {
 
     fn window_flush_here(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
         self.enter()?;
-        let size = self.size;
-        self.win(id)?;
-        match target {
-            Some(t) => self.settle(|p| p.window == id && p.target == t)?,
-            None => self.settle(|p| p.window == id)?,
+        if let Some(t) = target.filter(|&t| t >= self.size) {
+            return Err(Error::RankOutOfRange {
+                rank: t,
+                size: self.size,
+            });
         }
+        self.win(id)?;
+        self.settle(|p| p.window == id && target.is_none_or(|t| p.target == t))?;
         let w = self.win(id)?;
         match target {
-            Some(t) if t < size => *w.state.per_target.entry(t).or_insert(0) += 1,
-            Some(t) => return Err(Error::RankOutOfRange { rank: t, size }),
+            Some(t) => *w.state.per_target.entry(t).or_insert(0) += 1,
             None => w.state.all_targets += 1,
         }
         Ok(())

@@ -351,7 +351,7 @@ impl Engine {
 }
 
 /// The outcome a reply from `target` carries.
-pub(super) fn decode_reply(target: Rank, payload: &[u8]) -> Result<RmaOutcome> {
+fn decode_reply(target: Rank, payload: &[u8]) -> Result<RmaOutcome> {
     postcard::from_bytes::<RmaOutcome>(payload).map_err(|e| Error::Codec {
         what: "one-sided reply".into(),
         detail: format!("from rank {target}: {e}"),

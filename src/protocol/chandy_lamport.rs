@@ -141,10 +141,12 @@ impl ChandyLamport {
         self.counts.markers_sent += cx.size.saturating_sub(1) as u64;
         // Held messages were sent after their senders' cut of a generation
         // this rank has now recorded: the application may have them.
-        while let Some(i) = self.held.iter().position(|(h, _)| *h <= g) {
-            if let Some((_, msg)) = self.held.remove(i) {
-                cx.emit(Action::Deliver { msg });
-            }
+        let (now, later): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(h, _)| *h <= g);
+        self.held = later;
+        for (_, msg) in now {
+            cx.emit(Action::Deliver { msg });
         }
         self.store_ready(cx);
     }
