@@ -9,6 +9,7 @@ pub use crate::driver::processes::net::Listen;
 pub use crate::driver::sim::NetworkModel;
 use crate::fault::KillSpec;
 use crate::protocol::ProtocolKind;
+use crate::protocol::chandy_lamport::GetFix;
 pub use crate::protocol::correlated::SetRule;
 pub use crate::store::levels::LevelSpec;
 use crate::topology::Placement;
@@ -257,6 +258,12 @@ pub struct Config {
     /// this are merged with their neighbours of the same kind. `None`: no
     /// timeline (nothing is recorded, nothing costs).
     pub(crate) trace: Option<std::time::Duration>,
+    /// `chandy-lamport`: run 000 §IV's wave with this `get()` fix beside
+    /// the recorded snapshots.
+    pub(crate) get_fix: Option<GetFix>,
+    /// Stamp every communication with the wave's cuts and check them
+    /// (`JobStats::cuts`).
+    pub(crate) check_cuts: bool,
 }
 
 impl Default for Config {
@@ -286,6 +293,8 @@ impl Default for Config {
             max_frame: DEFAULT_MAX_FRAME,
             worker_args: None,
             trace: None,
+            get_fix: None,
+            check_cuts: false,
         }
     }
 }
@@ -362,6 +371,27 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if (self.get_fix.is_some() || self.check_cuts) && self.protocol != ProtocolKind::ChandyLamport
+        {
+            return Err(Error::config(
+                if self.get_fix.is_some() { "get_fix" } else { "check_cuts" },
+                "the snapshot wave and its cuts are chandy-lamport's (--protocol chandy-lamport)",
+            ));
+        }
+        if self.check_cuts && self.get_fix.is_none() {
+            return Err(Error::config(
+                "check_cuts",
+                "the cuts checked are those of 000 §IV's wave: choose its get() fix (--get-fix)",
+            ));
+        }
+        if self.get_fix == Some(GetFix::Vanilla) && !self.kills.is_empty() {
+            // Its cuts can be crossed by a GET (000 Fig. 3): it is there to
+            // be measured, not to recover from.
+            return Err(Error::config(
+                "get_fix",
+                "vanilla Chandy-Lamport lets a one-sided GET cross its cut (000 Fig. 3); it is measured on failure-free runs only: choose delay, peek-and-get, double-barrier or partial-double-barrier to inject failures",
+            ));
         }
         if self.mtbf.is_some() && self.protocol == ProtocolKind::ChandyLamport {
             // Every rank records generation g at its safe point g × every
@@ -549,6 +579,12 @@ settings! {
     /// this are merged with their neighbours of the same kind; `None`: no
     /// timeline, and nothing costs ([`Config::traced`] sets the default).
     trace: impl Into<Option<std::time::Duration>> => get_trace(copied) -> Option<std::time::Duration>;
+    /// `chandy-lamport`: run 000 §IV's snapshot wave with this `get()` fix
+    /// beside the recorded snapshots (marker counts in `JobStats::wave`).
+    get_fix: impl Into<Option<GetFix>> => get_get_fix(copied) -> Option<GetFix>;
+    /// With a `get()` fix: stamp every communication with the wave's cuts
+    /// and check them at the end (`JobStats::cuts`; failure-free runs).
+    check_cuts: bool => get_check_cuts(copied) -> bool;
 }
 
 #[cfg(test)]

@@ -131,6 +131,13 @@ pub struct JobStats {
     /// their channel's marker, before their receiver recorded.
     #[serde(default)]
     pub held_messages: u64,
+    /// 000 §IV's wave (`chandy-lamport` with a `get()` fix): markers by
+    /// kind, all ranks and generations.
+    #[serde(default)]
+    pub wave: crate::cuts::WaveCounts,
+    /// What the cut checker found (`--check-cuts`, failure-free runs).
+    #[serde(default)]
+    pub cuts: Option<crate::cuts::CutReport>,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,

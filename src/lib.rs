@@ -88,6 +88,7 @@
 // the job's report, its logs and its timeline.
 pub mod api;
 pub mod config;
+pub mod cuts;
 pub mod error;
 pub mod fault;
 pub mod job;

@@ -188,6 +188,14 @@ pub enum Stat {
         /// marker, before this rank recorded.
         held: u64,
     },
+    /// 000 §IV's wave (`chandy-lamport` with a `get()` fix): this rank
+    /// incarnation's markers by kind, reported when its rank function
+    /// returns.
+    Wave(crate::cuts::WaveCounts),
+    /// The wave's stamps of this rank's communications, for the cut
+    /// checker (`Config::check_cuts`; not sent by an incarnation that saw a
+    /// failure).
+    Cuts(crate::cuts::CutLog),
     /// The checkpoint interval was set by Daly's formula (003 §6.1).
     Interval {
         /// Safe points between checkpoints.

@@ -468,6 +468,8 @@ pub(crate) struct StatsBook {
     peak_rss_sum: u64,
     /// Rank 0's snapshot latencies, one per committed generation.
     latencies: Vec<f64>,
+    /// The wave's stamps, per rank, until every rank's are in.
+    cut_logs: std::collections::BTreeMap<Rank, crate::cuts::CutLog>,
     /// Under message logging, per rank: the holders of its newest stored
     /// checkpoint that have not died since it was stored (`None`: none
     /// stored, or every holder died). A rank restarting from the
@@ -508,6 +510,7 @@ impl StatsBook {
             memory_reports: 0,
             peak_rss_sum: 0,
             latencies: Vec::new(),
+            cut_logs: Default::default(),
             protected: vec![None; ranks],
             deaths: Vec::new(),
         }
@@ -635,6 +638,14 @@ impl StatsBook {
                 st.channel_bytes += channel_bytes;
                 st.held_messages += held;
             }
+            Stat::Wave(counts) => st.wave.add(&counts),
+            Stat::Cuts(log) => {
+                self.cut_logs.insert(rank, log);
+                if self.cut_logs.len() == size {
+                    let logs: Vec<_> = std::mem::take(&mut self.cut_logs).into_values().collect();
+                    st.cuts = Some(crate::cuts::check(&logs));
+                }
+            }
             Stat::Interval {
                 every,
                 tau_s,
@@ -744,6 +755,7 @@ fn new_engine(ep: Box<dyn Endpoint>, cfg: &Config, placement: Placement) -> Rc<R
             }),
             cfg.sets,
             &placement,
+            cfg.get_fix.map(|f| (f, cfg.check_cuts)),
         ),
         Box::new({
             let store = MultiLevel::new(

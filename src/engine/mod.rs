@@ -185,6 +185,24 @@ fn is_rma_request(msg: &AppMessage) -> bool {
     msg.envelope.context == RMA_CONTEXT && msg.envelope.tag == RMA_REQUEST
 }
 
+/// What `msg` is on its channel (for the snapshot wave and the cut
+/// checker, 000 §III-B).
+pub(crate) fn leg_kind(msg: &AppMessage) -> crate::cuts::LegKind {
+    use crate::cuts::LegKind;
+    match (msg.envelope.context == RMA_CONTEXT, msg.envelope.tag) {
+        (true, RMA_REQUEST) => LegKind::Request,
+        (true, _) => LegKind::Reply,
+        _ => LegKind::Message,
+    }
+}
+
+/// Whether `msg` refuses a one-sided request (peek-and-get, 000 §IV-B): a
+/// reply without an outcome (an outcome is never empty), which tells the
+/// origin to issue the request again.
+pub(crate) fn is_refusal(msg: &AppMessage) -> bool {
+    leg_kind(msg) == crate::cuts::LegKind::Reply && msg.payload.is_empty()
+}
+
 /// A one-sided request as it travels under message logging.
 #[derive(Debug, Serialize, Deserialize)]
 struct RmaRequest {
@@ -207,11 +225,13 @@ type RmaAfter = Vec<(ContextId, u64)>;
 
 /// A request-based one-sided operation in flight: the receive of its
 /// reply, on `window` to `target`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PendingRma {
     reply: ReqId,
     window: WinId,
     target: Rank,
+    /// The operation (issued again if the target refuses it).
+    op: RmaOp,
     /// Its request was dropped: the outcome is not kept.
     forgotten: bool,
 }
@@ -1354,6 +1374,15 @@ impl Engine {
         if let Some(e) = self.ulfm_send_failure(dest, context) {
             return Err(e);
         }
+        if !self.serving_rma {
+            // A protocol may hold the application's communications back
+            // for a while (000 §IV-C); a reply the engine serves is never
+            // held, as a NIC's is not.
+            while !self.proto.may_initiate() {
+                self.check()?;
+                self.progress(None)?;
+            }
+        }
         if sequenced && !self.serving_rma {
             self.op_begin()?;
         }
@@ -1376,7 +1405,7 @@ impl Engine {
             payload,
         };
         self.withhold = false;
-        if self.logging {
+        if self.logging || self.watch_arrivals {
             self.handle(Event::AppSend { msg: &msg })?;
             self.check()?;
         }
@@ -2730,11 +2759,12 @@ impl Engine {
                 e.rma_finished.push((ticket, outcome));
                 return Ok(ticket);
             }
-            let reply = e.send_request(id, target, op)?;
+            let reply = e.send_request(id, target, op.clone())?;
             e.rma_pending.push(PendingRma {
                 reply,
                 window: id,
                 target,
+                op,
                 forgotten: false,
             });
             Ok(reply)
@@ -2794,8 +2824,11 @@ impl Engine {
     /// in issue order, keeping their outcomes for their requests.
     fn settle(&mut self, which: impl Fn(&PendingRma) -> bool) -> Result<()> {
         while let Some(i) = self.rma_pending.iter().position(&which) {
-            let p = self.rma_pending[i];
-            let outcome = self.await_reply(p.target, p.reply)?;
+            let p = self.rma_pending[i].clone();
+            let outcome = match self.await_reply(p.target, p.reply)? {
+                Some(outcome) => outcome,
+                None => self.round_trip(p.window, p.target, p.op.clone())?,
+            };
             self.rma_pending.remove(i);
             if !p.forgotten {
                 self.rma_finished.push((p.reply, outcome));

@@ -143,6 +143,12 @@ impl Engine {
                 return Ok(());
             };
             let origin = msg.envelope.src;
+            if self.watch_arrivals && self.proto.refuses_request(origin) {
+                // Peek-and-get (000 §IV-B): not served now; the origin
+                // issues it again once it has entered the wave.
+                self.send_message(origin, RMA_CONTEXT, RMA_REPLY, Bytes::new(), true)?;
+                continue;
+            }
             let outcome = match request.op {
                 RmaOp::TryLock(kind) => self.lock_or_wait(request.window, origin, kind),
                 op => Some(self.apply_own(request.window, op)),
@@ -303,8 +309,7 @@ impl Engine {
         let outcome = if target == self.rank {
             self.rma_own(id, op)?
         } else {
-            let reply = self.send_request(id, target, op)?;
-            self.await_reply(target, reply)?
+            self.round_trip(id, target, op)?
         };
         outcome.map_err(|detail| Error::Rma { window: id, detail })
     }
@@ -343,10 +348,26 @@ impl Engine {
         })
     }
 
-    /// Wait for the reply `reply` of a request sent to `target`.
-    pub(super) fn await_reply(&mut self, target: Rank, reply: ReqId) -> Result<RmaOutcome> {
+    /// Send `op` to `target` and wait for its outcome, issuing it again
+    /// while the target refuses it.
+    pub(super) fn round_trip(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaOutcome> {
+        loop {
+            let reply = self.send_request(id, target, op.clone())?;
+            if let Some(outcome) = self.await_reply(target, reply)? {
+                return Ok(outcome);
+            }
+        }
+    }
+
+    /// Wait for the reply `reply` of a request sent to `target`; `None`:
+    /// the target refused the request ([`super::is_refusal`]), which must
+    /// be issued again.
+    pub(super) fn await_reply(&mut self, target: Rank, reply: ReqId) -> Result<Option<RmaOutcome>> {
         let msg = self.wait_entered(reply)?;
-        decode_reply(target, &msg.payload)
+        if msg.payload.is_empty() {
+            return Ok(None);
+        }
+        decode_reply(target, &msg.payload).map(Some)
     }
 }
 

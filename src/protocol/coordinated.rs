@@ -340,8 +340,11 @@ impl Coordinated {
                 self.try_stored(generation, cx);
             }
             Control::Commit { generation, every } => self.on_commit(generation, every, cx),
-            Control::Marker { .. } | Control::Log(_) | Control::Collective(_) | Control::Set(_) => {
-            }
+            Control::Marker { .. }
+            | Control::Wave { .. }
+            | Control::Log(_)
+            | Control::Collective(_)
+            | Control::Set(_) => {}
             Control::Inventory {
                 committed,
                 held,

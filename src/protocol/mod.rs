@@ -103,6 +103,7 @@ impl ProtocolKind {
         spill: Option<Box<dyn LogSpill>>,
         sets: correlated::SetRule,
         placement: &Placement,
+        wave: Option<(chandy_lamport::GetFix, bool)>,
     ) -> Box<dyn Protocol> {
         let bounded = |mut p: pessimistic::Pessimistic| {
             if let Some(s) = spill {
@@ -115,9 +116,10 @@ impl ProtocolKind {
             ProtocolKind::Coordinated => {
                 Box::new(coordinated::Coordinated::new(checkpoint_every).with_daly(mtbf_s))
             }
-            ProtocolKind::ChandyLamport => {
-                Box::new(chandy_lamport::ChandyLamport::new(checkpoint_every))
-            }
+            ProtocolKind::ChandyLamport => Box::new(chandy_lamport::ChandyLamport::with_wave(
+                checkpoint_every,
+                wave,
+            )),
             ProtocolKind::Pessimistic => Box::new(bounded(pessimistic::Pessimistic::new(
                 checkpoint_every,
                 log_budget,
@@ -206,6 +208,13 @@ pub enum Control {
     Marker {
         /// Generation being saved.
         generation: u64,
+    },
+    /// A marker of 000 §IV's wave (`chandy-lamport` with a `get()` fix).
+    Wave {
+        /// The wave's generation.
+        generation: u64,
+        /// Which marker.
+        kind: chandy_lamport::WaveMarker,
     },
     /// Silence detection, up the reduction tree: application messages sent
     /// and arrived in the sender's subtree, for one round of `generation`.
@@ -757,6 +766,18 @@ pub trait Protocol: Send {
     /// from another rank ([`Event::AppArrive`]), to record or hold it
     /// (channel state, 000 §II).
     fn watches_arrivals(&self) -> bool {
+        false
+    }
+    /// Whether the application may start a communication now; the engine
+    /// waits (handling arrivals) until it may. `chandy-lamport` under a
+    /// double barrier: not during the wave (000 §IV-C).
+    fn may_initiate(&self) -> bool {
+        true
+    }
+    /// Whether a one-sided request from `origin` is refused instead of
+    /// served: its origin is told to issue it again (peek-and-get, 000
+    /// §IV-B).
+    fn refuses_request(&mut self, _origin: Rank) -> bool {
         false
     }
     /// Whether collectives whose result is the same everywhere are logged

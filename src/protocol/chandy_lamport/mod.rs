@@ -44,6 +44,10 @@
 //! newest committed generation, and the messages recorded as its incoming
 //! channels' state are delivered again, before any new one.
 
+mod wave;
+
+pub use wave::{GetFix, Wave, WaveMarker};
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
@@ -64,6 +68,18 @@ struct Recording {
     /// The channel state recorded so far, in arrival order (payloads
     /// shared with the application's copy, not copied).
     messages: Vec<AppMessage>,
+}
+
+/// A message held out of the application's reach.
+#[derive(Debug)]
+struct Held {
+    /// The recorded generation it waits for (0: none).
+    recorded: u64,
+    /// The wave generation it waits for this rank to cut (0: none).
+    cut: u64,
+    /// Its position on its channel (for the wave's stamps).
+    index: u64,
+    msg: AppMessage,
 }
 
 /// Channel state as it is saved in a piece (payloads follow as blobs).
@@ -97,19 +113,29 @@ pub struct ChandyLamport {
     /// Per incoming channel, the highest generation whose marker arrived.
     marked: BTreeMap<Rank, u64>,
     /// Messages that arrived after their channel's marker of a generation
-    /// this rank has not recorded yet: `(that generation, message)`.
-    held: VecDeque<(u64, AppMessage)>,
+    /// this rank has not recorded yet, or after their sender's wave marker
+    /// of a generation this rank has not cut ([`Wave`]), in arrival order.
+    held: VecDeque<Held>,
     /// The generation whose piece is being written (`save_state`).
     storing: Option<u64>,
     /// Channel state of the restored generation, delivered at `Restored`.
     restored: Vec<AppMessage>,
     counts: Counts,
+    /// 000 §IV's wave, when a `get()` fix is chosen.
+    wave: Option<Wave>,
 }
 
 impl ChandyLamport {
     /// Record a generation at every `every`-th safe point (0 disables
     /// checkpoints).
     pub fn new(every: u64) -> Self {
+        Self::with_wave(every, None)
+    }
+
+    /// As [`ChandyLamport::new`], with 000 §IV's wave under `fix` measured
+    /// beside the recorded snapshots (`check`: keep the stamps for
+    /// [`crate::cuts::check`]).
+    pub fn with_wave(every: u64, fix: Option<(GetFix, bool)>) -> Self {
         ChandyLamport {
             every,
             inner: Coordinated::new(every),
@@ -120,6 +146,7 @@ impl ChandyLamport {
             storing: None,
             restored: Vec::new(),
             counts: Counts::default(),
+            wave: fix.map(|(f, check)| Wave::new(f, check)),
         }
     }
 
@@ -141,13 +168,7 @@ impl ChandyLamport {
         self.counts.markers_sent += cx.size.saturating_sub(1) as u64;
         // Held messages were sent after their senders' cut of a generation
         // this rank has now recorded: the application may have them.
-        let (now, later): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(h, _)| *h <= g);
-        self.held = later;
-        for (_, msg) in now {
-            cx.emit(Action::Deliver { msg });
-        }
+        self.release(cx);
         self.store_ready(cx);
     }
 
@@ -178,25 +199,68 @@ impl ChandyLamport {
 
     fn on_arrive(&mut self, msg: &AppMessage, cx: &mut ProtocolCx<'_>) {
         let src = msg.envelope.src;
+        let (index, cut) = match &mut self.wave {
+            Some(w) => w.arrived(msg),
+            None => (0, None),
+        };
         let marked = self.marked.get(&src).copied().unwrap_or(0);
-        if marked > self.recorded {
-            // After the sender's cut of a generation this rank has not
-            // recorded: an orphan if the application took it now.
-            self.held.push_back((marked, msg.clone()));
+        // After the sender's cut of a generation this rank has not recorded:
+        // an orphan if the application took it now.
+        let recorded = if marked > self.recorded { marked } else { 0 };
+        if recorded == 0 {
+            for rec in self.recordings.values_mut() {
+                if rec.open.contains(&src) {
+                    rec.messages.push(msg.clone());
+                    self.counts.channel_messages += 1;
+                    self.counts.channel_bytes += msg.payload.len() as u64;
+                }
+            }
+        }
+        if recorded > 0 || cut.is_some() {
+            self.held.push_back(Held {
+                recorded,
+                cut: cut.unwrap_or(0),
+                index,
+                msg: msg.clone(),
+            });
             self.counts.held += 1;
             cx.emit(Action::Hold);
             return;
         }
-        for rec in self.recordings.values_mut() {
-            if rec.open.contains(&src) {
-                rec.messages.push(msg.clone());
-                self.counts.channel_messages += 1;
-                self.counts.channel_bytes += msg.payload.len() as u64;
+        if let Some(w) = &mut self.wave
+            && w.received(msg, index, cx)
+        {
+            self.release(cx);
+        }
+    }
+
+    /// Deliver, in arrival order, the held messages whose generation this
+    /// rank has recorded and whose wave generation it has cut (a release
+    /// can complete a GET and let the wave cut again).
+    fn release(&mut self, cx: &mut ProtocolCx<'_>) {
+        loop {
+            let cuts = self.wave.as_ref().map_or(u64::MAX, Wave::cuts);
+            let recorded = self.recorded;
+            let (now, later): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.held)
+                .into_iter()
+                .partition(|h| h.recorded <= recorded && h.cut <= cuts);
+            self.held = later;
+            if now.is_empty() {
+                return;
+            }
+            for h in now {
+                if let Some(w) = &mut self.wave {
+                    w.received(&h.msg, h.index, cx);
+                }
+                cx.emit(Action::Deliver { msg: h.msg });
             }
         }
     }
 
     fn reset(&mut self) {
+        if let Some(w) = &mut self.wave {
+            w.reset();
+        }
         self.recordings.clear();
         self.marked.clear();
         self.held.clear();
@@ -218,9 +282,22 @@ impl Protocol for ChandyLamport {
         true
     }
 
+    fn may_initiate(&self) -> bool {
+        self.wave.as_ref().is_none_or(Wave::may_initiate)
+    }
+
+    fn refuses_request(&mut self, origin: Rank) -> bool {
+        self.wave.as_mut().is_some_and(|w| w.refuses(origin))
+    }
+
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
         match event {
             Event::SafePoint { index } => {
+                if let Some(w) = &mut self.wave
+                    && w.safe_point(index, self.every, cx)
+                {
+                    self.release(cx);
+                }
                 if self.every > 0 && index.is_multiple_of(self.every) {
                     let g = index / self.every;
                     if g > self.recorded {
@@ -231,6 +308,23 @@ impl Protocol for ChandyLamport {
             }
             Event::Recorded { generation } => self.on_recorded(generation, cx),
             Event::AppArrive { msg } => self.on_arrive(msg, cx),
+            Event::AppSend { msg } => {
+                if let Some(w) = &mut self.wave
+                    && w.sent(msg, cx)
+                {
+                    self.release(cx);
+                }
+            }
+            Event::Control {
+                src,
+                msg: Control::Wave { generation, kind },
+            } => {
+                if let Some(w) = &mut self.wave
+                    && w.marker(src, generation, kind, cx)
+                {
+                    self.release(cx);
+                }
+            }
             Event::Control {
                 src,
                 msg: Control::Marker { generation },
@@ -252,6 +346,9 @@ impl Protocol for ChandyLamport {
                 }
             }
             Event::Finish => {
+                if let Some(w) = &mut self.wave {
+                    w.finish(cx);
+                }
                 let c = std::mem::take(&mut self.counts);
                 cx.emit(Action::Record(crate::driver::Stat::Snapshot {
                     markers_sent: c.markers_sent,
