@@ -13,6 +13,7 @@ use lazarus::apps::{AppKind, AppParams, iterations, run_app};
 use lazarus::config::Hosts;
 use lazarus::config::{LevelSpec, SetRule};
 use lazarus::driver::processes::launched;
+use lazarus::protocol::chandy_lamport::GetFix;
 use lazarus::tools::bench::{BenchEvent, bench, median};
 use lazarus::tools::summary::RunSummary;
 use lazarus::tools::{human_bytes, human_bytes_f64};
@@ -750,6 +751,23 @@ struct JobArgs {
     /// back together (default: one set per node of --nodes).
     #[arg(long, value_name = "N")]
     sets: Option<usize>,
+    /// Protocol chandy-lamport: also run 000 §IV's snapshot wave (rank 0
+    /// initiates it at each checkpoint's safe point, the others enter at
+    /// its first marker) with this fix for the GET that straddles it:
+    /// vanilla, delay, peek-and-get, double-barrier, partial-double-barrier
+    /// (bench: `all`). Its markers are counted by kind.
+    #[arg(long, value_name = "FIX")]
+    get_fix: Option<String>,
+    /// With --get-fix: stamp every message and one-sided operation with the
+    /// wave's cuts and report the cuts crossed and overlapped (failure-free
+    /// runs).
+    #[arg(long)]
+    check_cuts: bool,
+    /// Backend sim: adversarial schedules; this fraction of one-sided
+    /// replies (0 to 1) is held in flight up to 50 latencies longer, so
+    /// that markers on other channels pass them.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    straggle: f64,
 }
 
 #[derive(Args, Debug)]
@@ -941,7 +959,40 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         .listen(job.listen.parse().map_err(usage)?)
         .hosts(job.hosts.parse().map_err(usage)?)
         .heartbeat_timeout(heartbeat(job.heartbeat_timeout)?)
-        .max_frame(job.max_frame);
+        .max_frame(job.max_frame)
+        .get_fix(match job.get_fix.as_deref() {
+            None => None,
+            Some("all") => {
+                return Err(usage(lazarus::Error::config(
+                    "--get-fix",
+                    "`all` compares the fixes: use it with lazarus bench",
+                )));
+            }
+            Some(f) => Some(
+                f.parse::<GetFix>()
+                    .map_err(|e| usage(lazarus::Error::config("--get-fix", e)))?,
+            ),
+        })
+        .check_cuts(job.check_cuts);
+    if !(0.0..=1.0).contains(&job.straggle) {
+        return Err(usage(lazarus::Error::config(
+            "--straggle",
+            format!("{} is not a fraction from 0 to 1", job.straggle),
+        )));
+    }
+    if job.straggle > 0.0 && backend != Backend::Sim {
+        return Err(usage(lazarus::Error::config(
+            "--straggle",
+            "adversarial schedules are the simulator's (--backend sim)",
+        )));
+    }
+    let cfg = if backend == Backend::Sim {
+        let mut net = cfg.get_network();
+        net.straggle = job.straggle;
+        cfg.network(net)
+    } else {
+        cfg
+    };
     cfg.validate().map_err(usage)?;
     Ok((app, params, cfg))
 }
@@ -1208,6 +1259,28 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.set_sync_s * 1e6,
             st.set_sync_max_s * 1e6
         );
+    }
+    let w = &st.wave;
+    if w.first > 0 {
+        println!(
+            "wave (000 §IV): {} first markers, {} second, {} flush + {} answers; {} one-sided requests refused until their origin entered",
+            w.first, w.second, w.flush, w.flush_answers, w.refused
+        );
+    }
+    if let Some(c) = &st.cuts {
+        println!(
+            "cuts: {} checked, {} crossed ({} orphan legs, {} replies read before the target's cut and written after the origin's), {} overlapped ({} operations in flight at a cut), {} legs unmatched",
+            c.checked,
+            c.crossed,
+            c.orphans,
+            c.lost_replies,
+            c.overlapped,
+            c.overlapping_operations,
+            c.unmatched_legs
+        );
+        for f in c.findings.iter().take(3) {
+            println!("  cut {}: {}", f.generation, f.what);
+        }
     }
     if st.markers > 0 {
         println!(
@@ -1659,6 +1732,9 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         log_budget: args.log_budget,
         sets: args.sets,
         seed: args.from,
+        get_fix: None,
+        check_cuts: false,
+        straggle: 0.0,
     };
     let chosen = protocols(&args.protocols)?;
     let (app, params, base) = build(&job, validated_as(&chosen))?;

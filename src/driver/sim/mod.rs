@@ -65,6 +65,10 @@ pub struct NetworkModel {
     /// Per-message cost at the sender (LogP's gap): a rank's messages leave
     /// one after another, so sending to many ranks takes time.
     pub overhead: Duration,
+    /// Adversarial schedules (000 §IV): this fraction of one-sided replies
+    /// is held in flight up to [`STRAGGLE_LATENCIES`] latencies longer, so
+    /// that markers on other channels pass them (each channel stays FIFO).
+    pub straggle: f64,
     /// Time from a death to the survivors' failure notice.
     pub detection: Duration,
     /// A run whose virtual time passes this is declared hung.
@@ -80,11 +84,16 @@ impl Default for NetworkModel {
             bandwidth_inter: 10e9,
             jitter: 0.2,
             overhead: Duration::from_nanos(100),
+            straggle: 0.0,
             detection: Duration::from_millis(1),
             time_limit: Duration::from_secs(3600),
         }
     }
 }
+
+/// How many latencies a straggling one-sided reply may be held longer
+/// ([`NetworkModel::straggle`]).
+pub const STRAGGLE_LATENCIES: f64 = 50.0;
 
 /// What the simulator reports besides the job's statistics.
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
@@ -520,6 +529,13 @@ impl<T: Send + 'static> SimWorld<T> {
         let depart = s.now.max(s.nic_free[from]) + nanos(self.net.overhead);
         s.nic_free[from] = depart + wire;
         let mut at = depart + nanos(lat) + wire + jitter as u64;
+        if self.net.straggle > 0.0
+            && let Body::App(msg) = &frame.body
+            && crate::engine::leg_kind(msg) == crate::cuts::LegKind::Reply
+            && s.rng.random_bool(self.net.straggle.min(1.0))
+        {
+            at += (s.rng.random_range(0.0..STRAGGLE_LATENCIES) * lat.as_nanos() as f64) as u64;
+        }
         let last = s.last_on_channel.entry((from, dest)).or_insert(0);
         at = at.max(*last + 1); // channels are FIFO
         *last = at;
