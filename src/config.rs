@@ -264,6 +264,9 @@ pub struct Config {
     /// Stamp every communication with the wave's cuts and check them
     /// (`JobStats::cuts`).
     pub(crate) check_cuts: bool,
+    /// With a `get()` fix: rank 0 initiates the wave whenever this much
+    /// time has passed, wherever it is, instead of at checkpoints.
+    pub(crate) wave_interval: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -295,6 +298,7 @@ impl Default for Config {
             trace: None,
             get_fix: None,
             check_cuts: false,
+            wave_interval: None,
         }
     }
 }
@@ -378,6 +382,15 @@ impl Config {
                 if self.get_fix.is_some() { "get_fix" } else { "check_cuts" },
                 "the snapshot wave and its cuts are chandy-lamport's (--protocol chandy-lamport)",
             ));
+        }
+        if self.wave_interval.is_some() && self.get_fix.is_none() {
+            return Err(Error::config(
+                "wave_interval",
+                "it times 000 §IV's wave: choose its get() fix (--get-fix)",
+            ));
+        }
+        if self.wave_interval.is_some_and(|d| d.is_zero()) {
+            return Err(Error::config("wave_interval", "must be longer than 0"));
         }
         if self.check_cuts && self.get_fix.is_none() {
             return Err(Error::config(
@@ -585,6 +598,11 @@ settings! {
     /// With a `get()` fix: stamp every communication with the wave's cuts
     /// and check them at the end (`JobStats::cuts`; failure-free runs).
     check_cuts: bool => get_check_cuts(copied) -> bool;
+    /// With a `get()` fix: rank 0 initiates the wave whenever this much
+    /// time (virtual on the simulator) has passed since the last, at its
+    /// next communication, wherever the application is, instead of at
+    /// the checkpoints' safe points.
+    wave_interval: impl Into<Option<std::time::Duration>> => get_wave_interval(copied) -> Option<std::time::Duration>;
 }
 
 #[cfg(test)]

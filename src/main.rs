@@ -763,6 +763,11 @@ struct JobArgs {
     /// runs).
     #[arg(long)]
     check_cuts: bool,
+    /// With --get-fix: rank 0 initiates the wave whenever this much time
+    /// has passed (virtual on sim: 1ms, 50us), wherever it is, instead of
+    /// at the checkpoints' safe points.
+    #[arg(long, value_name = "TIME", value_parser = positive_secs, allow_hyphen_values = true)]
+    wave_interval: Option<Duration>,
     /// Backend sim: adversarial schedules; this fraction of one-sided
     /// replies (0 to 1) is held in flight up to 50 latencies longer, so
     /// that markers on other channels pass them.
@@ -973,7 +978,8 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
                     .map_err(|e| usage(lazarus::Error::config("--get-fix", e)))?,
             ),
         })
-        .check_cuts(job.check_cuts);
+        .check_cuts(job.check_cuts)
+        .wave_interval(job.wave_interval);
     if !(0.0..=1.0).contains(&job.straggle) {
         return Err(usage(lazarus::Error::config(
             "--straggle",
@@ -1734,6 +1740,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         seed: args.from,
         get_fix: None,
         check_cuts: false,
+        wave_interval: None,
         straggle: 0.0,
     };
     let chosen = protocols(&args.protocols)?;

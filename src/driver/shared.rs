@@ -755,7 +755,11 @@ fn new_engine(ep: Box<dyn Endpoint>, cfg: &Config, placement: Placement) -> Rc<R
             }),
             cfg.sets,
             &placement,
-            cfg.get_fix.map(|f| (f, cfg.check_cuts)),
+            cfg.get_fix.map(|fix| crate::protocol::chandy_lamport::WaveConfig {
+                fix,
+                check: cfg.check_cuts,
+                interval: cfg.wave_interval,
+            }),
         ),
         Box::new({
             let store = MultiLevel::new(

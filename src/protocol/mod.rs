@@ -103,7 +103,7 @@ impl ProtocolKind {
         spill: Option<Box<dyn LogSpill>>,
         sets: correlated::SetRule,
         placement: &Placement,
-        wave: Option<(chandy_lamport::GetFix, bool)>,
+        wave: Option<chandy_lamport::WaveConfig>,
     ) -> Box<dyn Protocol> {
         let bounded = |mut p: pessimistic::Pessimistic| {
             if let Some(s) = spill {

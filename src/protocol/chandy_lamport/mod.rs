@@ -46,7 +46,7 @@
 
 mod wave;
 
-pub use wave::{GetFix, Wave, WaveMarker};
+pub use wave::{GetFix, Wave, WaveConfig, WaveMarker};
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -132,10 +132,9 @@ impl ChandyLamport {
         Self::with_wave(every, None)
     }
 
-    /// As [`ChandyLamport::new`], with 000 §IV's wave under `fix` measured
-    /// beside the recorded snapshots (`check`: keep the stamps for
-    /// [`crate::cuts::check`]).
-    pub fn with_wave(every: u64, fix: Option<(GetFix, bool)>) -> Self {
+    /// As [`ChandyLamport::new`], with 000 §IV's wave measured beside the
+    /// recorded snapshots.
+    pub fn with_wave(every: u64, wave: Option<WaveConfig>) -> Self {
         ChandyLamport {
             every,
             inner: Coordinated::new(every),
@@ -146,7 +145,7 @@ impl ChandyLamport {
             storing: None,
             restored: Vec::new(),
             counts: Counts::default(),
-            wave: fix.map(|(f, check)| Wave::new(f, check)),
+            wave: wave.map(Wave::new),
         }
     }
 

@@ -127,12 +127,28 @@ pub enum WaveMarker {
     FlushAnswer,
 }
 
+/// How the wave runs (`Config::get_fix`, `check_cuts`, `wave_interval`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WaveConfig {
+    /// The `get()` fix.
+    pub fix: GetFix,
+    /// Keep every stamp for the checker.
+    pub check: bool,
+    /// Rank 0 initiates a generation whenever this much driver time has
+    /// passed since the last (at its next communication: wherever the
+    /// application is), instead of at its checkpoints' safe points.
+    pub interval: Option<std::time::Duration>,
+}
+
 /// One rank's part of the wave.
 #[derive(Debug)]
 pub struct Wave {
     fix: GetFix,
     /// Keep the stamps for the checker.
     check: bool,
+    /// Rank 0's timer ([`WaveConfig::interval`]) and when it next fires.
+    interval: Option<std::time::Duration>,
+    next_at: std::time::Duration,
     /// Generations cut.
     cuts: u64,
     /// Generation entered (first markers sent).
@@ -161,11 +177,13 @@ pub struct Wave {
 }
 
 impl Wave {
-    /// The wave under `fix`; `check`: keep every stamp for the checker.
-    pub fn new(fix: GetFix, check: bool) -> Self {
+    /// The wave as `c` says.
+    pub fn new(c: WaveConfig) -> Self {
         Wave {
-            fix,
-            check,
+            fix: c.fix,
+            check: c.check,
+            interval: c.interval,
+            next_at: c.interval.unwrap_or_default(),
             cuts: 0,
             entered: 0,
             due: 0,
@@ -209,11 +227,22 @@ impl Wave {
     /// Rank 0's safe point `index`: it initiates generation `index /
     /// every` there.
     pub fn safe_point(&mut self, index: u64, every: u64, cx: &mut ProtocolCx<'_>) -> bool {
-        if cx.rank != 0 || every == 0 || !index.is_multiple_of(every) {
-            return false;
+        if cx.rank != 0 || self.interval.is_some() || every == 0 || !index.is_multiple_of(every) {
+            return self.advance(cx);
         }
         self.due = self.due.max(index / every);
         self.advance(cx)
+    }
+
+    /// Rank 0 with a timer: initiate a generation if it is time.
+    fn tick(&mut self, cx: &ProtocolCx<'_>) {
+        if let Some(iv) = self.interval
+            && cx.rank == 0
+            && cx.now() >= self.next_at
+        {
+            self.due = self.due.max(self.entered + 1);
+            self.next_at = cx.now() + iv;
+        }
     }
 
     /// This rank sends `msg`.
@@ -222,6 +251,7 @@ impl Wave {
         if dest == cx.rank {
             return false;
         }
+        self.tick(cx);
         let index = next(&mut self.sent_on, dest);
         let kind = leg_kind(msg);
         if self.check && !is_refusal(msg) {
@@ -244,7 +274,7 @@ impl Wave {
             }
             LegKind::Message => {}
         }
-        false
+        self.advance(cx)
     }
 
     /// A leg from another rank arrived (before any hold): its position on
@@ -263,6 +293,7 @@ impl Wave {
     pub fn received(&mut self, msg: &AppMessage, index: u64, cx: &mut ProtocolCx<'_>) -> bool {
         let src = msg.envelope.src;
         let refusal = is_refusal(msg);
+        self.tick(cx);
         if self.check && !refusal {
             self.log.received.push(ReceivedLeg {
                 src,
@@ -288,7 +319,7 @@ impl Wave {
             }
             LegKind::Message => {}
         }
-        false
+        self.advance(cx)
     }
 
     /// A marker of generation `g` from `src`.
@@ -422,8 +453,12 @@ impl Wave {
     /// A failure: the wave starts over with the restored execution (its
     /// stamps no longer describe one execution, so checking stops).
     pub fn reset(&mut self) {
-        let (fix, counts) = (self.fix, self.counts);
-        *self = Wave::new(fix, false);
+        let counts = self.counts;
+        *self = Wave::new(WaveConfig {
+            fix: self.fix,
+            check: false,
+            interval: self.interval,
+        });
         self.counts = counts;
     }
 
