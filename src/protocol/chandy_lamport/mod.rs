@@ -121,8 +121,10 @@ pub struct ChandyLamport {
     /// Channel state of the restored generation, delivered at `Restored`.
     restored: Vec<AppMessage>,
     counts: Counts,
-    /// 000 §IV's wave, when a `get()` fix is chosen.
+    /// 000 §IV's wave, when a `get()` fix is chosen, until a failure.
     wave: Option<Wave>,
+    /// The wave's counters once a failure stopped it.
+    wave_stopped: Option<crate::cuts::WaveCounts>,
 }
 
 impl ChandyLamport {
@@ -146,6 +148,7 @@ impl ChandyLamport {
             restored: Vec::new(),
             counts: Counts::default(),
             wave: wave.map(Wave::new),
+            wave_stopped: None,
         }
     }
 
@@ -256,10 +259,25 @@ impl ChandyLamport {
         }
     }
 
-    fn reset(&mut self) {
-        if let Some(w) = &mut self.wave {
-            w.reset();
+    /// The wave runs while no failure has happened: a restored execution's
+    /// cuts would mix incarnations, and a replacement would wait for
+    /// markers of generations its peers passed long ago. Once this rank
+    /// sees a failure (or starts as a replacement) the wave stops here,
+    /// and what it held is released.
+    fn stop_wave_after_failure(&mut self, cx: &mut ProtocolCx<'_>) {
+        if cx.epoch == 0 {
+            return;
         }
+        if let Some(w) = self.wave.take() {
+            self.wave_stopped = Some(w.counts());
+            for h in &mut self.held {
+                h.cut = 0;
+            }
+            self.release(cx);
+        }
+    }
+
+    fn reset(&mut self) {
         self.recordings.clear();
         self.marked.clear();
         self.held.clear();
@@ -290,6 +308,7 @@ impl Protocol for ChandyLamport {
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        self.stop_wave_after_failure(cx);
         match event {
             Event::SafePoint { index } => {
                 if let Some(w) = &mut self.wave
@@ -347,6 +366,8 @@ impl Protocol for ChandyLamport {
             Event::Finish => {
                 if let Some(w) = &mut self.wave {
                     w.finish(cx);
+                } else if let Some(c) = self.wave_stopped.take() {
+                    cx.emit(Action::Record(crate::driver::Stat::Wave(c)));
                 }
                 let c = std::mem::take(&mut self.counts);
                 cx.emit(Action::Record(crate::driver::Stat::Snapshot {

@@ -32,7 +32,8 @@
 //! The wave is measured beside the snapshot a rank records at its safe
 //! point (what recovery restores, [`super`]): a restartable rank function
 //! has a state to record only at a safe point, and the wave's cuts lie
-//! between them.
+//! between them. It runs until the first failure (the restored execution's
+//! cuts would mix incarnations).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -450,16 +451,9 @@ impl Wave {
         self.first_in.get(&src).copied().unwrap_or(0)
     }
 
-    /// A failure: the wave starts over with the restored execution (its
-    /// stamps no longer describe one execution, so checking stops).
-    pub fn reset(&mut self) {
-        let counts = self.counts;
-        *self = Wave::new(WaveConfig {
-            fix: self.fix,
-            check: false,
-            interval: self.interval,
-        });
-        self.counts = counts;
+    /// Its counters so far.
+    pub fn counts(&self) -> WaveCounts {
+        self.counts
     }
 
     /// The counters and stamps, reported when the rank function returns.
