@@ -107,6 +107,9 @@ pub struct WaveCounts {
     /// Requests refused because their origin had not entered the wave
     /// (peek-and-get).
     pub refused: u64,
+    /// Generations entered: the most any rank entered (with `first` =
+    /// n(n − 1) × this when every rank entered them all, 000 §IV-D).
+    pub generations: u64,
 }
 
 impl WaveCounts {
@@ -117,6 +120,7 @@ impl WaveCounts {
         self.flush += o.flush;
         self.flush_answers += o.flush_answers;
         self.refused += o.refused;
+        self.generations = self.generations.max(o.generations);
     }
 }
 

@@ -393,6 +393,99 @@ fn cmd_bench_codec(args: &BenchCodecArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
+/// `lazarus bench --get-fix`: 000 Table I and the §IV-D marker counts.
+fn cmd_table_one(args: &BenchArgs) -> anyhow::Result<bool> {
+    use lazarus::tools::table_one::{TableEvent, table_one};
+    if protocols(&args.protocols)? != [ProtocolKind::ChandyLamport] {
+        return Err(usage(lazarus::Error::config(
+            "--protocols",
+            "--get-fix measures chandy-lamport's cuts: give --protocols chandy-lamport",
+        )));
+    }
+    let fixes: Vec<GetFix> = match args.job.get_fix.as_deref() {
+        Some("all") => GetFix::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|f| f.trim().parse::<GetFix>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| usage(lazarus::Error::config("--get-fix", e)))?,
+        None => Vec::new(),
+    };
+    if args.seeds == 0 {
+        return Err(usage(lazarus::Error::config("--seeds", "at least one seed")));
+    }
+    let mut job = args.job.clone();
+    job.get_fix = Some(fixes[0].name().into());
+    job.check_cuts = true;
+    let (app, params, cfg) = build(&job, ProtocolKind::ChandyLamport)?;
+    if !cfg.get_kills().is_empty() || !args.failure.is_empty() {
+        return Err(usage(lazarus::Error::config(
+            "--kill",
+            "the cuts are checked on failure-free runs",
+        )));
+    }
+    check_output_opt("--json", &args.json)?;
+    let cfg = cfg.progress_bar(false);
+    println!(
+        "000 Table I: {} on {} ranks ({}), {} seeds per fix from {}{}{}",
+        args.job.what.app,
+        cfg.get_ranks(),
+        cfg.get_backend().name(),
+        args.seeds,
+        args.from,
+        match cfg.get_wave_interval() {
+            Some(d) => format!(", a wave every {}", humantime::format_duration(d)),
+            None => ", a wave at every checkpoint".into(),
+        },
+        if cfg.get_backend() == Backend::Sim && cfg.get_network().straggle > 0.0 {
+            format!(", {} of replies straggling", cfg.get_network().straggle)
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "{:<24} {:>6} {:>8} {:>11} {:>8}   {:>11} {:>11} {:>14}  Table I (overlap, cross)",
+        "fix", "runs", "cuts", "overlapped", "crossed", "first/gen", "second/gen", "flush+answers"
+    );
+    let per_gen = |m: u64, g: u64| if g == 0 { 0.0 } else { m as f64 / g as f64 };
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let table = table_one(app, &params, &cfg, &fixes, args.from, args.seeds, |e| {
+        let TableEvent::Row(r) = e;
+        println!(
+            "{:<24} {:>6} {:>8} {:>11} {:>8}   {:>11.1} {:>11.1} {:>14}  paper: {}, {}; measured: {}, {}{}",
+            r.fix,
+            r.runs,
+            r.cuts_checked,
+            r.cuts_overlapped,
+            r.cuts_crossed,
+            per_gen(r.markers.first, r.generations),
+            per_gen(r.markers.second, r.generations),
+            format!("{}+{}", r.markers.flush, r.markers.flush_answers),
+            yes(r.paper_overlap),
+            yes(r.paper_cross),
+            yes(r.cuts_overlapped > 0),
+            yes(r.cuts_crossed > 0),
+            if r.agrees { "" } else { "  DIFFERS" }
+        );
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let n = cfg.get_ranks() as u64;
+    let formulas = table
+        .rows
+        .iter()
+        .all(|r| r.first_wave_formula && r.second_wave_formula && r.flush_formula);
+    println!(
+        "markers (000 §IV-D): n(n-1) = {} per generation for the first wave; double barrier +n(n-1); partial double barrier +2g (g = flush markers): {}",
+        n * n.saturating_sub(1),
+        if formulas { "every run agrees" } else { "SOME RUN DIFFERS" }
+    );
+    if let Some(path) = &args.json {
+        write_json(path, &table)?;
+        println!("report written to {}", path.display());
+    }
+    Ok(formulas && table.rows.iter().all(|r| r.agrees))
+}
+
 const PLOT_EXAMPLES: &str = "Examples:
   lazarus bench cg --class W --ranks 8 --nodes 4 --protocols none,pessimistic,ulml --failure 1@70% --json cg.json
   lazarus plot cg.json                      # writes cg.svg
@@ -823,6 +916,12 @@ struct BenchArgs {
     /// draws a saved report).
     #[arg(long, value_name = "SVG")]
     plot: Option<PathBuf>,
+    /// With --get-fix (000 Table I): seeds per fix.
+    #[arg(long, default_value_t = 1000)]
+    seeds: u64,
+    /// With --get-fix: the first seed.
+    #[arg(long, default_value_t = 1)]
+    from: u64,
 }
 
 /// A usage error: exit status 2.
@@ -1352,6 +1451,9 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
 }
 
 fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
+    if args.job.get_fix.is_some() {
+        return cmd_table_one(args);
+    }
     let protocols = protocols(&args.protocols)?;
     let (app, params, cfg) = build(&args.job, validated_as(&protocols))?;
     check_output_opt("--json", &args.json)?;

@@ -8,6 +8,7 @@ pub mod plot;
 pub mod report;
 pub mod scale;
 pub mod summary;
+pub mod table_one;
 
 use serde::Serialize;
 

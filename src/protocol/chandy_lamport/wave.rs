@@ -362,6 +362,7 @@ impl Wave {
             if self.entered == self.cuts && self.due > self.entered && self.may_enter() {
                 self.entered += 1;
                 let g = self.entered;
+                self.counts.generations = g;
                 self.counts.first += cx.size.saturating_sub(1) as u64;
                 cx.broadcast(&Control::Wave {
                     generation: g,
