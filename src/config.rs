@@ -376,10 +376,15 @@ impl Config {
                 ));
             }
         }
-        if (self.get_fix.is_some() || self.check_cuts) && self.protocol != ProtocolKind::ChandyLamport
+        if (self.get_fix.is_some() || self.check_cuts)
+            && self.protocol != ProtocolKind::ChandyLamport
         {
             return Err(Error::config(
-                if self.get_fix.is_some() { "get_fix" } else { "check_cuts" },
+                if self.get_fix.is_some() {
+                    "get_fix"
+                } else {
+                    "check_cuts"
+                },
                 "the snapshot wave and its cuts are chandy-lamport's (--protocol chandy-lamport)",
             ));
         }

@@ -194,9 +194,17 @@ pub fn check(logs: &[CutLog]) -> CutReport {
             };
             let (orphan, lost) = (r < s.cuts, s.kind == LegKind::Reply && s.cuts < r);
             let (lo, hi, what) = if orphan {
-                (r, s.cuts, "sent after its sender's cut, received before its receiver's")
+                (
+                    r,
+                    s.cuts,
+                    "sent after its sender's cut, received before its receiver's",
+                )
             } else if lost {
-                (s.cuts, r, "read before the target's cut, written after the origin's (000 Fig. 3)")
+                (
+                    s.cuts,
+                    r,
+                    "read before the target's cut, written after the origin's (000 Fig. 3)",
+                )
             } else {
                 continue;
             };
@@ -305,7 +313,10 @@ mod tests {
         // target served it before its own cut.
         let r = check(&get(0, 1, 0));
         assert_eq!((r.crossed, r.overlapped), (1, 1));
-        assert_eq!((r.lost_replies, r.orphans, r.overlapping_operations), (1, 0, 1));
+        assert_eq!(
+            (r.lost_replies, r.orphans, r.overlapping_operations),
+            (1, 0, 1)
+        );
         assert!(r.findings.iter().any(|f| f.what.contains("Fig. 3")));
     }
 

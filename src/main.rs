@@ -412,7 +412,10 @@ fn cmd_table_one(args: &BenchArgs) -> anyhow::Result<bool> {
         None => Vec::new(),
     };
     if args.seeds == 0 {
-        return Err(usage(lazarus::Error::config("--seeds", "at least one seed")));
+        return Err(usage(lazarus::Error::config(
+            "--seeds",
+            "at least one seed",
+        )));
     }
     let mut job = args.job.clone();
     job.get_fix = Some(fixes[0].name().into());
@@ -477,7 +480,11 @@ fn cmd_table_one(args: &BenchArgs) -> anyhow::Result<bool> {
     println!(
         "markers (000 §IV-D): n(n-1) = {} per generation for the first wave; double barrier +n(n-1); partial double barrier +2g (g = flush markers): {}",
         n * n.saturating_sub(1),
-        if formulas { "every run agrees" } else { "SOME RUN DIFFERS" }
+        if formulas {
+            "every run agrees"
+        } else {
+            "SOME RUN DIFFERS"
+        }
     );
     if let Some(path) = &args.json {
         write_json(path, &table)?;

@@ -755,11 +755,13 @@ fn new_engine(ep: Box<dyn Endpoint>, cfg: &Config, placement: Placement) -> Rc<R
             }),
             cfg.sets,
             &placement,
-            cfg.get_fix.map(|fix| crate::protocol::chandy_lamport::WaveConfig {
-                fix,
-                check: cfg.check_cuts,
-                interval: cfg.wave_interval,
-            }),
+            cfg.get_fix
+                .map(|fix| crate::protocol::chandy_lamport::WaveConfig {
+                    fix,
+                    check: cfg.check_cuts,
+                    interval: cfg.wave_interval,
+                    last_safe_point: cfg.iterations,
+                }),
         ),
         Box::new({
             let store = MultiLevel::new(

@@ -1471,7 +1471,11 @@ impl Engine {
         if std::mem::take(&mut self.withhold) || sent {
             return Ok(());
         }
-        self.transmit(dest, Body::App(msg))
+        self.transmit(dest, Body::App(msg))?;
+        if self.watch_arrivals {
+            self.handle(Event::AppSent { dest })?;
+        }
+        Ok(())
     }
 
     /// Post a receive; it matches the earliest arrived message first, else

@@ -494,6 +494,7 @@ impl Protocol for Coordinated {
                 }
             }
             Event::AppSend { .. }
+            | Event::AppSent { .. }
             | Event::AppArrive { .. }
             | Event::Recorded { .. }
             | Event::AppDeliver { .. }

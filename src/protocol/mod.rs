@@ -409,6 +409,13 @@ pub enum Event<'a> {
         /// The message.
         msg: &'a AppMessage,
     },
+    /// The application message just sent to `dest` has left (a protocol
+    /// that watches arrivals: what it sends now follows the message on its
+    /// channel).
+    AppSent {
+        /// Its receiver.
+        dest: Rank,
+    },
     /// A nondeterministic reception: an application message matched by a
     /// wildcard-source receive, or a one-sided request applied (the
     /// reception event whose outcome a logging protocol records; a

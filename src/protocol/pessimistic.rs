@@ -1431,6 +1431,7 @@ impl Protocol for Pessimistic {
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
         match event {
             Event::AppSend { msg } => self.on_send(msg, cx),
+            Event::AppSent { .. } => {}
             Event::AppDeliver {
                 msg,
                 rsn,

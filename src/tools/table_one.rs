@@ -122,9 +122,9 @@ pub fn table_one(
                 .check_cuts(true)
                 .seed(seed);
             let run = run_app(app, params, &cfg);
-            let v = run.outcome.map_err(|e| {
-                Error::app(format!("get() fix {}, seed {seed}: {e}", fix.name()))
-            })?;
+            let v = run
+                .outcome
+                .map_err(|e| Error::app(format!("get() fix {}, seed {seed}: {e}", fix.name())))?;
             if !v.verified {
                 return Err(Error::app(format!(
                     "get() fix {}, seed {seed}: not verified: {}",

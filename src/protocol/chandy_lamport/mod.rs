@@ -327,8 +327,13 @@ impl Protocol for ChandyLamport {
             Event::Recorded { generation } => self.on_recorded(generation, cx),
             Event::AppArrive { msg } => self.on_arrive(msg, cx),
             Event::AppSend { msg } => {
+                if let Some(w) = &mut self.wave {
+                    w.sent(msg, cx.rank);
+                }
+            }
+            Event::AppSent { dest } => {
                 if let Some(w) = &mut self.wave
-                    && w.sent(msg, cx)
+                    && w.after_send(dest, cx)
                 {
                     self.release(cx);
                 }

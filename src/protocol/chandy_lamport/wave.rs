@@ -139,6 +139,11 @@ pub struct WaveConfig {
     /// passed since the last (at its next communication: wherever the
     /// application is), instead of at its checkpoints' safe points.
     pub interval: Option<std::time::Duration>,
+    /// Safe points the application passes, if known: rank 0 initiates no
+    /// generation after its last, so that every generation completes
+    /// before the final collective (which waits for every rank's cut) and
+    /// no rank enters one after reporting its counters.
+    pub last_safe_point: Option<u64>,
 }
 
 /// One rank's part of the wave.
@@ -150,6 +155,9 @@ pub struct Wave {
     /// Rank 0's timer ([`WaveConfig::interval`]) and when it next fires.
     interval: Option<std::time::Duration>,
     next_at: std::time::Duration,
+    last_safe_point: Option<u64>,
+    /// Rank 0: whether it still initiates generations.
+    initiating: bool,
     /// Generations cut.
     cuts: u64,
     /// Generation entered (first markers sent).
@@ -185,6 +193,8 @@ impl Wave {
             check: c.check,
             interval: c.interval,
             next_at: c.interval.unwrap_or_default(),
+            last_safe_point: c.last_safe_point,
+            initiating: true,
             cuts: 0,
             entered: 0,
             due: 0,
@@ -228,10 +238,17 @@ impl Wave {
     /// Rank 0's safe point `index`: it initiates generation `index /
     /// every` there.
     pub fn safe_point(&mut self, index: u64, every: u64, cx: &mut ProtocolCx<'_>) -> bool {
-        if cx.rank != 0 || self.interval.is_some() || every == 0 || !index.is_multiple_of(every) {
-            return self.advance(cx);
+        if cx.rank == 0
+            && self.initiating
+            && self.interval.is_none()
+            && every > 0
+            && index.is_multiple_of(every)
+        {
+            self.due = self.due.max(index / every);
         }
-        self.due = self.due.max(index / every);
+        if self.last_safe_point.is_some_and(|last| index >= last) {
+            self.initiating = false;
+        }
         self.advance(cx)
     }
 
@@ -239,6 +256,7 @@ impl Wave {
     fn tick(&mut self, cx: &ProtocolCx<'_>) {
         if let Some(iv) = self.interval
             && cx.rank == 0
+            && self.initiating
             && cx.now() >= self.next_at
         {
             self.due = self.due.max(self.entered + 1);
@@ -246,13 +264,13 @@ impl Wave {
         }
     }
 
-    /// This rank sends `msg`.
-    pub fn sent(&mut self, msg: &AppMessage, cx: &mut ProtocolCx<'_>) -> bool {
+    /// This rank sends `msg` (before it leaves: nothing may be sent here,
+    /// it would overtake `msg` on its channel).
+    pub fn sent(&mut self, msg: &AppMessage, rank: Rank) {
         let dest = msg.envelope.dest;
-        if dest == cx.rank {
-            return false;
+        if dest == rank {
+            return;
         }
-        self.tick(cx);
         let index = next(&mut self.sent_on, dest);
         let kind = leg_kind(msg);
         if self.check && !is_refusal(msg) {
@@ -268,13 +286,21 @@ impl Wave {
             LegKind::Reply => {
                 let n = self.unanswered.entry(dest).or_insert(0);
                 *n = n.saturating_sub(1);
-                if *n == 0 && self.flush_asked.remove(&dest) {
-                    self.send(cx, dest, self.entered, WaveMarker::FlushAnswer);
-                }
-                return self.advance(cx);
             }
             LegKind::Message => {}
         }
+    }
+
+    /// The message this rank sent to `dest` has left: a flush it owed
+    /// `dest` may be answered, a marker may follow it.
+    pub fn after_send(&mut self, dest: Rank, cx: &mut ProtocolCx<'_>) -> bool {
+        if dest == cx.rank {
+            return false;
+        }
+        if self.unanswered.get(&dest).copied().unwrap_or(0) == 0 && self.flush_asked.remove(&dest) {
+            self.send(cx, dest, self.entered, WaveMarker::FlushAnswer);
+        }
+        self.tick(cx);
         self.advance(cx)
     }
 
