@@ -173,11 +173,11 @@ pub const COMMUNICATOR_CONTEXTS: u64 = 2;
 /// The context that carries one-sided operations as messages under message
 /// logging (no communicator ever gets it: contexts are allocated upwards
 /// from [`FIRST_FREE_CONTEXT`]).
-const RMA_CONTEXT: ContextId = ContextId::MAX;
+pub(crate) const RMA_CONTEXT: ContextId = ContextId::MAX;
 /// Tag of a one-sided request (origin to target).
-const RMA_REQUEST: Tag = 0;
+pub(crate) const RMA_REQUEST: Tag = 0;
 /// Tag of its reply (target to origin).
-const RMA_REPLY: Tag = 1;
+pub(crate) const RMA_REPLY: Tag = 1;
 
 /// Whether `msg` is a one-sided request (applied by `serve_rma`, not
 /// matched by a receive).

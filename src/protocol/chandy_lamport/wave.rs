@@ -501,3 +501,224 @@ fn next(counters: &mut BTreeMap<Rank, u64>, r: Rank) -> u64 {
     *n += 1;
     *n
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ChandyLamport;
+    use super::*;
+    use crate::engine::frame::Envelope;
+    use crate::engine::{RMA_CONTEXT, RMA_REPLY, RMA_REQUEST};
+    use crate::protocol::testing::{Harness, app_message};
+    use crate::protocol::{Event, Protocol};
+
+    /// Rank 1 of 3 (no checkpoints: only the wave acts).
+    fn rank1(fix: GetFix) -> (Harness, ChandyLamport) {
+        let cfg = WaveConfig {
+            fix,
+            check: true,
+            interval: None,
+            last_safe_point: None,
+        };
+        (
+            Harness::new(1, 3, 1),
+            ChandyLamport::with_wave(0, Some(cfg)),
+        )
+    }
+
+    fn one_sided(src: Rank, dest: Rank, tag: u64, payload: &'static [u8]) -> AppMessage {
+        AppMessage {
+            envelope: Envelope {
+                src,
+                dest,
+                context: RMA_CONTEXT,
+                tag: if tag == 0 { RMA_REQUEST } else { RMA_REPLY },
+            },
+            ssn: 0,
+            payload: bytes::Bytes::from_static(payload),
+        }
+    }
+
+    fn request(src: Rank, dest: Rank) -> AppMessage {
+        one_sided(src, dest, 0, b"r")
+    }
+
+    fn reply(src: Rank, dest: Rank) -> AppMessage {
+        one_sided(src, dest, 1, b"d")
+    }
+
+    fn wave_markers(actions: &[Action], kind: WaveMarker) -> Vec<Rank> {
+        (actions.iter())
+            .filter_map(|a| match a {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Wave { kind: k, .. },
+                } if *k == kind => Some(*dest),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn marker(h: &Harness, p: &mut ChandyLamport, src: Rank, kind: WaveMarker) -> Vec<Action> {
+        h.control(
+            p,
+            src,
+            Control::Wave {
+                generation: 1,
+                kind,
+            },
+        )
+    }
+
+    /// This rank sends `msg` (the engine's two events around it).
+    fn send(h: &Harness, p: &mut ChandyLamport, msg: &AppMessage) -> Vec<Action> {
+        let mut a = h.run(p, Event::AppSend { msg });
+        a.extend(h.run(
+            p,
+            Event::AppSent {
+                dest: msg.envelope.dest,
+            },
+        ));
+        a
+    }
+
+    fn arrive(h: &Harness, p: &mut ChandyLamport, msg: &AppMessage) -> Vec<Action> {
+        h.run(p, Event::AppArrive { msg })
+    }
+
+    fn cuts(p: &ChandyLamport) -> u64 {
+        p.wave.as_ref().map_or(0, Wave::cuts)
+    }
+
+    #[test]
+    fn vanilla_enters_and_cuts_at_the_first_marker() {
+        let (h, mut p) = rank1(GetFix::Vanilla);
+        send(&h, &mut p, &request(1, 2));
+        let a = marker(&h, &mut p, 0, WaveMarker::First);
+        // Entered with the GET pending: n − 1 markers, cut at once.
+        assert_eq!(wave_markers(&a, WaveMarker::First), vec![0, 2]);
+        assert_eq!(cuts(&p), 1);
+        assert!(p.may_initiate());
+    }
+
+    #[test]
+    fn delay_waits_for_a_get_whose_target_has_not_entered() {
+        let (h, mut p) = rank1(GetFix::Delay);
+        send(&h, &mut p, &request(1, 2));
+        let a = marker(&h, &mut p, 0, WaveMarker::First);
+        assert!(wave_markers(&a, WaveMarker::First).is_empty(), "{a:?}");
+        assert_eq!(cuts(&p), 0);
+        // The reply may be in transit (000 Fig. 3): once it is in, enter.
+        let a = arrive(&h, &mut p, &reply(2, 1));
+        assert_eq!(wave_markers(&a, WaveMarker::First), vec![0, 2]);
+        assert_eq!(cuts(&p), 1);
+    }
+
+    #[test]
+    fn delay_enters_with_a_get_pending_to_a_target_that_entered() {
+        let (h, mut p) = rank1(GetFix::Delay);
+        send(&h, &mut p, &request(1, 0));
+        // The target's own marker: its reply follows it, after its cut.
+        let a = marker(&h, &mut p, 0, WaveMarker::First);
+        assert_eq!(wave_markers(&a, WaveMarker::First), vec![0, 2]);
+        assert_eq!(cuts(&p), 1);
+    }
+
+    #[test]
+    fn peek_and_get_refuses_an_origin_that_has_not_entered() {
+        let (h, mut p) = rank1(GetFix::PeekAndGet);
+        marker(&h, &mut p, 0, WaveMarker::First);
+        assert_eq!(cuts(&p), 1);
+        assert!(p.refuses_request(2), "rank 2's marker has not come");
+        assert!(!p.refuses_request(0), "rank 0 entered");
+        marker(&h, &mut p, 2, WaveMarker::First);
+        assert!(!p.refuses_request(2));
+        // A refusal completes the origin's GET without an outcome; the
+        // origin enters (no GET pending any more) before issuing it again.
+        let (h, mut q) = rank1(GetFix::PeekAndGet);
+        send(&h, &mut q, &request(1, 2));
+        let a = marker(&h, &mut q, 0, WaveMarker::First);
+        assert!(wave_markers(&a, WaveMarker::First).is_empty());
+        let a = arrive(&h, &mut q, &one_sided(2, 1, 1, b""));
+        assert_eq!(wave_markers(&a, WaveMarker::First), vec![0, 2]);
+    }
+
+    #[test]
+    fn double_barrier_cuts_after_the_second_wave_and_sends_nothing_meanwhile() {
+        let (h, mut p) = rank1(GetFix::DoubleBarrier);
+        // A request from rank 2 arrived before its marker, not answered yet.
+        arrive(&h, &mut p, &request(2, 1));
+        marker(&h, &mut p, 0, WaveMarker::First);
+        assert!(!p.may_initiate(), "in the wave");
+        let a = marker(&h, &mut p, 2, WaveMarker::First);
+        assert!(
+            wave_markers(&a, WaveMarker::Second).is_empty(),
+            "the request must be answered before the second wave passes"
+        );
+        let a = send(&h, &mut p, &reply(1, 2));
+        assert_eq!(wave_markers(&a, WaveMarker::Second), vec![0, 2]);
+        marker(&h, &mut p, 0, WaveMarker::Second);
+        assert_eq!(cuts(&p), 0);
+        // A message from rank 0 after its markers is held until the cut; a
+        // reply is not (its sender served it before its own cut).
+        let m = app_message(0, 1, 1, 8);
+        let a = arrive(&h, &mut p, &m);
+        assert!(a.contains(&Action::Hold), "{a:?}");
+        let a = marker(&h, &mut p, 2, WaveMarker::Second);
+        assert_eq!(cuts(&p), 1);
+        assert!(p.may_initiate());
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Deliver { msg } if msg == &m))
+        );
+    }
+
+    #[test]
+    fn partial_double_barrier_flushes_the_channel_a_marker_crossed() {
+        let (h, mut p) = rank1(GetFix::PartialDoubleBarrier);
+        send(&h, &mut p, &request(1, 2));
+        marker(&h, &mut p, 0, WaveMarker::First);
+        // Rank 2's marker arrives while the GET to it is pending: they
+        // crossed. Flush that channel, and only that one.
+        let a = marker(&h, &mut p, 2, WaveMarker::First);
+        assert_eq!(wave_markers(&a, WaveMarker::Flush), vec![2]);
+        assert_eq!(
+            cuts(&p),
+            0,
+            "every first marker is in, the flush is not answered"
+        );
+        arrive(&h, &mut p, &reply(2, 1));
+        marker(&h, &mut p, 2, WaveMarker::FlushAnswer);
+        assert_eq!(cuts(&p), 1);
+        let c = p.wave.as_ref().map(Wave::counts).unwrap_or_default();
+        assert_eq!((c.first, c.flush, c.flush_answers), (2, 1, 0));
+    }
+
+    #[test]
+    fn a_flush_is_answered_after_the_requests_it_follows() {
+        let (h, mut p) = rank1(GetFix::PartialDoubleBarrier);
+        arrive(&h, &mut p, &request(0, 1));
+        let a = marker(&h, &mut p, 0, WaveMarker::Flush);
+        assert!(wave_markers(&a, WaveMarker::FlushAnswer).is_empty());
+        let a = send(&h, &mut p, &reply(1, 0));
+        assert_eq!(wave_markers(&a, WaveMarker::FlushAnswer), vec![0]);
+    }
+
+    #[test]
+    fn the_stamps_show_a_get_that_straddles_a_vanilla_cut() {
+        let (h, mut p) = rank1(GetFix::Vanilla);
+        send(&h, &mut p, &request(1, 2));
+        marker(&h, &mut p, 0, WaveMarker::First);
+        arrive(&h, &mut p, &reply(2, 1));
+        let log = p.wave.as_ref().map(|w| w.log.clone()).unwrap_or_default();
+        assert_eq!(
+            log.operations,
+            vec![Operation {
+                target: 2,
+                issued: 0,
+                completed: 1
+            }]
+        );
+        assert_eq!(log.sent[0].kind, LegKind::Request);
+        assert_eq!((log.received[0].src, log.received[0].cuts), (2, 1));
+    }
+}
