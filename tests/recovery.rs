@@ -533,3 +533,85 @@ fn a_kill_as_a_rank_finishes_keeps_the_value() {
         }
     }
 }
+
+/// `chandy-lamport` with every `get()` fix that never lets a GET cross its
+/// cut (000 Table I) recovers CG, the stencil and the DHT with the
+/// failure-free value: the wave (holds, refusals, the double barriers'
+/// silence) runs until the failure and never changes a result. Rank, node,
+/// recovery-time and checkpoint-time kills.
+#[test]
+fn every_get_fix_without_crossings_recovers() {
+    use lazarus::protocol::chandy_lamport::GetFix;
+    // With the checkpoint (of one every second safe point) that the last
+    // scenario's kill lands in, late enough for waves to have passed.
+    let apps = [
+        (AppKind::Cg, common::class('S'), "2@checkpoint:5"),
+        (AppKind::Stencil, AppParams::default(), "2@checkpoint:20"),
+        (
+            AppKind::Dht,
+            AppParams {
+                size: Some(512),
+                ..AppParams::default()
+            },
+            "2@checkpoint:4",
+        ),
+    ];
+    for backend in Backend::ALL {
+        let interval = match backend {
+            Backend::Sim => std::time::Duration::from_micros(20),
+            _ => std::time::Duration::from_micros(500),
+        };
+        for &(app, ref params, in_snapshot) in &apps {
+            let (reference, _) = common::run(app, params, &common::config(backend, 4));
+            assert!(
+                reference.verified,
+                "{app} on {backend}: {}",
+                reference.detail
+            );
+            let scenarios: [(&str, usize, &[&str]); 4] = [
+                ("rank kill", 1, &["1@50%"]),
+                ("node kill", 2, &["node:1@40%"]),
+                ("kill during recovery", 1, &["1@40%", "3@recovery"]),
+                ("kill during a snapshot", 1, &[in_snapshot]),
+            ];
+            for fix in GetFix::ALL.into_iter().filter(|f| f.never_crossed()) {
+                for (name, nodes, kills) in scenarios {
+                    let mut cfg = common::config(backend, 4)
+                        .protocol(ProtocolKind::ChandyLamport)
+                        .get_fix(fix)
+                        .wave_interval(interval)
+                        .nodes(nodes)
+                        .checkpoint_every(2);
+                    for k in kills {
+                        cfg = cfg.kill(k.parse().expect("valid kill spec"));
+                    }
+                    let (v, st) = common::run(app, params, &cfg);
+                    let what = format!("{app} on {backend}, {}, {name}", fix.name());
+                    assert!(v.verified, "{what}: {}", v.detail);
+                    assert_eq!(v.value, reference.value, "{what}: value");
+                    assert!(
+                        st.unfired_kills.is_empty(),
+                        "{what}: {:?}",
+                        st.unfired_kills
+                    );
+                    assert!(st.failures >= 1, "{what}: no failure");
+                    assert!(st.wave.first > 0, "{what}: the wave never ran");
+                }
+            }
+        }
+    }
+}
+
+/// Vanilla Chandy–Lamport's cuts can be crossed by a GET (000 Fig. 3): it
+/// is measured, and refused where a failure is injected.
+#[test]
+fn vanilla_is_refused_with_kills() {
+    use lazarus::protocol::chandy_lamport::GetFix;
+    let cfg = common::config(Backend::Sim, 4)
+        .protocol(ProtocolKind::ChandyLamport)
+        .get_fix(GetFix::Vanilla)
+        .kill("1@50%".parse().expect("valid kill spec"));
+    let e = cfg.validate().expect_err("vanilla with a kill");
+    assert!(e.to_string().contains("get_fix"), "{e}");
+    assert!(e.to_string().contains("Fig. 3"), "{e}");
+}

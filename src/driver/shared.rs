@@ -744,24 +744,27 @@ fn new_engine(ep: Box<dyn Endpoint>, cfg: &Config, placement: Placement) -> Rc<R
     let mut engine = Engine::new(
         ep,
         cfg.protocol.build(
-            cfg.checkpoint_every,
-            cfg.mtbf.map(|d| d.as_secs_f64()),
-            cfg.log_budget,
+            crate::protocol::BuildOptions {
+                checkpoint_every: cfg.checkpoint_every,
+                mtbf_s: cfg.mtbf.map(|d| d.as_secs_f64()),
+                log_budget: cfg.log_budget,
+                sets: cfg.sets,
+                wave: cfg
+                    .get_fix
+                    .map(|fix| crate::protocol::chandy_lamport::WaveConfig {
+                        fix,
+                        check: cfg.check_cuts,
+                        interval: cfg.wave_interval,
+                        last_safe_point: cfg.iterations,
+                    }),
+            },
             cfg.log_budget.map(|budget| {
                 let dir = cfg.spill_dir();
                 let limit = crate::store::spill::FileSpill::limit_for(&dir, budget);
                 Box::new(crate::store::spill::FileSpill::new(dir, limit))
                     as Box<dyn crate::store::spill::LogSpill>
             }),
-            cfg.sets,
             &placement,
-            cfg.get_fix
-                .map(|fix| crate::protocol::chandy_lamport::WaveConfig {
-                    fix,
-                    check: cfg.check_cuts,
-                    interval: cfg.wave_interval,
-                    last_safe_point: cfg.iterations,
-                }),
         ),
         Box::new({
             let store = MultiLevel::new(

@@ -44,6 +44,23 @@ use crate::store::{CheckpointStore, PieceWriter};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
+/// What a protocol is built with ([`ProtocolKind::build`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BuildOptions {
+    /// Checkpoint every this many safe points (0: never).
+    pub checkpoint_every: u64,
+    /// With a mean time between failures (seconds), the interval becomes
+    /// Daly's (003 §6.1) from the measured checkpoint cost, starting with
+    /// `checkpoint_every`.
+    pub mtbf_s: Option<f64>,
+    /// Message logging: the log budget in bytes.
+    pub log_budget: Option<usize>,
+    /// `correlated`: how sets are formed.
+    pub sets: correlated::SetRule,
+    /// `chandy-lamport`: 000 §IV's wave, if a `get()` fix is chosen.
+    pub wave: Option<chandy_lamport::WaveConfig>,
+}
+
 /// The protocols a run can choose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProtocolKind {
@@ -88,23 +105,23 @@ impl ProtocolKind {
         }
     }
 
-    /// Build the protocol state machine for one rank: checkpoint every
-    /// `checkpoint_every` safe points, or, with `mtbf_s`, at Daly's interval
-    /// (003 §6.1) from the measured checkpoint cost, starting with
-    /// `checkpoint_every`. `sets` and `placement` form the correlated sets
-    /// of `correlated`. A logging protocol moves payloads past `log_budget`
-    /// to `spill` (given by the runtime; without one the budget only asks
-    /// receivers to checkpoint).
+    /// Build the protocol state machine for one rank, as `o` says;
+    /// `placement` forms the correlated sets of `correlated`. A logging
+    /// protocol moves payloads past the log budget to `spill` (given by the
+    /// runtime; without one the budget only asks receivers to checkpoint).
     pub fn build(
         self,
-        checkpoint_every: u64,
-        mtbf_s: Option<f64>,
-        log_budget: Option<usize>,
+        o: BuildOptions,
         spill: Option<Box<dyn LogSpill>>,
-        sets: correlated::SetRule,
         placement: &Placement,
-        wave: Option<chandy_lamport::WaveConfig>,
     ) -> Box<dyn Protocol> {
+        let BuildOptions {
+            checkpoint_every,
+            mtbf_s,
+            log_budget,
+            sets,
+            wave,
+        } = o;
         let bounded = |mut p: pessimistic::Pessimistic| {
             if let Some(s) = spill {
                 p.set_spill(s);
