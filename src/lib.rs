@@ -72,7 +72,15 @@
 //!   it on a channel after its recording and before that channel's marker
 //!   are the channel's **state**, saved with its piece and delivered again
 //!   after a rollback. A message that **crosses** a cut was sent after its
-//!   sender's cut and received before its receiver's (an orphan).
+//!   sender's cut and received before its receiver's (an orphan); a
+//!   one-sided reply also crosses it when read before the target's cut and
+//!   written after the origin's (000 Fig. 3). An operation **overlaps** a
+//!   cut when issued before its origin's cut and completed after.
+//! - **wave, get() fix** (000 §IV): the markers of one snapshot, which a
+//!   rank **enters** at the first one that reaches it; the fixes (vanilla,
+//!   delay, peek-and-get, double barrier, partial double barrier) decide
+//!   where a rank's cut lies so that a GET in flight cannot cross it
+//!   (`--get-fix`; `lazarus bench --get-fix all` measures 000 Table I).
 //! - **request-based operation**: a one-sided access that returns a request
 //!   at once ([`Window::immediate_get`], MPI's `MPI_Rget`), completed by
 //!   `wait`/`test` or at the end of its RMA epoch.
