@@ -42,7 +42,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::{AppParams, Verification, safe_point};
-use crate::{Communicator, Ctx, Error, Rank, ReduceOp, Result, Window};
+use crate::{Communicator, Ctx, Error, GetRequest, Rank, ReduceOp, Result, Window};
 
 /// Keys per table slot of a class: > 1, so collisions are the common case
 /// and the overflow heap of 003 §7.2.2 carries most of the entries.
@@ -272,18 +272,41 @@ fn get1(win: &Window<u64>, target: Rank, offset: usize) -> Result<u64> {
     })
 }
 
+/// A request-based GET of the slot key `key` will land in, issued while the
+/// key before it is inserted (the batch's inner loop overlaps one round trip
+/// with the next).
+struct Prefetch {
+    key: u64,
+    slot_key: GetRequest<u64>,
+}
+
+impl Prefetch {
+    fn issue(win: &Window<u64>, lay: &Layout, ranks: usize, key: u64) -> Result<Self> {
+        let (owner, slot) = place(key, ranks, lay.slots);
+        Ok(Prefetch {
+            key,
+            slot_key: win.immediate_get(owner, lay.key(slot), 1)?,
+        })
+    }
+}
+
 /// Insert `key` (003 §7.2.2). Returns whether it collided. Must run inside an
-/// access epoch to the owner (the batch's `lock_all`).
-fn insert(win: &Window<u64>, lay: &Layout, ranks: usize, key: u64) -> Result<bool> {
+/// access epoch to the owner (the batch's `lock_all`). `seen`: the slot's key
+/// as a prefetch read it: a slot once taken stays taken (keys are never
+/// removed), so a key seen there sends the insert straight to the overflow
+/// heap; EMPTY is only a hint, the claim below decides.
+fn insert(win: &Window<u64>, lay: &Layout, ranks: usize, key: u64, seen: u64) -> Result<bool> {
     let (owner, slot) = place(key, ranks, lay.slots);
     let value = value_of(key);
     // Claim the slot atomically: of all origins racing for it exactly one sees
     // EMPTY. Readers only look after the batch's unlock_all and barrier, so the
     // value may follow with a plain PUT.
-    let prev = win.compare_and_swap(owner, lay.key(slot), EMPTY, key)?;
-    if prev == EMPTY {
-        win.put(owner, lay.val(slot), &[value])?;
-        return Ok(false);
+    if seen == EMPTY {
+        let prev = win.compare_and_swap(owner, lay.key(slot), EMPTY, key)?;
+        if prev == EMPTY {
+            win.put(owner, lay.val(slot), &[value])?;
+            return Ok(false);
+        }
     }
     // Collision: take the next free heap cell with Fetch-And-Op.
     let taken = win.fetch_and_op(owner, lay.counter(), 1, ReduceOp::Sum)?;
@@ -317,6 +340,13 @@ fn insert(win: &Window<u64>, lay: &Layout, ranks: usize, key: u64) -> Result<boo
         }
         head = seen;
     }
+}
+
+/// The one element a GET of one element returned.
+fn first(v: Vec<u64>, key: u64) -> Result<u64> {
+    v.first()
+        .copied()
+        .ok_or_else(|| Error::app(format!("the prefetch of key {key}'s slot returned nothing")))
 }
 
 /// Every owner must be able to absorb its collisions: an owner receiving
@@ -526,8 +556,21 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
         let keys = batch_range(state.next_batch, p.batches, p.keys_per_rank);
         let n = keys.len() as u64;
         win.lock_all()?;
-        for i in keys {
-            insert(&win, &lay, ranks, key_of(rank, i, p.keys_per_rank))?;
+        let key = |i: usize| key_of(rank, i, p.keys_per_rank);
+        let mut next = match keys.clone().next() {
+            Some(i) => Some(Prefetch::issue(&win, &lay, ranks, key(i))?),
+            None => None,
+        };
+        for i in keys.clone() {
+            let this = next.take();
+            if i + 1 < keys.end {
+                next = Some(Prefetch::issue(&win, &lay, ranks, key(i + 1))?);
+            }
+            let (k, seen) = match this {
+                Some(f) => (f.key, first(f.slot_key.wait()?, f.key)?),
+                None => (key(i), EMPTY),
+            };
+            insert(&win, &lay, ranks, k, seen)?;
         }
         // A safe point needs every epoch closed, and the barrier makes every
         // rank's inserts of this batch complete before anyone saves its
