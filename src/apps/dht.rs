@@ -921,7 +921,7 @@ mod tests {
             let win = world.allocate_window::<u64>(lay.len())?;
             win.lock_all()?;
             for i in 0..q.keys_per_rank {
-                insert(&win, &lay, ranks, key_of(rank, i, q.keys_per_rank))?;
+                insert(&win, &lay, ranks, key_of(rank, i, q.keys_per_rank), EMPTY)?;
             }
             win.unlock_all()?;
             world.barrier()?;
