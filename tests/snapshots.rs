@@ -115,9 +115,16 @@ fn get_fixes_keep_their_guarantees_on_every_backend() {
     use lazarus::protocol::chandy_lamport::GetFix;
     for backend in Backend::ALL {
         for fix in GetFix::ALL {
+            // The wave alone (no safe-point snapshots, whose holds can delay
+            // a request past its target's wave cut: ARCHITECTURE.md).
+            let interval = match backend {
+                Backend::Sim => std::time::Duration::from_micros(50),
+                _ => std::time::Duration::from_millis(1),
+            };
             let cfg = common::config(backend, 4)
                 .protocol(ProtocolKind::ChandyLamport)
-                .checkpoint_every(1)
+                .checkpoint_every(0)
+                .wave_interval(interval)
                 .get_fix(fix)
                 .check_cuts(true);
             let (v, st) = common::run(AppKind::Dht, &small_dht(), &cfg);
@@ -125,7 +132,7 @@ fn get_fixes_keep_their_guarantees_on_every_backend() {
             assert!(v.verified, "{what}: {}", v.detail);
             let c = st.cuts.unwrap_or_else(|| panic!("{what}: no cut report"));
             let w = st.wave;
-            assert!(c.checked >= 4, "{what}: {} cuts checked", c.checked);
+            assert!(c.checked >= 1, "{what}: {} cuts checked", c.checked);
             if fix.never_crossed() {
                 assert_eq!(c.crossed, 0, "{what}: {:?}", c.findings);
             }

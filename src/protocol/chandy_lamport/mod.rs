@@ -237,8 +237,9 @@ impl ChandyLamport {
     }
 
     /// Deliver, in arrival order, the held messages whose generation this
-    /// rank has recorded and whose wave generation it has cut (a release
-    /// can complete a GET and let the wave cut again).
+    /// rank has recorded and whose wave generation it has cut, then let the
+    /// wave move on (they come before its next cut; one can complete a GET
+    /// and let it cut again), until nothing more is released.
     fn release(&mut self, cx: &mut ProtocolCx<'_>) {
         loop {
             let cuts = self.wave.as_ref().map_or(u64::MAX, Wave::cuts);
@@ -247,14 +248,16 @@ impl ChandyLamport {
                 .into_iter()
                 .partition(|h| h.recorded <= recorded && h.cut <= cuts);
             self.held = later;
-            if now.is_empty() {
-                return;
-            }
+            let released = !now.is_empty();
             for h in now {
                 if let Some(w) = &mut self.wave {
-                    w.received(&h.msg, h.index, cx);
+                    w.take(&h.msg, h.index, cx);
                 }
                 cx.emit(Action::Deliver { msg: h.msg });
+            }
+            let cut = self.wave.as_mut().is_some_and(|w| w.advance(cx));
+            if !released && !cut {
+                return;
             }
         }
     }

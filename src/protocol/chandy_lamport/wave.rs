@@ -316,8 +316,15 @@ impl Wave {
     }
 
     /// A leg that arrived as `index` on its channel is handed to this rank
-    /// (at once, or released from a hold).
+    /// (at once, or released from a hold); whether the wave cut then.
     pub fn received(&mut self, msg: &AppMessage, index: u64, cx: &mut ProtocolCx<'_>) -> bool {
+        self.take(msg, index, cx);
+        self.advance(cx)
+    }
+
+    /// [`Wave::received`] without moving the wave on: for messages released
+    /// together, which all come before the next cut.
+    pub fn take(&mut self, msg: &AppMessage, index: u64, cx: &mut ProtocolCx<'_>) {
         let src = msg.envelope.src;
         let refusal = is_refusal(msg);
         self.tick(cx);
@@ -342,11 +349,9 @@ impl Wave {
                         completed: self.cuts,
                     });
                 }
-                return self.advance(cx);
             }
             LegKind::Message => {}
         }
-        self.advance(cx)
     }
 
     /// A marker of generation `g` from `src`.
@@ -380,9 +385,11 @@ impl Wave {
         self.advance(cx)
     }
 
-    /// Enter and cut what can be entered and cut now; whether a cut was
-    /// made.
-    fn advance(&mut self, cx: &mut ProtocolCx<'_>) -> bool {
+    /// Enter and cut what can be entered and cut now, one cut at most:
+    /// whether a cut was made. After a cut the caller releases what the
+    /// cut lets in (held messages come before the next generation's cut:
+    /// a request among them must be answered first) and calls again.
+    pub fn advance(&mut self, cx: &mut ProtocolCx<'_>) -> bool {
         let before = self.cuts;
         loop {
             if self.entered == self.cuts && self.due > self.entered && self.may_enter() {
@@ -404,7 +411,6 @@ impl Wave {
             }
             if self.entered > self.cuts && self.may_cut(cx) {
                 self.cuts = self.entered;
-                continue;
             }
             break;
         }
@@ -446,7 +452,14 @@ impl Wave {
                 }
                 self.second_sent == g && all_in(&self.second_in)
             }
-            GetFix::PartialDoubleBarrier => all_in(&self.first_in) && self.flushing.is_empty(),
+            // Every request that came before its origin's marker is served
+            // before the cut (a NIC serves on arrival; the engine serves
+            // when it makes progress, so the cut waits for it).
+            GetFix::PartialDoubleBarrier => {
+                all_in(&self.first_in)
+                    && self.flushing.is_empty()
+                    && self.unanswered.values().all(|&n| n == 0)
+            }
         }
     }
 
