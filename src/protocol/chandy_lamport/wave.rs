@@ -391,28 +391,25 @@ impl Wave {
     /// a request among them must be answered first) and calls again.
     pub fn advance(&mut self, cx: &mut ProtocolCx<'_>) -> bool {
         let before = self.cuts;
-        loop {
-            if self.entered == self.cuts && self.due > self.entered && self.may_enter() {
-                self.entered += 1;
-                let g = self.entered;
-                self.counts.generations = g;
-                self.counts.first += cx.size.saturating_sub(1) as u64;
-                cx.broadcast(&Control::Wave {
-                    generation: g,
-                    kind: WaveMarker::First,
-                });
-                let crossed: Vec<Rank> = (self.first_in.iter())
-                    .filter(|&(_, &f)| f >= g)
-                    .map(|(&r, _)| r)
-                    .collect();
-                for t in crossed {
-                    self.flush_if_crossed(t, cx);
-                }
+        if self.entered == self.cuts && self.due > self.entered && self.may_enter() {
+            self.entered += 1;
+            let g = self.entered;
+            self.counts.generations = g;
+            self.counts.first += cx.size.saturating_sub(1) as u64;
+            cx.broadcast(&Control::Wave {
+                generation: g,
+                kind: WaveMarker::First,
+            });
+            let crossed: Vec<Rank> = (self.first_in.iter())
+                .filter(|&(_, &f)| f >= g)
+                .map(|(&r, _)| r)
+                .collect();
+            for t in crossed {
+                self.flush_if_crossed(t, cx);
             }
-            if self.entered > self.cuts && self.may_cut(cx) {
-                self.cuts = self.entered;
-            }
-            break;
+        }
+        if self.entered > self.cuts && self.may_cut(cx) {
+            self.cuts = self.entered;
         }
         if self.check {
             self.log.cuts = self.cuts;
