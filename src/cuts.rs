@@ -174,11 +174,25 @@ pub fn check(logs: &[CutLog]) -> CutReport {
         checked,
         ..CutReport::default()
     };
-    // Per cut 1..=checked: whether something crosses / overlaps it.
+    // Per cut 0..=checked: whether something crosses / overlaps it.
     let mut crossed = vec![false; checked as usize + 1];
     let mut overlapped = vec![false; checked as usize + 1];
-    // The cuts in (lo, hi], limited to the checked ones.
-    let span = |lo: u64, hi: u64| (lo + 1)..=hi.min(checked);
+    // Mark the checked cuts in (lo, hi] on `flags`; how many there are.
+    // The first finding of each communication is kept, up to a limit.
+    let mut judge = |lo: u64, hi: u64, flags: &mut [bool], what: &dyn Fn() -> String| {
+        let cuts = (lo + 1)..=hi.min(checked);
+        for g in cuts.clone() {
+            flags[g as usize] = true;
+        }
+        let n = cuts.clone().count() as u64;
+        if n > 0 && report.findings.len() < KEPT_FINDINGS {
+            report.findings.push(Finding {
+                generation: *cuts.start(),
+                what: what(),
+            });
+        }
+        n
+    };
 
     let mut received = std::collections::HashMap::new();
     for log in logs {
@@ -186,72 +200,42 @@ pub fn check(logs: &[CutLog]) -> CutReport {
             received.insert((r.src, log.rank, r.index), r.cuts);
         }
     }
+    let (mut orphans, mut lost_replies, mut overlapping, mut unmatched) = (0, 0, 0, 0);
     for log in logs {
         for s in &log.sent {
             let Some(&r) = received.get(&(log.rank, s.dest, s.index)) else {
-                report.unmatched_legs += 1;
+                unmatched += 1;
                 continue;
             };
-            let (orphan, lost) = (r < s.cuts, s.kind == LegKind::Reply && s.cuts < r);
-            let (lo, hi, what) = if orphan {
-                (
-                    r,
-                    s.cuts,
-                    "sent after its sender's cut, received before its receiver's",
+            let leg = |why: &str| {
+                format!(
+                    "{:?} {} → {} (#{} on its channel): {why}",
+                    s.kind, log.rank, s.dest, s.index
                 )
-            } else if lost {
-                (
-                    s.cuts,
-                    r,
-                    "read before the target's cut, written after the origin's (000 Fig. 3)",
-                )
-            } else {
-                continue;
             };
-            let cuts = span(lo, hi);
-            let n = cuts.clone().count() as u64;
-            if n == 0 {
-                continue;
-            }
-            if orphan {
-                report.orphans += n;
-            } else {
-                report.lost_replies += n;
-            }
-            for g in cuts.clone() {
-                crossed[g as usize] = true;
-            }
-            if report.findings.len() < KEPT_FINDINGS {
-                report.findings.push(Finding {
-                    generation: *cuts.start(),
-                    what: format!(
-                        "{:?} {} → {} (#{} on its channel): {what}",
-                        s.kind, log.rank, s.dest, s.index
-                    ),
+            if r < s.cuts {
+                orphans += judge(r, s.cuts, &mut crossed, &|| {
+                    leg("sent after its sender's cut, received before its receiver's")
+                });
+            } else if s.kind == LegKind::Reply && s.cuts < r {
+                lost_replies += judge(s.cuts, r, &mut crossed, &|| {
+                    leg("read before the target's cut, written after the origin's (000 Fig. 3)")
                 });
             }
         }
         for op in &log.operations {
-            let cuts = span(op.issued, op.completed);
-            let n = cuts.clone().count() as u64;
-            if n == 0 {
-                continue;
-            }
-            report.overlapping_operations += n;
-            for g in cuts.clone() {
-                overlapped[g as usize] = true;
-            }
-            if report.findings.len() < KEPT_FINDINGS {
-                report.findings.push(Finding {
-                    generation: *cuts.start(),
-                    what: format!(
-                        "one-sided operation {} → {}: issued before the origin's cut, completed after",
-                        log.rank, op.target
-                    ),
-                });
-            }
+            overlapping += judge(op.issued, op.completed, &mut overlapped, &|| {
+                format!(
+                    "one-sided operation {} → {}: issued before the origin's cut, completed after",
+                    log.rank, op.target
+                )
+            });
         }
     }
+    report.orphans = orphans;
+    report.lost_replies = lost_replies;
+    report.overlapping_operations = overlapping;
+    report.unmatched_legs = unmatched;
     report.crossed = crossed.iter().filter(|&&c| c).count() as u64;
     report.overlapped = overlapped.iter().filter(|&&c| c).count() as u64;
     report

@@ -182,7 +182,7 @@ pub(crate) const RMA_REPLY: Tag = 1;
 /// Whether `msg` is a one-sided request (applied by `serve_rma`, not
 /// matched by a receive).
 fn is_rma_request(msg: &AppMessage) -> bool {
-    msg.envelope.context == RMA_CONTEXT && msg.envelope.tag == RMA_REQUEST
+    leg_kind(msg) == crate::cuts::LegKind::Request
 }
 
 /// What `msg` is on its channel (for the snapshot wave and the cut
@@ -412,6 +412,8 @@ pub struct Engine {
     /// The protocol sees every arrival from another rank
     /// ([`Event::AppArrive`]) and may hold it.
     watch_arrivals: bool,
+    /// Whether the protocol wants every send ([`Protocol::watches_sends`]).
+    watch_sends: bool,
     /// The protocol held the arrival being handled.
     hold: bool,
     /// The protocol asked to record this rank's state at this safe point
@@ -553,6 +555,7 @@ impl Engine {
         let coll_results = proto.logs_collective_results();
         let rma_messages = logging || proto.one_sided_as_messages();
         let proto_watches = proto.watches_arrivals();
+        let proto_watches_sends = proto.watches_sends();
         // A replacement re-executes with every rank that rolled back with
         // it (its correlated set): what they sent before this epoch belongs
         // to the execution that was rolled back.
@@ -604,6 +607,7 @@ impl Engine {
             released: false,
             capture_due: None,
             watch_arrivals: proto_watches,
+            watch_sends: proto_watches_sends,
             hold: false,
             record_due: None,
             recorded: BTreeMap::new(),
@@ -1374,7 +1378,7 @@ impl Engine {
         if let Some(e) = self.ulfm_send_failure(dest, context) {
             return Err(e);
         }
-        if !self.serving_rma {
+        if self.watch_sends && !self.serving_rma {
             // A protocol may hold the application's communications back
             // for a while (000 §IV-C); a reply the engine serves is never
             // held, as a NIC's is not.
@@ -1405,7 +1409,7 @@ impl Engine {
             payload,
         };
         self.withhold = false;
-        if self.logging || self.watch_arrivals {
+        if self.logging || self.watch_sends {
             self.handle(Event::AppSend { msg: &msg })?;
             self.check()?;
         }
@@ -1472,7 +1476,7 @@ impl Engine {
             return Ok(());
         }
         self.transmit(dest, Body::App(msg))?;
-        if self.watch_arrivals {
+        if self.watch_sends {
             self.handle(Event::AppSent { dest })?;
         }
         Ok(())

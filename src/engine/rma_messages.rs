@@ -143,7 +143,7 @@ impl Engine {
                 return Ok(());
             };
             let origin = msg.envelope.src;
-            if self.watch_arrivals && self.proto.refuses_request(origin) {
+            if self.watch_sends && self.proto.refuses_request(origin) {
                 // Peek-and-get (000 §IV-B): not served now; the origin
                 // issues it again once it has entered the wave.
                 self.send_message(origin, RMA_CONTEXT, RMA_REPLY, Bytes::new(), true)?;

@@ -792,6 +792,12 @@ pub trait Protocol: Send {
     fn watches_arrivals(&self) -> bool {
         false
     }
+    /// Whether the protocol wants every send from the application and the
+    /// engine (`AppSend` and `AppSent`) and answers [`Protocol::may_initiate`]
+    /// (the logging protocols get `AppSend` regardless).
+    fn watches_sends(&self) -> bool {
+        false
+    }
     /// Whether the application may start a communication now; the engine
     /// waits (handling arrivals) until it may. `chandy-lamport` under a
     /// double barrier: not during the wave (000 §IV-C).

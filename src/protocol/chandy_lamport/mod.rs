@@ -302,6 +302,10 @@ impl Protocol for ChandyLamport {
         true
     }
 
+    fn watches_sends(&self) -> bool {
+        self.wave.is_some()
+    }
+
     fn may_initiate(&self) -> bool {
         self.wave.as_ref().is_none_or(Wave::may_initiate)
     }
