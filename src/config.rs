@@ -24,11 +24,36 @@ pub enum Backend {
     Sim,
     /// One OS process per rank, started and watched by a launcher.
     Processes,
+    /// One MPI process per rank, started by `mpiexec` or `srun` (built with
+    /// the `mpi` feature; [`crate::driver::mpi`]).
+    Mpi,
 }
 
 impl Backend {
-    /// Every backend that exists, for the shared test suite.
+    /// Every backend this build has, for the shared conformance suite.
+    #[cfg(feature = "mpi")]
+    pub const ALL: [Backend; 4] = [
+        Backend::Processes,
+        Backend::Threads,
+        Backend::Sim,
+        Backend::Mpi,
+    ];
+    /// Every backend this build has, for the shared conformance suite.
+    #[cfg(not(feature = "mpi"))]
     pub const ALL: [Backend; 3] = [Backend::Processes, Backend::Threads, Backend::Sim];
+
+    /// The backends that recover a failed rank in place, without ending
+    /// the job: the suites that kill ranks run on these. (`mpi` without
+    /// ULFM loses the job with any rank; `lazarus mpirun` restarts it.)
+    pub const RECOVERING: [Backend; 3] = [Backend::Processes, Backend::Threads, Backend::Sim];
+
+    /// Every backend's name, built or not (what `--backend` accepts).
+    const NAMED: [Backend; 4] = [
+        Backend::Processes,
+        Backend::Threads,
+        Backend::Sim,
+        Backend::Mpi,
+    ];
 
     /// Name on the command line.
     pub fn name(self) -> &'static str {
@@ -36,6 +61,7 @@ impl Backend {
             Backend::Threads => "threads",
             Backend::Sim => "sim",
             Backend::Processes => "processes",
+            Backend::Mpi => "mpi",
         }
     }
 }
@@ -62,7 +88,7 @@ impl Backend {
     pub fn max_ranks(self) -> usize {
         match self {
             Backend::Threads => MAX_THREAD_RANKS,
-            Backend::Processes => MAX_PROCESS_RANKS,
+            Backend::Processes | Backend::Mpi => MAX_PROCESS_RANKS,
             Backend::Sim => MAX_SIM_RANKS,
         }
     }
@@ -91,13 +117,13 @@ impl fmt::Display for Backend {
 impl FromStr for Backend {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Backend::ALL
+        Backend::NAMED
             .into_iter()
             .find(|b| b.name() == s)
             .ok_or_else(|| {
                 Error::config(
                     "backend",
-                    format!("unknown backend `{s}` (available: threads, processes, sim)"),
+                    format!("unknown backend `{s}` (available: threads, processes, sim, mpi)"),
                 )
             })
     }
@@ -358,6 +384,38 @@ impl Config {
         Placement::block(self.ranks, self.nodes)
     }
 
+    /// What the `mpi` backend cannot do (yet) or needs.
+    fn check_mpi(&self) -> Result<()> {
+        if !cfg!(feature = "mpi") {
+            return Err(Error::config(
+                "backend",
+                "this lazarus was built without MPI: build it with `--features mpi` \
+                 (which needs an MPI's `mpicc` on the PATH and libclang)",
+            ));
+        }
+        check_max_frame(self.max_frame)?;
+        if self.failure_handling == FailureHandling::Return {
+            return Err(Error::config(
+                "failure_handling",
+                "failures reported to the program need ULFM, which the mpi backend does not \
+                 drive yet: use the processes backend",
+            ));
+        }
+        let on_disk = self
+            .storage
+            .iter()
+            .any(|l| matches!(l, crate::store::levels::LevelSpec::Disk { .. }));
+        if !self.kills.is_empty() && !on_disk {
+            return Err(Error::config(
+                "kills",
+                "on the mpi backend a rank's death ends the MPI job (no in-place recovery \
+                 without ULFM), which then restarts from its newest generation on disk: \
+                 add a disk level (Config::storage, disk:DIR)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Check the configuration as a whole.
     pub fn validate(&self) -> Result<Placement> {
         check_ranks(self.backend, self.ranks)?;
@@ -375,6 +433,9 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if self.backend == Backend::Mpi {
+            self.check_mpi()?;
         }
         if (self.get_fix.is_some() || self.check_cuts)
             && self.protocol != ProtocolKind::ChandyLamport

@@ -277,7 +277,7 @@ pub struct JobReport<T> {
 }
 
 impl<T> JobReport<T> {
-    fn failed(e: Error) -> Self {
+    pub(crate) fn failed(e: Error) -> Self {
         JobReport {
             outcome: Err(e),
             stats: JobStats::default(),
@@ -323,14 +323,37 @@ where
         Ok(r) => r,
         Err(e) => return JobReport::failed(e),
     };
+    #[cfg(feature = "mpi")]
+    let role = match (role, crate::driver::mpi::MpiLaunch::from_env(cfg)) {
+        (processes::Role::Job, Some(env)) => {
+            let turn = env.and_then(|env| {
+                let turn =
+                    processes::turn(env.call, env.earlier.as_deref(), cfg.worker_args.is_some())?;
+                Ok((env, turn))
+            });
+            match turn {
+                Ok((env, processes::Turn::Mine)) => {
+                    let f: Box<RankFn<T>> = Box::new(f);
+                    return crate::driver::mpi::run_rank(&env, cfg, &*f);
+                }
+                Ok((_, processes::Turn::Earlier(replay))) => processes::Role::Earlier(replay),
+                Err(e) => return JobReport::failed(e),
+            }
+        }
+        (role, _) => role,
+    };
     let cfg = &match role {
         processes::Role::Job => cfg.clone(),
         processes::Role::Rank(env) => return run_launched_rank(&env, cfg, f),
         processes::Role::Earlier(Some(earlier)) => return decoded_report(*earlier),
-        processes::Role::Earlier(_) if cfg.backend == Backend::Processes => Config {
-            backend: Backend::Threads,
-            ..cfg.clone()
-        },
+        // A call the launcher did not record: run it here, on threads
+        // (the same results), not as another launcher.
+        processes::Role::Earlier(_) if matches!(cfg.backend, Backend::Processes | Backend::Mpi) => {
+            Config {
+                backend: Backend::Threads,
+                ..cfg.clone()
+            }
+        }
         processes::Role::Earlier(_) => cfg.clone(),
     };
     let prepared = cfg.validate().and_then(|p| {
@@ -417,7 +440,68 @@ where
             let outcome = decoded(raw.clone());
             (outcome, stats, None, Some(raw))
         }
+        #[cfg(feature = "mpi")]
+        Backend::Mpi => {
+            let (raw, stats) = crate::driver::mpi::launch::launch(&mpi_launch_spec(cfg));
+            let outcome = decoded(raw.clone());
+            (outcome, stats, None, Some(raw))
+        }
+        #[cfg(not(feature = "mpi"))]
+        Backend::Mpi => (
+            Err(Error::config("backend", "built without the `mpi` feature")),
+            JobStats::default(),
+            None,
+            None,
+        ),
     }
+}
+
+/// How the mpi backend starts this program under `mpiexec` for `cfg`
+/// (the same program and arguments as [`launch_spec`]).
+#[cfg(feature = "mpi")]
+fn mpi_launch_spec(cfg: &Config) -> crate::driver::mpi::launch::LaunchSpec {
+    let (program, args, call, earlier) = self_launch(cfg);
+    crate::driver::mpi::launch::LaunchSpec {
+        program,
+        args,
+        ranks: cfg.ranks,
+        protocol: cfg.protocol.name().into(),
+        call,
+        earlier,
+        quiet_stdout: cfg.worker_args.is_some(),
+    }
+}
+
+/// This program, the arguments that make its `run` call a rank, and (a
+/// test harness) which keyed call that is and what the earlier ones
+/// returned.
+fn self_launch(
+    cfg: &Config,
+) -> (
+    std::path::PathBuf,
+    Vec<std::ffi::OsString>,
+    Option<usize>,
+    Vec<processes::EarlierCall>,
+) {
+    let program = std::env::current_exe().unwrap_or_else(|_| "lazarus".into());
+    let (args, call, earlier) = match &cfg.worker_args {
+        Some(a) => {
+            let calls = HARNESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
+            let earlier: Vec<processes::EarlierCall> = calls
+                .iter()
+                .find(|(k, _)| k == a)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            (a.clone(), Some(earlier.len()), earlier)
+        }
+        None => (std::env::args().skip(1).collect(), None, Vec::new()),
+    };
+    (
+        program,
+        args.into_iter().map(Into::into).collect(),
+        call,
+        earlier,
+    )
 }
 
 /// A test harness's calls of `run` so far (those naming `worker_args`, on
@@ -480,22 +564,10 @@ fn decoded_report<T: DeserializeOwned>(job: processes::EarlierCall) -> JobReport
 /// k-th `run` call with `worker_args` is the rank (a test harness: see
 /// `processes::role_of_this_call`).
 fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
-    let program = std::env::current_exe().unwrap_or_else(|_| "lazarus".into());
-    let (args, call, earlier) = match &cfg.worker_args {
-        Some(a) => {
-            let calls = HARNESS_CALLS.lock().unwrap_or_else(|e| e.into_inner());
-            let earlier: Vec<processes::EarlierCall> = calls
-                .iter()
-                .find(|(k, _)| k == a)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default();
-            (a.clone(), Some(earlier.len()), earlier)
-        }
-        None => (std::env::args().skip(1).collect(), None, Vec::new()),
-    };
+    let (program, args, call, earlier) = self_launch(cfg);
     launcher::LaunchSpec {
         program,
-        args: args.into_iter().map(Into::into).collect(),
+        args,
         ranks: cfg.ranks,
         nodes: cfg.nodes,
         kills: cfg.kills.clone(),
@@ -573,7 +645,7 @@ where
 /// generations replace them cleanly. A restart directory's manifest must
 /// match the job (`disk::plan_restart`), and each disk level's directory
 /// is given the job's manifest, which also proves it writable.
-fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
+pub(crate) fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
     use crate::store::disk;
     use crate::store::levels::LevelSpec;
     let mut manifest = disk::Manifest::of(cfg);

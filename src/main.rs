@@ -133,10 +133,49 @@ enum Command {
     /// `mpirun` does), detect failures and start replacements.
     #[command(after_help = LAUNCH_EXAMPLES)]
     Launch(LaunchArgs),
+    /// Run an MPI job (`mpiexec ... lazarus run ... --backend mpi`) and
+    /// start it again from its newest checkpoint on disk while a rank's
+    /// death ends it (an MPI without ULFM), as SCR's `scr_srun` does.
+    #[cfg(feature = "mpi")]
+    #[command(after_help = MPIRUN_EXAMPLES)]
+    Mpirun(MpirunArgs),
     /// Started on each node by `srun` for a launcher with `--hosts slurm`:
     /// starts, kills and reports the rank processes of this node.
     #[command(hide = true)]
     Agent,
+}
+
+#[cfg(feature = "mpi")]
+const MPIRUN_EXAMPLES: &str = "Examples:
+  lazarus mpirun -- mpiexec -n 4 lazarus run cg --backend mpi --storage disk:/scratch/ckpt --kill 2@50%
+  lazarus mpirun --max-restarts 3 -- srun -n 64 lazarus run stencil --backend mpi --storage disk:ckpt
+
+The ranks write down each kill of the fault plan before they carry it out; when the job then
+ends, it starts again with LAZARUS_MPI_RESUME set: its ranks restart from the newest committed
+generation of their disk level (from the beginning if none was committed yet), and the kills
+that fired do not fire again. A job that ends for any other reason is not started again.
+Exit status: the last attempt's (0 when it succeeded), 2 bad usage.";
+
+#[cfg(feature = "mpi")]
+#[derive(Args, Debug)]
+struct MpirunArgs {
+    /// Most times the job is started again.
+    #[arg(long, default_value_t = 8)]
+    max_restarts: u32,
+    /// The command that runs the MPI job (after `--`).
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    command: Vec<std::ffi::OsString>,
+}
+
+#[cfg(feature = "mpi")]
+fn cmd_mpirun(args: &MpirunArgs) -> anyhow::Result<bool> {
+    let status = lazarus::driver::mpi::launch::mpirun(&args.command, args.max_restarts).map_err(
+        |e| match e {
+            e @ lazarus::Error::Config { .. } => usage(e),
+            e => e.into(),
+        },
+    )?;
+    Ok(status.success())
 }
 
 const LAUNCH_EXAMPLES: &str = "Examples (from the source tree, after `cargo build --release --example launched_solver`):
@@ -1270,11 +1309,28 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     if args.trace.is_some() {
         cfg = cfg.traced();
     }
-    if launched() {
-        // A rank process of `--backend processes`: run the rank and leave
-        // the printing to the launcher.
+    if launched() || lazarus::driver::mpi_env::self_launched() {
+        // A rank process of `--backend processes` (or `mpi`): run the rank
+        // and leave the printing to the launcher.
         run_app(app, &params, &cfg);
         return Ok(true);
+    }
+    if cfg.get_backend() == Backend::Mpi
+        && let Some(rank) = lazarus::driver::mpi_env::launcher_rank()
+    {
+        // Started by the user's `mpiexec`: MPI says how many ranks; rank 0
+        // prints the job's summary, the others only their errors.
+        if let Some(n) = lazarus::driver::mpi_env::launcher_size() {
+            let nodes = cfg.get_nodes().min(n);
+            cfg = cfg.ranks(n).nodes(nodes);
+        }
+        if rank != 0 {
+            let run = run_app(app, &params, &cfg);
+            if let Err(e) = &run.outcome {
+                eprintln!("error: rank {rank}: {e}");
+            }
+            return Ok(run.outcome.is_ok());
+        }
     }
     // Not in rank processes: they would create and remove the file at the
     // same time as one another.
@@ -2134,6 +2190,8 @@ fn main() -> ExitCode {
         Command::BenchCodec(a) => cmd_bench_codec(a),
         Command::Plot(a) => cmd_plot(a),
         Command::Launch(a) => cmd_launch(a),
+        #[cfg(feature = "mpi")]
+        Command::Mpirun(a) => cmd_mpirun(a),
         Command::Agent => lazarus::driver::processes::agent::run_agent()
             .map(|()| true)
             .map_err(Into::into),

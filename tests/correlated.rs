@@ -52,7 +52,7 @@ const SCENARIOS: &[Scenario] = &[
 ];
 
 fn check_app(app: AppKind, params: AppParams, seeds: u64) {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, RANKS).nodes(NODES);
         let (reference, _) = common::run(app, &params, &base);
         assert!(reference.verified, "{app}: {}", reference.detail);
@@ -146,7 +146,7 @@ fn exchange(backend: Backend, cfg: Config, dest: usize, rounds: usize, bytes: us
 fn messages_inside_a_set_are_not_logged_and_between_sets_are() {
     const ROUNDS: usize = 20;
     const BYTES: usize = 4096;
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let cfg = Config::new(4)
             .nodes(2)
             .protocol(ProtocolKind::Correlated)
@@ -185,7 +185,7 @@ fn messages_inside_a_set_are_not_logged_and_between_sets_are() {
 #[test]
 fn sets_of_n_consecutive_ranks_roll_back_together() {
     let params = common::class('S');
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, RANKS).nodes(2);
         let (reference, _) = common::run(AppKind::Cg, &params, &base);
         for n in [1usize, 4, 8] {
@@ -213,7 +213,7 @@ fn sets_of_n_consecutive_ranks_roll_back_together() {
 #[test]
 fn a_set_restarting_from_the_beginning_agrees_on_its_checkpoints() {
     let params = common::class('S');
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, RANKS).nodes(NODES);
         let (reference, _) = common::run(AppKind::Cg, &params, &base);
         let cfg = ["7@checkpoint:2", "node:1@checkpoint:1", "1@recovery:1"]
@@ -250,7 +250,7 @@ fn two_sets_holding_each_others_checkpoints_both_recover() {
             },
         ),
     ];
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, 4).nodes(2);
         for (app, params) in &apps {
             let (reference, _) = common::run(*app, params, &base);

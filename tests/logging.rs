@@ -234,7 +234,7 @@ fn check_wildcard_app(
 #[test]
 fn posted_wildcard_receives_replay_in_the_logged_order() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             common::within(
                 120,
                 &format!("posted wildcards, {protocol} on {backend}"),
@@ -249,7 +249,7 @@ fn posted_wildcard_receives_replay_in_the_logged_order() {
 #[test]
 fn wildcard_receptions_replay_in_the_logged_order() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             // The wildcard receiver dies; then a sender.
             check_wildcard(protocol, backend, "0@55%");
             check_wildcard(protocol, backend, "2@55%");
@@ -297,7 +297,7 @@ fn tickets_app(ctx: &mut Ctx) -> Result<(Vec<u64>, u64)> {
 #[test]
 fn one_sided_accesses_apply_exactly_once_across_a_failure() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             // The target of every fetch-and-op dies; then an origin.
             for kill in ["0@55%", "2@55%"] {
                 let (what, ranks, st) =
@@ -364,7 +364,7 @@ fn contended_lock_app(ctx: &mut Ctx) -> Result<u64> {
 #[test]
 fn a_contended_lock_is_queued_at_the_target_and_logged_once() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             let (what, counters, stats) =
                 run_failure_free("contended lock", contended_lock_app, protocol, backend);
             assert_eq!(counters[1], 3 * ITERATIONS, "{what}: rank 1's counter");
@@ -426,7 +426,7 @@ fn computing_target_app(ctx: &mut Ctx) -> Result<(u64, f64)> {
 #[test]
 fn a_target_computing_through_the_runtime_serves_one_sided_requests() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             let (what, results, _) =
                 run_failure_free("computing target", computing_target_app, protocol, backend);
             let (counter, longest) = results[1];
@@ -449,7 +449,7 @@ fn a_log_budget_forces_checkpoints_that_trim_the_logs() {
     };
     for (protocol, backend) in LOGGING
         .into_iter()
-        .flat_map(|p| Backend::ALL.map(|b| (p, b)))
+        .flat_map(|p| Backend::RECOVERING.map(|b| (p, b)))
     {
         let base = common::config(backend, 4)
             .protocol(protocol)
@@ -555,7 +555,7 @@ fn stream_app(ctx: &mut Ctx) -> Result<u64> {
 #[test]
 fn a_log_past_its_budget_spills_and_resends_from_the_spill() {
     let budget = 256 << 10;
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, 2)
             .protocol(ProtocolKind::Pessimistic)
             .checkpoint_every(1);
@@ -653,7 +653,7 @@ const PARTS_APPS: [(&str, SumApp, &str); 2] =
 #[test]
 fn a_log_budget_holds_on_sub_communicators() {
     for (name, app, _) in PARTS_APPS {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             let base = common::config(backend, 4)
                 .protocol(ProtocolKind::Ulml)
                 .checkpoint_every(0);
@@ -692,7 +692,7 @@ fn a_log_budget_holds_on_sub_communicators() {
 fn sub_communicators_are_recreated_by_a_rank_restored_alone() {
     for (name, app, kill) in PARTS_APPS {
         for protocol in LOGGING {
-            for backend in Backend::ALL {
+            for backend in Backend::RECOVERING {
                 let what = format!("{name} under {protocol} on {backend}");
                 let base = common::config(backend, 4)
                     .protocol(protocol)
@@ -741,7 +741,7 @@ fn log_records_per_allreduce_follow_002_table_1() {
     const ROUNDS: u64 = 10;
     for (protocol, backend) in [ProtocolKind::Pessimistic, ProtocolKind::Ulml]
         .into_iter()
-        .flat_map(|p| Backend::ALL.map(|b| (p, b)))
+        .flat_map(|p| Backend::RECOVERING.map(|b| (p, b)))
     {
         for p in [2usize, 3, 4, 7] {
             let cfg = common::config(backend, p)
@@ -813,7 +813,7 @@ fn cg_s_survives(
 #[test]
 fn kills_inside_a_checkpoint_are_survived() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             for kill in ["1@checkpoint:3", "2@checkpoint:1"] {
                 let st = cg_s_survives(protocol, backend, nodes_for(protocol), &[kill]);
                 assert_eq!(
@@ -833,7 +833,7 @@ fn kills_inside_a_checkpoint_are_survived() {
 #[test]
 fn an_unrebuildable_loss_restarts_the_job_from_the_beginning() {
     for protocol in LOGGING {
-        for backend in Backend::ALL {
+        for backend in Backend::RECOVERING {
             let st = cg_s_survives(protocol, backend, 2, &["node:1@37%", "1@recovery:1"]);
             assert_eq!(st.job_restarts, 1, "{protocol} on {backend}");
             assert_eq!(

@@ -1,4 +1,4 @@
-//! Failure and recovery scenarios, run on every backend (`Backend::ALL`).
+//! Failure and recovery scenarios, run on every backend (`Backend::RECOVERING`).
 //!
 //! The oracle is the verification value of the failure-free run: every
 //! scenario (a rank kill, a node kill, two kills, a kill during recovery) must
@@ -85,7 +85,7 @@ fn check_app(
     seeds: u64,
     protocols: &[ProtocolKind],
 ) {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, ranks);
         let (reference, _) = common::run(app, &params, &base);
         assert!(
@@ -306,7 +306,7 @@ fn protocol_none_fails_cleanly_on_a_kill() {
 /// it, or the receiver would wait forever after a rollback.
 #[test]
 fn unexpected_messages_survive_rollback() {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         for (victim, protocol) in ["0@i3", "1@i3", "1@i4", "0@i5"].into_iter().flat_map(|v| {
             [
                 (v, ProtocolKind::Coordinated),
@@ -352,7 +352,7 @@ fn unexpected_messages_survive_rollback() {
 /// new: the sum is that of the failure-free run whatever rank dies when.
 #[test]
 fn channel_state_is_delivered_again_after_a_rollback() {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         for victim in ["", "0@i3", "1@i4", "1@checkpoint:3", "0@checkpoint:2"] {
             let mut cfg = common::config(backend, 2)
                 .protocol(ProtocolKind::ChandyLamport)
@@ -411,7 +411,7 @@ fn channel_state_is_delivered_again_after_a_rollback() {
 /// has no children to ask), then save it as unexpected.
 #[test]
 fn a_single_rank_checkpoints_with_a_message_to_itself_in_flight() {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let cfg = common::config(backend, 1)
             .protocol(ProtocolKind::Coordinated)
             .checkpoint_every(1)
@@ -472,7 +472,7 @@ fn random_kills_never_change_the_answer() {
 
 #[test]
 fn restarts_from_the_beginning_are_counted() {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let params = AppParams {
             class: Some('S'),
             ..AppParams::default()
@@ -507,7 +507,7 @@ fn restarts_from_the_beginning_are_counted() {
 #[test]
 fn a_kill_as_a_rank_finishes_keeps_the_value() {
     let params = common::class('S');
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, 4);
         let (reference, _) = common::run(AppKind::Cg, &params, &base);
         for protocol in [ProtocolKind::Coordinated, ProtocolKind::Pessimistic] {
@@ -556,7 +556,7 @@ fn every_get_fix_without_crossings_recovers() {
             "2@checkpoint:4",
         ),
     ];
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let interval = match backend {
             Backend::Sim => std::time::Duration::from_micros(20),
             _ => std::time::Duration::from_micros(500),

@@ -1,4 +1,4 @@
-//! RMA epochs across checkpoints, on every backend (`Backend::ALL`) and
+//! RMA epochs across checkpoints, on every backend (`Backend::RECOVERING`) and
 //! under every protocol that recovers.
 //!
 //! A checkpoint between two fences is inside an access epoch (MPI-3.1
@@ -170,7 +170,7 @@ const ULML_NODE_KILL_ON_PROCESSES: (Backend, ProtocolKind, &str) =
 /// values are those of the failure-free run. Every case runs, and the test
 /// fails listing each one that did not.
 fn survives_kills(program: Program, name: &str) {
-    let cases = Backend::ALL.into_iter().flat_map(|b| {
+    let cases = Backend::RECOVERING.into_iter().flat_map(|b| {
         RECOVERING
             .into_iter()
             .flat_map(move |p| KILLS.into_iter().map(move |k| (b, p, k)))
@@ -182,7 +182,7 @@ fn survives_kills(program: Program, name: &str) {
 /// values.
 fn survives(program: Program, name: &str, cases: Vec<(Backend, ProtocolKind, &str)>) {
     let mut failed = Vec::new();
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let base = common::config(backend, RANKS).nodes(NODES);
         let reference = run(base.clone(), program, format!("{name} on {backend}"))
             .outcome
@@ -253,7 +253,7 @@ fn request_based_operations_survive_a_kill_under_every_protocol() {
 /// response in flight at the first test).
 #[test]
 fn a_get_in_flight_is_observable_on_every_backend() {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let flag = std::env::temp_dir().join(format!(
             "lazarus-get-in-flight-{}-{backend}",
             common::test_process_id()

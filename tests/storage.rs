@@ -1,5 +1,5 @@
 //! The `xor` and `rs:M` storage levels and multi-level schedules, on every
-//! backend (`Backend::ALL`).
+//! backend (`Backend::RECOVERING`).
 //!
 //! The oracle is the one of `tests/recovery.rs`: the failure-free run's
 //! verification value, which every recovered run must print bit-identically.
@@ -86,7 +86,7 @@ fn rs2_recovers_two_simultaneous_failures_in_one_group() {
         parity: 2,
         every: 1,
     };
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let reference = reference(backend, 6);
         // 6 ranks on 3 nodes form one group of 6 (two members per node, the
         // most 003 §5.1 allows for m = 2); killing node 1 loses ranks 2 and
@@ -101,7 +101,7 @@ fn rs2_recovers_two_simultaneous_failures_in_one_group() {
 
 #[test]
 fn xor_recovers_a_rank_kill_and_a_node_kill() {
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let reference = reference(backend, 6);
         for (nodes, kills) in [(3, &["4@50%"][..]), (3, &["node:0@40%"]), (1, &["1@60%"])] {
             let cfg = config(backend, 6, nodes, vec![LevelSpec::Xor { every: 1 }], kills);
@@ -122,7 +122,7 @@ fn corrupt_parity_is_detected_and_recovery_falls_back() {
         // ranks 3, 0 and 1, so losing rank 0 needs it.
         storage.push(LevelSpec::CorruptParityAt { rank: 2 });
     };
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let reference = reference(backend, 4);
         // Parity only: the damaged shard is dropped, rank 0's piece cannot
         // be rebuilt, and no committed generation is whole: every rank
@@ -162,7 +162,7 @@ fn temp_dir(name: &str) -> PathBuf {
 #[test]
 fn xor_plus_disk_schedule_from_the_command_line() {
     let lazarus = || Command::new(env!("CARGO_BIN_EXE_lazarus"));
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let job = |extra: &[&str]| {
             let out = lazarus()
                 .args(["run", "cg", "--class", "S", "--ranks", "4", "--nodes", "2"])
@@ -251,7 +251,7 @@ fn a_damaged_partner_copy_is_refused_and_recovery_goes_elsewhere() {
     let pl = Placement::block(4, 2).expect("placement");
     let holder = pl.partner(0).expect("rank 0 has a partner");
     let damaged = LevelSpec::CorruptPartnerCopiesAt { rank: holder };
-    for backend in Backend::ALL {
+    for backend in Backend::RECOVERING {
         let reference = reference(backend, 4);
         // Partner copies alone: rank 0's piece is nowhere sound, so no
         // committed generation is whole and every rank restarts from the

@@ -84,7 +84,7 @@ fn run_example(name: &str, args: &[&str]) -> String {
 fn backends() -> Vec<Backend> {
     match std::env::var("ULFM_BACKEND") {
         Ok(b) => vec![b.parse().expect("backend")],
-        Err(_) => Backend::ALL.to_vec(),
+        Err(_) => Backend::RECOVERING.to_vec(),
     }
 }
 

@@ -215,8 +215,9 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
                 // the launcher makes none. Blocks are kept by their rows:
                 // a processes-backend job can also run its ranks as
                 // threads of one process (`processes::Role::Earlier`).
-                let whole = (cfg.backend != crate::Backend::Processes)
-                    .then(|| std::sync::Arc::new(cg::npb::makea(&params.class)));
+                let whole =
+                    (!matches!(cfg.backend, crate::Backend::Processes | crate::Backend::Mpi))
+                        .then(|| std::sync::Arc::new(cg::npb::makea(&params.class)));
                 let blocks = std::sync::Mutex::new(Vec::<std::sync::Arc<cg::npb::Csr>>::new());
                 crate::run(&cfg, move |ctx| {
                     if let Some(a) = &whole {

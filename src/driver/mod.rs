@@ -9,10 +9,14 @@
 //!
 //! Backends: [`threads`] (all ranks in one process), [`processes`] (one OS
 //! process per rank, a launcher as failure detector) and [`sim`] (a
-//! deterministic discrete-event simulator). `mpi` plugs in here. [`heap`]
+//! deterministic discrete-event simulator), and with the `mpi` feature
+//! `mpi` (the ranks of an MPI job). [`heap`]
 //! says how rank processes get their heap on transparent huge pages.
 
 pub mod heap;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod mpi_env;
 pub mod processes;
 pub(crate) mod shared;
 pub mod sim;

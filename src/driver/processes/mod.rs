@@ -267,23 +267,46 @@ pub(crate) fn role_of_this_call(keyed: bool) -> Result<Role> {
         return Ok(Role::Job);
     };
     let env = env?;
-    let call = match env.call {
-        Some(_) if !keyed => return Ok(Role::Earlier(None)),
+    Ok(match turn(env.call, env.earlier.as_deref(), keyed)? {
+        Turn::Mine => Role::Rank(Box::new(env)),
+        Turn::Earlier(replay) => Role::Earlier(replay),
+    })
+}
+
+/// Where a call of [`crate::run`] in a launched process stands.
+pub(crate) enum Turn {
+    /// This call is the rank.
+    Mine,
+    /// An earlier call (see [`Role::Earlier`]).
+    Earlier(Option<Box<EarlierCall>>),
+}
+
+/// Count this call of [`crate::run`] (keyed or not) against `call`, the
+/// keyed call that is the rank (`None`: the first call), replaying earlier
+/// ones from the launcher's record in `earlier` (see
+/// [`role_of_this_call`]; the mpi backend's launcher counts the same way).
+pub(crate) fn turn(
+    call: Option<usize>,
+    earlier: Option<&std::path::Path>,
+    keyed: bool,
+) -> Result<Turn> {
+    let call = match call {
+        Some(_) if !keyed => return Ok(Turn::Earlier(None)),
         Some(c) => c,
         None => 0,
     };
     let k = CALLS.fetch_add(1, Ordering::SeqCst);
     match k.cmp(&call) {
         std::cmp::Ordering::Less => {
-            let replay = match &env.earlier {
+            let replay = match earlier {
                 Some(path) => earlier_calls(path)?.into_iter().nth(k).map(Box::new),
                 None => None,
             };
-            Ok(Role::Earlier(replay))
+            Ok(Turn::Earlier(replay))
         }
-        std::cmp::Ordering::Equal => Ok(Role::Rank(Box::new(env))),
+        std::cmp::Ordering::Equal => Ok(Turn::Mine),
         std::cmp::Ordering::Greater => Err(Error::Driver(
-            "a program started by `lazarus launch` runs one job: call lazarus::run once".into(),
+            "a launched program runs one job: call lazarus::run once".into(),
         )),
     }
 }

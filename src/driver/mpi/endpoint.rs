@@ -1,0 +1,411 @@
+//! A rank's [`Endpoint`] on MPI: frames, one-sided operations and their
+//! replies as MPI messages on the backend's communicator.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::transport::{TAG_FRAME, Transport};
+use crate::driver::processes::wire::{self, RmaRequest, WireMsg};
+use crate::driver::shared::{SPIN_YIELDS, Slot, WAIT_SPIN, WindowRegistry, Yielding};
+use crate::driver::{Endpoint, RmaOp, RmaReply, Stat, WinId};
+use crate::engine::frame::{Frame, Incoming};
+use crate::fault::{FaultPlan, FaultPoint};
+use crate::{Error, Rank, Result};
+
+/// Longest nap of a waiting rank between looks at MPI: MPI has no wait
+/// for "any message or a deadline", so a rank that found nothing after
+/// spinning and yielding sleeps in growing naps up to this.
+const MAX_NAP: Duration = Duration::from_millis(1);
+
+/// What a rank's process knows of another, to carry out a kill of the
+/// fault plan (a real `SIGKILL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Peer {
+    /// A hash of the host's name: equal on one host.
+    pub host: u64,
+    /// Its process id.
+    pub pid: u32,
+}
+
+/// What a rank's endpoint leaves behind for the job's report.
+#[derive(Default)]
+pub(super) struct Book {
+    stats: Vec<(Duration, Stat)>,
+    /// Kill specifications fired (by this rank or an earlier attempt).
+    fired: Vec<usize>,
+}
+
+impl Book {
+    /// The statistics recorded and the kills fired.
+    pub fn take(&self) -> (Vec<(Duration, Stat)>, Vec<usize>) {
+        (self.stats.clone(), self.fired.clone())
+    }
+}
+
+/// One rank of an MPI job.
+pub(super) struct MpiEndpoint {
+    /// Shared with the job's end, which gathers the reports over it.
+    net: Rc<RefCell<Transport>>,
+    rank: Rank,
+    size: usize,
+    /// Arrivals not yet handed to the engine.
+    ready: VecDeque<Incoming>,
+    /// Replies to this rank's one-sided requests, by request id.
+    replies: HashMap<u64, Result<RmaReply>>,
+    next_request: u64,
+    windows: WindowRegistry,
+    slot: Arc<Slot>,
+    t0: Instant,
+    plan: FaultPlan,
+    armed: bool,
+    /// Every rank's host and process, for kills.
+    peers: Vec<Peer>,
+    /// Where a fired kill is written down (its index), so that the job's
+    /// restart does not fire it again.
+    fired_file: Option<std::path::PathBuf>,
+    book: Rc<RefCell<Book>>,
+    max_frame: usize,
+    spin: bool,
+    yielding: Yielding,
+    encoded: Vec<u8>,
+}
+
+impl MpiEndpoint {
+    pub(super) fn new(
+        net: Rc<RefCell<Transport>>,
+        plan: FaultPlan,
+        peers: Vec<Peer>,
+        fired_file: Option<std::path::PathBuf>,
+        max_frame: usize,
+        host_ranks: usize,
+    ) -> Self {
+        let (rank, size) = {
+            let n = net.borrow();
+            (n.rank(), n.size())
+        };
+        let armed = plan.armed_for(rank);
+        MpiEndpoint {
+            net,
+            rank,
+            size,
+            ready: VecDeque::new(),
+            replies: HashMap::new(),
+            next_request: 0,
+            windows: WindowRegistry::default(),
+            slot: Slot::new(0),
+            t0: Instant::now(),
+            plan,
+            armed,
+            peers,
+            fired_file,
+            book: Rc::default(),
+            max_frame,
+            spin: crate::driver::shared::core_per_rank(host_ranks),
+            yielding: Yielding::new(host_ranks),
+            encoded: Vec::new(),
+        }
+    }
+
+    /// What the job's report needs of this rank, kept after the engine
+    /// drops the endpoint.
+    pub(super) fn book(&self) -> Rc<RefCell<Book>> {
+        self.book.clone()
+    }
+
+    fn post(&mut self, dest: Rank, msg: &WireMsg) -> Result<()> {
+        post_with(
+            &mut self.net.borrow_mut(),
+            dest,
+            msg,
+            self.max_frame,
+            &mut self.encoded,
+        )
+    }
+
+    /// Take in what has arrived (serving one-sided requests at once) until
+    /// the engine has something, or nothing more is there. Returns whether
+    /// anything arrived.
+    fn pump(&mut self) -> Result<bool> {
+        self.net.borrow_mut().progress()?;
+        let mut any = false;
+        loop {
+            let Some((from, buf)) = self.net.borrow_mut().try_receive(TAG_FRAME)? else {
+                break;
+            };
+            any = true;
+            let msg = decode(from, buf)?;
+            match msg {
+                WireMsg::Frame(f) => self.ready.push_back(Incoming::Frame(f)),
+                WireMsg::Rma(req) => {
+                    let reply = self.windows.rma(req.epoch, self.rank, req.window, req.op);
+                    self.post(from, &WireMsg::RmaDone { id: req.id, reply })?;
+                }
+                WireMsg::RmaDone { id, reply } => {
+                    self.replies.insert(id, reply);
+                }
+                WireMsg::Abort { rank, reason } => {
+                    self.ready.push_back(Incoming::Abort { rank, reason })
+                }
+                other => {
+                    return Err(Error::Driver(format!(
+                        "rank {from} sent an unexpected {other:?}"
+                    )));
+                }
+            }
+            if !self.ready.is_empty() {
+                break;
+            }
+        }
+        Ok(any)
+    }
+
+    /// Wait for something to arrive, until `deadline`: spin while the rank
+    /// has a core, yield while [`Yielding`] allows, then nap.
+    fn wait(&mut self, until: impl Fn(&Self) -> bool, deadline: Option<Instant>) -> Result<bool> {
+        let start = Instant::now();
+        let mut yields = 0;
+        let mut nap = Duration::from_micros(10);
+        loop {
+            if self.pump()? {
+                nap = Duration::from_micros(10);
+            }
+            if until(self) {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(false);
+            }
+            if self.spin && now - start < WAIT_SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            if yields < SPIN_YIELDS && self.yielding.may(now) {
+                yields += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            let sleep = deadline.map_or(nap, |d| nap.min(d - now));
+            std::thread::sleep(sleep);
+            nap = (nap * 2).min(MAX_NAP);
+        }
+    }
+
+    /// A kill of the fault plan fired: write it down for the restart, then
+    /// kill its victims with `SIGKILL` (this rank last).
+    fn fire(&mut self, index: usize, victims: &[Rank]) -> Result<()> {
+        let me = self.rank;
+        if let Some(path) = &self.fired_file {
+            use std::io::Write;
+            let line = format!(
+                "{index} {}\n",
+                victims
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let written = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|()| f.sync_all()));
+            if let Err(e) = written {
+                return Err(Error::Driver(format!(
+                    "cannot record the kill in {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+        let here = self.peers[me].host;
+        for &v in victims.iter().filter(|&&v| v != me) {
+            let p = self.peers[v];
+            if p.host != here {
+                return Err(Error::Driver(format!(
+                    "the fault plan kills rank {v}, on another host: the mpi backend kills \
+                     processes of its own host only"
+                )));
+            }
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if victims.contains(&me) {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+        // A node kill whose trigger survives: the job ends with its victims.
+        Ok(())
+    }
+}
+
+impl Drop for MpiEndpoint {
+    fn drop(&mut self) {
+        self.book.borrow_mut().fired = self.plan.fired();
+    }
+}
+
+/// Encode `msg` (into `scratch`, then one buffer with the payload) and
+/// start sending it to `dest`.
+pub(super) fn post_with(
+    net: &mut Transport,
+    dest: Rank,
+    msg: &WireMsg,
+    max_frame: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    let parts = wire::encode_into(msg, max_frame, scratch)
+        .map_err(|e| Error::Driver(format!("frame for rank {dest}: {e}")))?;
+    let len: usize = scratch.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut buf = Vec::with_capacity(len);
+    buf.extend_from_slice(scratch);
+    for p in parts {
+        buf.extend_from_slice(p);
+    }
+    net.isend(dest, TAG_FRAME, buf)
+}
+
+/// A received MPI message back to what it carries.
+fn decode(from: Rank, buf: Vec<u8>) -> Result<WireMsg> {
+    let bad = |e: &dyn std::fmt::Display| Error::Driver(format!("from rank {from}: {e}"));
+    let prefix = match buf.get(..4).and_then(|b| b.try_into().ok()) {
+        Some(b) if u32::from_le_bytes(b) == wire::LONG_LEN => wire::LONG_PREFIX,
+        Some(_) => 4,
+        None => return Err(bad(&"a message shorter than its length")),
+    };
+    if buf.len() < prefix {
+        return Err(bad(&"a message shorter than its length"));
+    }
+    wire::decode(bytes::Bytes::from(buf).slice(prefix..)).map_err(|e| bad(&e))
+}
+
+impl Endpoint for MpiEndpoint {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn start_epoch(&self) -> u64 {
+        0
+    }
+
+    fn send(&mut self, dest: Rank, frame: Frame) -> Result<()> {
+        if dest >= self.size {
+            return Err(Error::RankOutOfRange {
+                rank: dest,
+                size: self.size,
+            });
+        }
+        if dest == self.rank {
+            self.ready.push_back(Incoming::Frame(frame));
+            return Ok(());
+        }
+        self.post(dest, &WireMsg::Frame(frame))
+    }
+
+    fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
+        if self.ready.is_empty() {
+            if timeout == Some(Duration::ZERO) {
+                self.pump()?;
+            } else {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                self.wait(|me| !me.ready.is_empty(), deadline)?;
+            }
+        }
+        Ok(self.ready.pop_front())
+    }
+
+    fn now(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    fn compute(&mut self, d: Duration) -> Result<()> {
+        // Serve one-sided requests meanwhile: the target's code is what
+        // answers them on this backend.
+        let deadline = Instant::now() + d;
+        self.wait(|_| false, Some(deadline))?;
+        Ok(())
+    }
+
+    fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
+        if !self.armed {
+            return Ok(());
+        }
+        let me = self.rank;
+        if let Some((index, victims)) = self.plan.check_indexed(me, at) {
+            self.armed = self.plan.armed_for(me);
+            self.fire(index, &victims)?;
+        }
+        Ok(())
+    }
+
+    fn window_expose(
+        &mut self,
+        id: WinId,
+        epoch: u64,
+        bytes: usize,
+        init: Option<&[u8]>,
+    ) -> Result<()> {
+        let rank = self.rank;
+        self.windows
+            .expose_live((rank, &self.slot), id, epoch, (bytes, init), None)
+    }
+
+    fn window_withdraw(&mut self, id: WinId) {
+        self.windows.withdraw(id, self.rank, &self.slot);
+    }
+
+    fn rma(&mut self, epoch: u64, target: Rank, id: WinId, op: RmaOp) -> Result<RmaReply> {
+        if target == self.rank {
+            return self.windows.rma(epoch, target, id, op);
+        }
+        self.next_request += 1;
+        let req = self.next_request;
+        self.post(
+            target,
+            &WireMsg::Rma(RmaRequest {
+                id: req,
+                epoch,
+                window: id,
+                op,
+            }),
+        )?;
+        self.wait(|me| me.replies.contains_key(&req), None)?;
+        self.replies
+            .remove(&req)
+            .unwrap_or_else(|| Err(Error::Driver(format!("no reply from rank {target}"))))
+    }
+
+    fn with_local_window(&mut self, id: WinId, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.windows.with_local_live((self.rank, &self.slot), id, f)
+    }
+
+    fn record(&mut self, stat: Stat) {
+        let now = self.now();
+        self.book.borrow_mut().stats.push((now, stat));
+    }
+
+    fn report_progress(&mut self, _fraction: f64) {}
+
+    fn respawn(&mut self, rank: Rank) -> Result<()> {
+        Err(Error::Driver(format!(
+            "respawning rank {rank} needs ULFM, which the mpi backend does not drive yet"
+        )))
+    }
+
+    fn await_respawn(&mut self, _rank: Rank) {}
+
+    fn conclude(&mut self, _epoch: u64) -> bool {
+        // Without ULFM no failure is survived in place: a kill ends the
+        // whole job, so one not seen yet can void nothing.
+        self.plan.conclude();
+        self.armed = false;
+        true
+    }
+}

@@ -1,0 +1,235 @@
+//! The MPI calls of the `mpi` backend, on a communicator of its own.
+//!
+//! rsmpi's safe nonblocking sends borrow their buffer for a scope; a frame
+//! must outlive the call that sent it (the engine sends eagerly and moves
+//! on), so sends, matched probes and receives go through `mpi::ffi` here,
+//! each buffer owned by its pending request until MPI is done with it.
+//! Every other module of the backend is safe code.
+
+#![allow(unsafe_code)]
+
+use std::os::raw::c_int;
+
+use mpi::ffi;
+
+use crate::{Error, Rank, Result};
+
+/// Tag of everything ranks send each other while the job runs (frames,
+/// RMA requests and replies): one tag, so that MPI's non-overtaking rule
+/// keeps every channel FIFO across kinds.
+pub(super) const TAG_FRAME: c_int = 1;
+/// Tag of the end-of-job reports to rank 0.
+pub(super) const TAG_REPORT: c_int = 2;
+
+fn check(rc: c_int, what: &str) -> Result<()> {
+    if rc == ffi::MPI_SUCCESS as c_int {
+        Ok(())
+    } else {
+        Err(Error::Driver(format!("{what} failed (MPI error {rc})")))
+    }
+}
+
+/// A duplicate of `MPI_COMM_WORLD` and the sends still in flight on it.
+pub(super) struct Transport {
+    comm: ffi::MPI_Comm,
+    rank: Rank,
+    size: usize,
+    /// Nonblocking sends not known complete, each with its buffer.
+    pending: Vec<(ffi::MPI_Request, Vec<u8>)>,
+}
+
+impl Transport {
+    /// Duplicate the world communicator (MPI must be initialised).
+    pub fn new() -> Result<Self> {
+        // SAFETY: MPI is initialised (the caller holds the universe); the
+        // out-parameters are valid for writes.
+        unsafe {
+            let mut comm: ffi::MPI_Comm = std::mem::zeroed();
+            check(
+                ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut comm),
+                "MPI_Comm_dup",
+            )?;
+            let (mut rank, mut size) = (0, 0);
+            check(ffi::MPI_Comm_rank(comm, &mut rank), "MPI_Comm_rank")?;
+            check(ffi::MPI_Comm_size(comm, &mut size), "MPI_Comm_size")?;
+            Ok(Transport {
+                comm,
+                rank: rank as Rank,
+                size: size as usize,
+                pending: Vec::new(),
+            })
+        }
+    }
+
+    /// This process's rank in the job.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Processes in the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Start sending `buf` to `dest` under `tag`; MPI owns the buffer until
+    /// [`Transport::progress`] sees the send complete.
+    pub fn isend(&mut self, dest: Rank, tag: c_int, buf: Vec<u8>) -> Result<()> {
+        let count = c_int::try_from(buf.len()).map_err(|_| {
+            Error::Driver(format!(
+                "a frame of {} bytes: the mpi backend sends at most 2 GiB in one frame",
+                buf.len()
+            ))
+        })?;
+        // SAFETY: `buf` stays alive and unmoved (a Vec's heap buffer does not
+        // move with the Vec) in `pending` until MPI_Test reports the send
+        // complete; `req` is valid for writes.
+        unsafe {
+            let mut req: ffi::MPI_Request = std::mem::zeroed();
+            check(
+                ffi::MPI_Isend(
+                    buf.as_ptr().cast(),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    dest as c_int,
+                    tag,
+                    self.comm,
+                    &mut req,
+                ),
+                "MPI_Isend",
+            )?;
+            self.pending.push((req, buf));
+        }
+        Ok(())
+    }
+
+    /// Let MPI make progress; free the buffers of completed sends.
+    pub fn progress(&mut self) -> Result<()> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let mut done: c_int = 0;
+            // SAFETY: the request is a live request of ours; status ignored.
+            unsafe {
+                check(
+                    ffi::MPI_Test(&mut self.pending[i].0, &mut done, ffi::RSMPI_STATUS_IGNORE),
+                    "MPI_Test",
+                )?;
+            }
+            if done != 0 {
+                self.pending.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether sends are still in flight.
+    pub fn sending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// A message under `tag` from anyone, if one has arrived: its source and
+    /// bytes.
+    pub fn try_receive(&mut self, tag: c_int) -> Result<Option<(Rank, Vec<u8>)>> {
+        // SAFETY: out-parameters valid for writes; the matched message is
+        // received into a buffer of exactly its size.
+        unsafe {
+            let mut flag: c_int = 0;
+            let mut msg: ffi::MPI_Message = std::mem::zeroed();
+            let mut status: ffi::MPI_Status = std::mem::zeroed();
+            check(
+                ffi::MPI_Improbe(
+                    ffi::RSMPI_ANY_SOURCE,
+                    tag,
+                    self.comm,
+                    &mut flag,
+                    &mut msg,
+                    &mut status,
+                ),
+                "MPI_Improbe",
+            )?;
+            if flag == 0 {
+                return Ok(None);
+            }
+            let mut count: c_int = 0;
+            check(
+                ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count),
+                "MPI_Get_count",
+            )?;
+            let mut buf = vec![0u8; count.max(0) as usize];
+            check(
+                ffi::MPI_Mrecv(
+                    buf.as_mut_ptr().cast(),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    &mut msg,
+                    &mut status,
+                ),
+                "MPI_Mrecv",
+            )?;
+            Ok(Some((status.MPI_SOURCE as Rank, buf)))
+        }
+    }
+
+    /// Rank `root`'s `bytes` on every rank (`MPI_Bcast` of the length,
+    /// then of the bytes).
+    pub fn broadcast(&mut self, root: Rank, bytes: Vec<u8>) -> Result<Vec<u8>> {
+        let mut len = bytes.len() as u64;
+        // SAFETY: buffers valid for the given counts on every rank.
+        unsafe {
+            check(
+                ffi::MPI_Bcast(
+                    (&mut len as *mut u64).cast(),
+                    8,
+                    ffi::RSMPI_UINT8_T,
+                    root as c_int,
+                    self.comm,
+                ),
+                "MPI_Bcast",
+            )?;
+            let mut buf = if self.rank == root {
+                bytes
+            } else {
+                vec![0u8; len as usize]
+            };
+            let count = c_int::try_from(len)
+                .map_err(|_| Error::Driver("a broadcast of 2 GiB or more".into()))?;
+            check(
+                ffi::MPI_Bcast(
+                    buf.as_mut_ptr().cast(),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    root as c_int,
+                    self.comm,
+                ),
+                "MPI_Bcast",
+            )?;
+            Ok(buf)
+        }
+    }
+
+    /// Wait for every send in flight, then for every rank
+    /// (`MPI_Barrier`).
+    pub fn drain_and_barrier(&mut self) -> Result<()> {
+        while self.sending() {
+            self.progress()?;
+            std::thread::yield_now();
+        }
+        // SAFETY: a live communicator.
+        unsafe { check(ffi::MPI_Barrier(self.comm), "MPI_Barrier") }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        // A send still in flight (a job ended by an error) may still read
+        // its buffer: leak it rather than free memory MPI uses.
+        for (_, buf) in self.pending.drain(..) {
+            std::mem::forget(buf);
+        }
+        // SAFETY: our communicator, freed once.
+        unsafe {
+            ffi::MPI_Comm_free(&mut self.comm);
+        }
+    }
+}

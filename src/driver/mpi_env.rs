@@ -1,0 +1,31 @@
+//! What an MPI launcher tells the processes it starts (MPICH's Hydra,
+//! Open MPI, Slurm's `srun` with PMI): whether this process is a rank of
+//! an MPI job, in every build (the `mpi` backend itself needs the `mpi`
+//! feature).
+
+use crate::Rank;
+
+/// Set in the ranks that the mpi backend's own launcher started.
+pub(crate) const SELF_LAUNCHED: &str = "LAZARUS_MPI_JOB";
+
+/// This process's rank in an MPI job, as its launcher says; `None`
+/// outside one.
+pub fn launcher_rank() -> Option<Rank> {
+    ["PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// The number of processes of the MPI job this process belongs to, as its
+/// launcher says; `None` outside one (or if it does not say).
+pub fn launcher_size() -> Option<usize> {
+    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// Whether this process is a rank that `lazarus::run` on the mpi backend
+/// started through `mpiexec` (it reports to that launcher and exits).
+pub fn self_launched() -> bool {
+    std::env::var_os(SELF_LAUNCHED).is_some()
+}
