@@ -410,7 +410,7 @@ impl Config {
                 "kills",
                 "on the mpi backend a rank's death ends the MPI job (no in-place recovery \
                  without ULFM), which then restarts from its newest generation on disk: \
-                 add a disk level (Config::storage, disk:DIR)",
+                 add a disk level to `Config::storage` (disk:DIR)",
             ));
         }
         Ok(())

@@ -86,7 +86,7 @@ pub fn within<T: Send + 'static>(
 /// test's code: there the directory is its job's, and is left alone.
 pub fn temp_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("lazarus-{name}-{}", test_process_id()));
-    if !lazarus::driver::processes::launched() {
+    if !lazarus::driver::processes::launched() && !lazarus::driver::mpi_env::self_launched() {
         let _ = std::fs::remove_dir_all(&d);
     }
     d

@@ -238,7 +238,10 @@ fn launch_in(spec: &LaunchSpec, dir: &Path) -> Result<JobOutcome> {
         dir,
         |cmd| {
             let _ = std::fs::remove_file(&report);
+            // The launching process, as the processes backend names it to
+            // its ranks (a test harness's ranks name its files by it).
             cmd.env(var::JOB, "1")
+                .env("LAZARUS_LAUNCHER_PID", std::process::id().to_string())
                 .env(var::REPORT, &report)
                 .env(var::PROTOCOL, &spec.protocol);
             if let Some(k) = spec.call {

@@ -232,7 +232,7 @@ where
     for &k in &env.skip_kills {
         plan.mark_fired(k);
     }
-    if let Err(e) = net.drain_and_barrier() {
+    if let Err(e) = net.barrier() {
         return JobReport::failed(e);
     }
     let net = std::rc::Rc::new(std::cell::RefCell::new(net));
@@ -335,7 +335,7 @@ fn gather(
     let size = net.size();
     if rank != 0 {
         net.isend(0, TAG_REPORT, postcard::to_allocvec(&mine)?)?;
-        net.drain_and_barrier()?;
+        net.settle()?;
         return Ok(None);
     }
     let mut reports: Vec<Option<RankReport>> = (0..size).map(|_| None).collect();
@@ -343,7 +343,8 @@ fn gather(
     let mut missing = size - 1;
     while missing > 0 {
         net.progress()?;
-        // Frames still in flight (an abort, a late reply) are of no use now.
+        // Frames still in flight (an abort, a large send to a rank that
+        // ended early) are of no use now.
         while net.try_receive(TAG_FRAME)?.is_some() {}
         match net.try_receive(TAG_REPORT)? {
             Some((from, b)) => {
@@ -355,7 +356,7 @@ fn gather(
             None => std::thread::sleep(std::time::Duration::from_micros(50)),
         }
     }
-    net.drain_and_barrier()?;
+    net.settle()?;
     let mut book =
         StatsBook::new(cfg.protocol, cfg.sets, size, cfg.nodes).traced(cfg.trace.is_some(), false);
     let mut finals = Finals::new(size);

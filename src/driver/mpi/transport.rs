@@ -208,15 +208,44 @@ impl Transport {
         }
     }
 
-    /// Wait for every send in flight, then for every rank
-    /// (`MPI_Barrier`).
-    pub fn drain_and_barrier(&mut self) -> Result<()> {
-        while self.sending() {
-            self.progress()?;
-            std::thread::yield_now();
-        }
+    /// Wait for every rank (`MPI_Barrier`), before any frame is sent.
+    pub fn barrier(&mut self) -> Result<()> {
         // SAFETY: a live communicator.
         unsafe { check(ffi::MPI_Barrier(self.comm), "MPI_Barrier") }
+    }
+
+    /// At the job's end: wait for every send in flight, then for every rank (a nonblocking
+    /// barrier), taking in and dropping whatever frames still arrive
+    /// meanwhile: a rank that ended early (an error) reads no more, so a
+    /// large send to it completes only if it drains them too.
+    pub fn settle(&mut self) -> Result<()> {
+        let drain = |t: &mut Self| -> Result<()> {
+            t.progress()?;
+            while t.try_receive(TAG_FRAME)?.is_some() {}
+            Ok(())
+        };
+        while self.sending() {
+            drain(self)?;
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+        // SAFETY: a live communicator; `req` valid for writes and tested
+        // until complete.
+        unsafe {
+            let mut req: ffi::MPI_Request = std::mem::zeroed();
+            check(ffi::MPI_Ibarrier(self.comm, &mut req), "MPI_Ibarrier")?;
+            loop {
+                let mut done: c_int = 0;
+                check(
+                    ffi::MPI_Test(&mut req, &mut done, ffi::RSMPI_STATUS_IGNORE),
+                    "MPI_Test",
+                )?;
+                if done != 0 {
+                    return Ok(());
+                }
+                drain(self)?;
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
     }
 }
 

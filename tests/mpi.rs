@@ -1,0 +1,176 @@
+//! The mpi backend (built with `--features mpi`; `.ci/run` installs MPICH):
+//! the apps on 2 and 4 MPI ranks against the threads backend's results
+//! (bit-identical), a job ended by a rank's death started again from its
+//! disk generation (by `lazarus::run` itself, and by `lazarus mpirun` for
+//! a job the user started with `mpiexec`), and the usage errors.
+//!
+//! The shared conformance suite (`tests/api_conformance.rs`) runs on the
+//! mpi backend too: `Backend::ALL` holds it in this build.
+
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::process::Command;
+
+use common::{class, within};
+use lazarus::apps::{AppKind, AppParams};
+use lazarus::config::LevelSpec;
+use lazarus::{Backend, KillSpec, ProtocolKind};
+
+/// The apps of the list, with parameters small enough for CI.
+fn apps() -> Vec<(AppKind, AppParams)> {
+    vec![
+        (AppKind::Cg, class('S')),
+        (AppKind::Stencil, AppParams::default()),
+        (AppKind::Dht, class('S')),
+    ]
+}
+
+fn disk(dir: &std::path::Path) -> LevelSpec {
+    format!("disk:{}", dir.display())
+        .parse()
+        .expect("a disk level")
+}
+
+/// CG, stencil and dht verify on 2 and 4 MPI ranks under `none` and
+/// `coordinated`, with the value the threads backend computes, bit for bit.
+#[test]
+fn apps_verify_on_mpi_as_on_threads() {
+    within(common::HANG_S, "apps on mpi", || {
+        for ranks in [2, 4] {
+            for (app, params) in apps() {
+                let oracle = common::config(Backend::Threads, ranks);
+                let (want, _) = common::run(app, &params, &oracle);
+                for protocol in [ProtocolKind::None, ProtocolKind::Coordinated] {
+                    let cfg = common::config(Backend::Mpi, ranks).protocol(protocol);
+                    let (got, st) = common::run(app, &params, &cfg);
+                    assert!(got.verified, "{app} {protocol} on {ranks}: {}", got.detail);
+                    assert_eq!(
+                        got.value, want.value,
+                        "{app} {protocol} on {ranks} MPI ranks differs from threads"
+                    );
+                    if protocol == ProtocolKind::Coordinated {
+                        assert!(st.checkpoints > 0, "{app}: no checkpoint committed");
+                    }
+                    assert_eq!(st.failures, 0);
+                }
+            }
+        }
+    });
+}
+
+/// A fault-plan kill ends the MPI job (no ULFM); `lazarus::run` starts it
+/// again from the newest generation on disk, and the answer is the
+/// failure-free one.
+#[test]
+fn a_killed_rank_ends_the_job_which_restarts_from_disk() {
+    within(common::HANG_S, "restart from disk", || {
+        let params = class('W');
+        let free = common::config(Backend::Threads, 4).protocol(ProtocolKind::Coordinated);
+        let (want, _) = common::run(AppKind::Cg, &params, &free);
+        let dir = common::temp_dir("mpi-restart");
+        let cfg = common::config(Backend::Mpi, 4)
+            .protocol(ProtocolKind::Coordinated)
+            .storage(vec![disk(&dir)])
+            .kill("2@50%".parse::<KillSpec>().expect("a kill"));
+        let (got, st) = common::run(AppKind::Cg, &params, &cfg);
+        assert!(got.verified, "{}", got.detail);
+        assert_eq!(got.value, want.value);
+        assert_eq!(st.job_restarts, 1, "one restart after the kill");
+        assert_eq!((st.failures, st.ranks_killed), (1, 1));
+        assert!(st.unfired_kills.is_empty(), "{:?}", st.unfired_kills);
+        assert!(
+            st.ranks_rolled_back == 4,
+            "every rank restarts from the generation on disk: {} rolled back",
+            st.ranks_rolled_back
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// The command line: `mpiexec -n 2 lazarus run cg --backend mpi` verifies,
+/// and `lazarus mpirun` starts a user's `mpiexec` job again after a kill.
+#[test]
+fn user_launched_jobs_and_mpirun() {
+    let bin = env!("CARGO_BIN_EXE_lazarus");
+    let mpiexec = lazarus::driver::mpi::launch::mpiexec();
+    let out = Command::new(&mpiexec[0])
+        .args(&mpiexec[1..])
+        .args([
+            "-n",
+            "2",
+            bin,
+            "run",
+            "cg",
+            "--class",
+            "S",
+            "--backend",
+            "mpi",
+        ])
+        .output()
+        .expect("run mpiexec");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.matches("VERIFIED").count(),
+        1,
+        "rank 0 alone prints the summary: {stdout}"
+    );
+    assert!(
+        stdout.contains("2 ranks on 1 node(s), backend mpi"),
+        "{stdout}"
+    );
+
+    let dir = common::temp_dir("mpirun");
+    let disk = format!("disk:{}", dir.display());
+    let out = Command::new(bin)
+        .args(["mpirun", "--"])
+        .args(&mpiexec)
+        .args(["-n", "4", bin, "run", "stencil", "--backend", "mpi"])
+        .args([
+            "--protocol",
+            "coordinated",
+            "--storage",
+            &disk,
+            "--kill",
+            "1@60%",
+        ])
+        .output()
+        .expect("run lazarus mpirun");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        common::last_line(&out.stdout).starts_with("VERIFIED "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("job restarts 1"), "{stdout}");
+    assert!(stdout.contains("failures 1 (1 ranks killed)"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What the mpi backend cannot do without ULFM is a usage error naming
+/// the option.
+#[test]
+fn kills_without_a_disk_level_are_refused() {
+    let bin = env!("CARGO_BIN_EXE_lazarus");
+    let out = Command::new(bin)
+        .args(["run", "cg", "--backend", "mpi", "--ranks", "2"])
+        .args(["--protocol", "coordinated", "--kill", "1@50%"])
+        .output()
+        .expect("run lazarus");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--kill") && stderr.contains("--storage"),
+        "{stderr}"
+    );
+}
