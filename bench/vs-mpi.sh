@@ -20,7 +20,9 @@
 #   --check      exit 1 when a target is missed
 # Environment:
 #   LAZARUS_BACKEND   Lazarus backend (default processes; when unset and the
-#                     binary has no processes backend, threads, with a warning)
+#                     binary has no processes backend, threads, with a warning;
+#                     mpi builds with `--features mpi`, on the same MPICH, with
+#                     LAZARUS_MPIEXEC=mpiexec.mpich)
 #   CARGO_TARGET_DIR  where cargo builds (default <repo>/target)
 set -euo pipefail
 
@@ -62,8 +64,13 @@ echo "== building bench/mpi_pingpong.c with mpicc.mpich -O2" >&2
 mpicc.mpich -O2 -o "$WORK/mpi_pingpong" "$ROOT/bench/mpi_pingpong.c"
 
 # 2. Lazarus.
-echo "== building Lazarus (cargo build --release)" >&2
-(cd "$ROOT" && cargo build --release --quiet)
+FEATURES=()
+if [[ ${LAZARUS_BACKEND:-} == mpi ]]; then
+    FEATURES=(--features mpi)
+    export LAZARUS_MPIEXEC=${LAZARUS_MPIEXEC:-mpiexec.mpich}
+fi
+echo "== building Lazarus (cargo build --release ${FEATURES[*]:-})" >&2
+(cd "$ROOT" && cargo build --release --quiet "${FEATURES[@]}")
 LAZ="$TARGET/release/lazarus"
 
 if [[ -n ${LAZARUS_BACKEND:-} ]]; then
