@@ -20,6 +20,10 @@ use crate::{Error, Rank, Result};
 /// spinning and yielding sleeps in growing naps up to this.
 const MAX_NAP: Duration = Duration::from_millis(1);
 
+/// Longest nap while this rank's own sends are in flight: a large one
+/// moves only while its sender calls MPI.
+const SENDING_NAP: Duration = Duration::from_micros(50);
+
 /// What a rank's process knows of another, to carry out a kill of the
 /// fault plan (a real `SIGKILL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -130,40 +134,53 @@ impl MpiEndpoint {
     /// anything arrived.
     fn pump(&mut self) -> Result<bool> {
         self.net.borrow_mut().progress()?;
+        // Until a frame for the engine came in this call, or nothing is
+        // there: a rank waiting for a reply may have frames queued already,
+        // and must still read on.
+        let queued = self.ready.len();
         let mut any = false;
-        loop {
+        while self.ready.len() == queued {
             let Some((from, buf)) = self.net.borrow_mut().try_receive(TAG_FRAME)? else {
                 break;
             };
             any = true;
-            let msg = decode(from, buf)?;
-            match msg {
-                WireMsg::Frame(f) => self.ready.push_back(Incoming::Frame(f)),
-                WireMsg::Rma(req) => {
-                    let reply = self.windows.rma(req.epoch, self.rank, req.window, req.op);
-                    self.post(from, &WireMsg::RmaDone { id: req.id, reply })?;
-                }
-                WireMsg::RmaDone { id, reply } => {
-                    self.replies.insert(id, reply);
-                }
-                WireMsg::Abort { rank, reason } => {
-                    self.ready.push_back(Incoming::Abort { rank, reason })
-                }
-                other => {
-                    return Err(Error::Driver(format!(
-                        "rank {from} sent an unexpected {other:?}"
-                    )));
-                }
-            }
-            if !self.ready.is_empty() {
-                break;
-            }
+            self.handle(from, buf)?;
         }
         Ok(any)
     }
 
-    /// Wait for something to arrive, until `deadline`: spin while the rank
-    /// has a core, yield while [`Yielding`] allows, then nap.
+    /// Deliver what `from` sent: a frame to the engine, a one-sided
+    /// request applied and answered at once, a reply kept for its origin.
+    fn handle(&mut self, from: Rank, buf: Vec<u8>) -> Result<()> {
+        match decode(from, buf)? {
+            WireMsg::Frame(f) => self.ready.push_back(Incoming::Frame(f)),
+            WireMsg::Rma(req) => {
+                let reply = self.windows.rma(req.epoch, self.rank, req.window, req.op);
+                self.post(from, &WireMsg::RmaDone { id: req.id, reply })?;
+            }
+            WireMsg::RmaDone { id, reply } => {
+                self.replies.insert(id, reply);
+            }
+            WireMsg::Abort { rank, reason } => {
+                self.ready.push_back(Incoming::Abort { rank, reason });
+            }
+            other => {
+                return Err(Error::Driver(format!(
+                    "rank {from} sent an unexpected {other:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until `until` holds or `deadline` passes. With a core of its
+    /// own and no deadline, the rank waits inside MPI (`MPI_Mprobe`: MPI's
+    /// own polling, which also moves this rank's large sends along, as a
+    /// C program's blocking receive does). Otherwise (more ranks than
+    /// cores, where a spinning MPI would hold the core the awaited rank
+    /// needs, or a deadline) it looks, yields while [`Yielding`] allows,
+    /// and naps, briefly while its own sends are still in flight (their
+    /// rendezvous needs its calls).
     fn wait(&mut self, until: impl Fn(&Self) -> bool, deadline: Option<Instant>) -> Result<bool> {
         let start = Instant::now();
         let mut yields = 0;
@@ -179,6 +196,11 @@ impl MpiEndpoint {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(false);
             }
+            if self.spin && deadline.is_none() {
+                let (from, buf) = self.net.borrow_mut().receive_blocking(TAG_FRAME)?;
+                self.handle(from, buf)?;
+                continue;
+            }
             if self.spin && now - start < WAIT_SPIN {
                 std::hint::spin_loop();
                 continue;
@@ -188,9 +210,14 @@ impl MpiEndpoint {
                 std::thread::yield_now();
                 continue;
             }
+            let most = if self.net.borrow().sending() {
+                SENDING_NAP
+            } else {
+                MAX_NAP
+            };
             let sleep = deadline.map_or(nap, |d| nap.min(d - now));
             std::thread::sleep(sleep);
-            nap = (nap * 2).min(MAX_NAP);
+            nap = (nap * 2).min(most);
         }
     }
 
@@ -248,8 +275,9 @@ impl Drop for MpiEndpoint {
     }
 }
 
-/// Encode `msg` (into `scratch`, then one buffer with the payload) and
-/// start sending it to `dest`.
+/// Encode `msg` and start sending it to `dest`: the head (header, and a
+/// payload small enough to travel inline) in one buffer, a large payload
+/// from its own shared buffer.
 pub(super) fn post_with(
     net: &mut Transport,
     dest: Rank,
@@ -259,13 +287,7 @@ pub(super) fn post_with(
 ) -> Result<()> {
     let parts = wire::encode_into(msg, max_frame, scratch)
         .map_err(|e| Error::Driver(format!("frame for rank {dest}: {e}")))?;
-    let len: usize = scratch.len() + parts.iter().map(|p| p.len()).sum::<usize>();
-    let mut buf = Vec::with_capacity(len);
-    buf.extend_from_slice(scratch);
-    for p in parts {
-        buf.extend_from_slice(p);
-    }
-    net.isend(dest, TAG_FRAME, buf)
+    net.isend_frame(dest, std::mem::take(scratch), parts)
 }
 
 /// A received MPI message back to what it carries.

@@ -20,6 +20,18 @@ use crate::{Error, Rank, Result};
 pub(super) const TAG_FRAME: c_int = 1;
 /// Tag of the end-of-job reports to rank 0.
 pub(super) const TAG_REPORT: c_int = 2;
+/// Tag of the pieces of a frame that follow its head: a payload sent from
+/// the sender's own buffer instead of being copied next to the header.
+const TAG_PART: c_int = 3;
+
+/// Largest MPI message a part is cut into (counts are C `int`s).
+const MAX_PART: usize = 1 << 30;
+
+/// A buffer MPI reads from until its send completes.
+enum Held {
+    Owned(#[allow(dead_code)] Vec<u8>),
+    Shared(#[allow(dead_code)] bytes::Bytes),
+}
 
 fn check(rc: c_int, what: &str) -> Result<()> {
     if rc == ffi::MPI_SUCCESS as c_int {
@@ -35,7 +47,7 @@ pub(super) struct Transport {
     rank: Rank,
     size: usize,
     /// Nonblocking sends not known complete, each with its buffer.
-    pending: Vec<(ffi::MPI_Request, Vec<u8>)>,
+    pending: Vec<(ffi::MPI_Request, Held)>,
 }
 
 impl Transport {
@@ -74,20 +86,50 @@ impl Transport {
     /// Start sending `buf` to `dest` under `tag`; MPI owns the buffer until
     /// [`Transport::progress`] sees the send complete.
     pub fn isend(&mut self, dest: Rank, tag: c_int, buf: Vec<u8>) -> Result<()> {
-        let count = c_int::try_from(buf.len()).map_err(|_| {
+        let (ptr, len) = (buf.as_ptr(), buf.len());
+        self.isend_held(dest, tag, ptr, len, Held::Owned(buf))
+    }
+
+    /// Send a frame: its head (length prefix included) under [`TAG_FRAME`],
+    /// then `parts`, the rest of its bytes, straight from the sender's
+    /// shared buffers under [`TAG_PART`] (no copy; MPI keeps the order of
+    /// one sender's messages under one tag).
+    pub fn isend_frame(&mut self, dest: Rank, head: Vec<u8>, parts: &[bytes::Bytes]) -> Result<()> {
+        self.isend(dest, TAG_FRAME, head)?;
+        for part in parts {
+            let mut at = 0;
+            while at < part.len() {
+                let piece = part.slice(at..part.len().min(at + MAX_PART));
+                at += piece.len();
+                let (ptr, len) = (piece.as_ptr(), piece.len());
+                self.isend_held(dest, TAG_PART, ptr, len, Held::Shared(piece))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn isend_held(
+        &mut self,
+        dest: Rank,
+        tag: c_int,
+        ptr: *const u8,
+        len: usize,
+        held: Held,
+    ) -> Result<()> {
+        let count = c_int::try_from(len).map_err(|_| {
             Error::Driver(format!(
-                "a frame of {} bytes: the mpi backend sends at most 2 GiB in one frame",
-                buf.len()
+                "an MPI message of {len} bytes: the mpi backend sends at most 2 GiB in one"
             ))
         })?;
-        // SAFETY: `buf` stays alive and unmoved (a Vec's heap buffer does not
-        // move with the Vec) in `pending` until MPI_Test reports the send
-        // complete; `req` is valid for writes.
+        let buf = held;
+        // SAFETY: `ptr..ptr+len` lies in the heap buffer `held` owns (or
+        // shares), which stays alive and unmoved in `pending` until
+        // MPI_Test reports the send complete; `req` is valid for writes.
         unsafe {
             let mut req: ffi::MPI_Request = std::mem::zeroed();
             check(
                 ffi::MPI_Isend(
-                    buf.as_ptr().cast(),
+                    ptr.cast(),
                     count,
                     ffi::RSMPI_UINT8_T,
                     dest as c_int,
@@ -131,32 +173,52 @@ impl Transport {
     /// A message under `tag` from anyone, if one has arrived: its source and
     /// bytes.
     pub fn try_receive(&mut self, tag: c_int) -> Result<Option<(Rank, Vec<u8>)>> {
+        self.receive(tag, false)
+    }
+
+    /// The next message under `tag` from anyone, waiting in MPI for it
+    /// (`MPI_Mprobe`, which also drives this rank's sends in flight).
+    pub fn receive_blocking(&mut self, tag: c_int) -> Result<(Rank, Vec<u8>)> {
+        self.receive(tag, true)?
+            .ok_or_else(|| Error::Driver("MPI_Mprobe returned no message".into()))
+    }
+
+    fn receive(&mut self, tag: c_int, blocking: bool) -> Result<Option<(Rank, Vec<u8>)>> {
         // SAFETY: out-parameters valid for writes; the matched message is
-        // received into a buffer of exactly its size.
+        // received into a buffer of exactly its size, whose length is set
+        // once MPI has written it.
         unsafe {
-            let mut flag: c_int = 0;
             let mut msg: ffi::MPI_Message = std::mem::zeroed();
             let mut status: ffi::MPI_Status = std::mem::zeroed();
-            check(
-                ffi::MPI_Improbe(
-                    ffi::RSMPI_ANY_SOURCE,
-                    tag,
-                    self.comm,
-                    &mut flag,
-                    &mut msg,
-                    &mut status,
-                ),
-                "MPI_Improbe",
-            )?;
-            if flag == 0 {
-                return Ok(None);
+            if blocking {
+                check(
+                    ffi::MPI_Mprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut msg, &mut status),
+                    "MPI_Mprobe",
+                )?;
+            } else {
+                let mut flag: c_int = 0;
+                check(
+                    ffi::MPI_Improbe(
+                        ffi::RSMPI_ANY_SOURCE,
+                        tag,
+                        self.comm,
+                        &mut flag,
+                        &mut msg,
+                        &mut status,
+                    ),
+                    "MPI_Improbe",
+                )?;
+                if flag == 0 {
+                    return Ok(None);
+                }
             }
             let mut count: c_int = 0;
             check(
                 ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count),
                 "MPI_Get_count",
             )?;
-            let mut buf = vec![0u8; count.max(0) as usize];
+            let n = count.max(0) as usize;
+            let mut buf: Vec<u8> = Vec::with_capacity(n);
             check(
                 ffi::MPI_Mrecv(
                     buf.as_mut_ptr().cast(),
@@ -167,8 +229,63 @@ impl Transport {
                 ),
                 "MPI_Mrecv",
             )?;
-            Ok(Some((status.MPI_SOURCE as Rank, buf)))
+            buf.set_len(n);
+            let from = status.MPI_SOURCE;
+            if tag == TAG_FRAME {
+                self.receive_parts(from, &mut buf)?;
+            }
+            Ok(Some((from as Rank, buf)))
         }
+    }
+
+    /// The rest of a frame whose head is `buf`, received into it from its
+    /// sender's [`TAG_PART`] messages (sent right after the head): the
+    /// length prefix says how long the frame is.
+    fn receive_parts(&mut self, from: c_int, buf: &mut Vec<u8>) -> Result<()> {
+        let total = match buf.get(..4).and_then(|b| b.try_into().ok()) {
+            Some(b) if u32::from_le_bytes(b) == crate::driver::processes::wire::LONG_LEN => buf
+                .get(4..12)
+                .and_then(|b| b.try_into().ok())
+                .map(|b| u64::from_le_bytes(b) as usize + 12),
+            Some(b) => Some(u32::from_le_bytes(b) as usize + 4),
+            None => None,
+        }
+        .ok_or_else(|| Error::Driver(format!("rank {from} sent a frame without its length")))?;
+        if total > buf.len() {
+            buf.reserve_exact(total - buf.len());
+        }
+        while buf.len() < total {
+            let want = (total - buf.len()).min(MAX_PART);
+            // SAFETY: `want` bytes of spare capacity at the end of `buf`
+            // receive the part; the length grows by what MPI wrote.
+            unsafe {
+                let mut status: ffi::MPI_Status = std::mem::zeroed();
+                check(
+                    ffi::MPI_Recv(
+                        buf.as_mut_ptr().add(buf.len()).cast(),
+                        want as c_int,
+                        ffi::RSMPI_UINT8_T,
+                        from,
+                        TAG_PART,
+                        self.comm,
+                        &mut status,
+                    ),
+                    "MPI_Recv",
+                )?;
+                let mut count: c_int = 0;
+                check(
+                    ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count),
+                    "MPI_Get_count",
+                )?;
+                if count <= 0 {
+                    return Err(Error::Driver(format!(
+                        "rank {from} sent an empty part of a frame"
+                    )));
+                }
+                buf.set_len(buf.len() + count as usize);
+            }
+        }
+        Ok(())
     }
 
     /// Rank `root`'s `bytes` on every rank (`MPI_Bcast` of the length,
@@ -253,8 +370,8 @@ impl Drop for Transport {
     fn drop(&mut self) {
         // A send still in flight (a job ended by an error) may still read
         // its buffer: leak it rather than free memory MPI uses.
-        for (_, buf) in self.pending.drain(..) {
-            std::mem::forget(buf);
+        for (_, held) in self.pending.drain(..) {
+            std::mem::forget(held);
         }
         // SAFETY: our communicator, freed once.
         unsafe {
