@@ -37,27 +37,29 @@ fn disk(dir: &std::path::Path) -> LevelSpec {
 /// `coordinated`, with the value the threads backend computes, bit for bit.
 #[test]
 fn apps_verify_on_mpi_as_on_threads() {
-    within(common::HANG_S, "apps on mpi", || {
-        for ranks in [2, 4] {
-            for (app, params) in apps() {
-                let oracle = common::config(Backend::Threads, ranks);
-                let (want, _) = common::run(app, &params, &oracle);
-                for protocol in [ProtocolKind::None, ProtocolKind::Coordinated] {
-                    let cfg = common::config(Backend::Mpi, ranks).protocol(protocol);
-                    let (got, st) = common::run(app, &params, &cfg);
-                    assert!(got.verified, "{app} {protocol} on {ranks}: {}", got.detail);
-                    assert_eq!(
-                        got.value, want.value,
-                        "{app} {protocol} on {ranks} MPI ranks differs from threads"
-                    );
-                    if protocol == ProtocolKind::Coordinated {
-                        assert!(st.checkpoints > 0, "{app}: no checkpoint committed");
-                    }
-                    assert_eq!(st.failures, 0);
+    for ranks in [2, 4] {
+        for (app, params) in apps() {
+            let oracle = common::config(Backend::Threads, ranks);
+            let (want, _) = common::run(app, &params, &oracle);
+            for protocol in [ProtocolKind::None, ProtocolKind::Coordinated] {
+                let cfg = common::config(Backend::Mpi, ranks).protocol(protocol);
+                let what = format!("{app} {protocol} on {ranks} MPI ranks");
+                let params = params.clone();
+                let (got, st) = within(common::HANG_S, &what, move || {
+                    common::run(app, &params, &cfg)
+                });
+                assert!(got.verified, "{app} {protocol} on {ranks}: {}", got.detail);
+                assert_eq!(
+                    got.value, want.value,
+                    "{app} {protocol} on {ranks} MPI ranks differs from threads"
+                );
+                if protocol == ProtocolKind::Coordinated {
+                    assert!(st.checkpoints > 0, "{app}: no checkpoint committed");
                 }
+                assert_eq!(st.failures, 0);
             }
         }
-    });
+    }
 }
 
 /// A fault-plan kill ends the MPI job (no ULFM); `lazarus::run` starts it

@@ -174,7 +174,8 @@ impl MpiEndpoint {
     }
 
     /// Wait until `until` holds or `deadline` passes. With a core of its
-    /// own and no deadline, the rank waits inside MPI (`MPI_Mprobe`: MPI's
+    /// own, no deadline and a host not busier than its ranks
+    /// ([`Yielding`]), the rank waits inside MPI (`MPI_Mprobe`: MPI's
     /// own polling, which also moves this rank's large sends along, as a
     /// C program's blocking receive does). Otherwise (more ranks than
     /// cores, where a spinning MPI would hold the core the awaited rank
@@ -196,7 +197,9 @@ impl MpiEndpoint {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(false);
             }
-            if self.spin && deadline.is_none() {
+            // Not on a busy host: MPI's polling would hold a core that
+            // other work (or the awaited rank) needs.
+            if self.spin && deadline.is_none() && self.yielding.may(now) {
                 let (from, buf) = self.net.borrow_mut().receive_blocking(TAG_FRAME)?;
                 self.handle(from, buf)?;
                 continue;
