@@ -718,23 +718,34 @@ pub(crate) fn prepare_storage(cfg: &Config) -> Result<Option<u64>> {
 
 /// The harness of one rank incarnation.
 pub(crate) fn run_rank<T>(engine: Rc<RefCell<Engine>>, f: &BorrowedRankFn<'_, T>) -> Result<T> {
+    let r = run_incarnation(&engine, f);
+    if matches!(r, Err(Error::Killed)) {
+        // Killed while it waited (another rank's fault plan took its
+        // node): the span it waited in ends at the kill on the timeline,
+        // instead of vanishing with the incarnation.
+        engine.borrow_mut().end_timeline();
+    }
+    r
+}
+
+fn run_incarnation<T>(engine: &Rc<RefCell<Engine>>, f: &BorrowedRankFn<'_, T>) -> Result<T> {
     let starts_in_recovery = engine.borrow().starts_in_recovery();
     if starts_in_recovery {
-        recover(&engine)?;
+        recover(engine)?;
     }
     loop {
         let mut ctx = Ctx::new(engine.clone());
         let r = f(&mut ctx).and_then(|v| engine.borrow_mut().finalize().map(|()| v));
         match r {
             Ok(v) => return Ok(v),
-            Err(Error::Rollback { .. }) => recover(&engine)?,
+            Err(Error::Rollback { .. }) => recover(engine)?,
             Err(e) => {
                 // An error may be the consequence of a failure the engine
                 // already knows about (the rank function turned it into its
                 // own error): the interrupt wins.
                 let pending = engine.borrow().interrupted().cloned();
                 match pending {
-                    Some(Error::Rollback { .. }) => recover(&engine)?,
+                    Some(Error::Rollback { .. }) => recover(engine)?,
                     Some(i) if !e.is_control_flow() => return Err(i),
                     _ => return Err(e),
                 }

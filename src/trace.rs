@@ -343,7 +343,12 @@ impl Tracer {
         for o in &mut self.open {
             o.2 = 0;
         }
-        Some(std::mem::take(&mut self.events))
+        // The next batch starts at its usual size: no chain of regrowths
+        // per batch on the traced rank's path.
+        Some(std::mem::replace(
+            &mut self.events,
+            Vec::with_capacity(FLUSH_EVENTS),
+        ))
     }
 }
 

@@ -1755,6 +1755,63 @@ fn chrome_trace_defect(v: &serde_json::Value) -> Option<String> {
 /// format accepts, with the kill, its detection, the recovery, restore and
 /// replay of the killed rank, checkpoints and commits; `report` reads it
 /// back, as text and as a picture; bad trace files are usage errors.
+/// A rank killed while it waits (its node died under another rank's
+/// fault plan) has the span it waited in end at the kill, not lost with the
+/// incarnation. On the simulator the kill has one time for all.
+#[test]
+fn a_rank_killed_while_waiting_has_its_span_end_at_the_kill() {
+    let dir = std::env::temp_dir().join(format!("lazarus-trace-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let trace = dir.join("sim.json");
+    let o = lazarus(&[
+        "run",
+        "stencil",
+        "--class",
+        "S",
+        "--ranks",
+        "4",
+        "--nodes",
+        "2",
+        "--backend",
+        "sim",
+        "--protocol",
+        "coordinated",
+        "--kill",
+        "node:1@50%",
+        "--trace",
+        trace.to_str().expect("utf-8"),
+    ]);
+    assert!(last_line(&o).starts_with("VERIFIED"), "{}", stderr(&o));
+    let v = read_trace(&trace);
+    let events = v["traceEvents"].as_array().expect("events");
+    let kill_at = |tid: u64| {
+        events
+            .iter()
+            .find(|e| e["tid"] == tid && e["name"] == "kill")
+            .and_then(|e| e["ts"].as_f64())
+            .unwrap_or_else(|| panic!("rank {tid} has no kill"))
+    };
+    // Ranks 2 and 3 share node 1: one reached the kill point, the other
+    // was waiting in its safe point when the node died. Both lanes' last
+    // spans before the kill end there.
+    let ended_at_kill = [2u64, 3].iter().all(|&tid| {
+        let at = kill_at(tid);
+        events.iter().any(|e| {
+            e["tid"] == tid
+                && e["ph"] == "X"
+                && e["name"] != "compute"
+                && (e["ts"].as_f64().unwrap_or(0.0) + e["dur"].as_f64().unwrap_or(0.0) - at).abs()
+                    < 1e-3
+        })
+    });
+    assert!(
+        ended_at_kill,
+        "a span of rank 2 or 3 does not end at its kill"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn run_trace_is_a_valid_chrome_trace_and_report_draws_it() {
     let dir = std::env::temp_dir().join(format!("lazarus-trace-{}", std::process::id()));

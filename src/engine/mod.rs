@@ -705,6 +705,12 @@ impl Engine {
         self.flush_trace(false);
     }
 
+    /// End this incarnation's timeline now: what is open closes here and
+    /// everything recorded goes to the driver (the rank was killed).
+    pub fn end_timeline(&mut self) {
+        self.flush_trace(true);
+    }
+
     fn trace_mark(&mut self, mark: Mark, arg: u64) {
         if self.trace.is_none() {
             return;

@@ -57,7 +57,33 @@ fn nested(lane: &[TraceEvent]) -> Vec<(Activity, u64, u64, usize, u32)> {
         .collect()
 }
 
-/// Per rank: time in each top-level activity, and the marks.
+/// Time inside spans of each activity: the union of its spans, so a span
+/// inside another of the same activity is not counted twice, and a span
+/// inside another activity's counts for both (a checkpoint inside a safe
+/// point is time in each).
+fn time_per_activity(lane: &[TraceEvent]) -> std::collections::BTreeMap<Activity, u64> {
+    let mut per = std::collections::BTreeMap::new();
+    let mut covered: std::collections::BTreeMap<Activity, u64> = Default::default();
+    let mut spans: Vec<(Activity, u64, u64)> = nested(lane)
+        .into_iter()
+        .map(|(a, s, e, ..)| (a, s, e))
+        .collect();
+    spans.sort_by_key(|&(_, s, _)| s);
+    for (a, s, e) in spans {
+        // Spans of one activity sorted by start: only the part beyond what
+        // the earlier ones covered is new.
+        let reach = covered.entry(a).or_insert(0);
+        let from = s.max(*reach);
+        if e > from {
+            *per.entry(a).or_insert(0u64) += e - from;
+            *reach = e;
+        }
+    }
+    per
+}
+
+/// Per rank: time in each activity (nested spans count for their own
+/// activity too), and the marks.
 pub fn render_text(trace: &Trace) -> String {
     let mut out = String::new();
     let end = trace.end();
@@ -68,7 +94,8 @@ pub fn render_text(trace: &Trace) -> String {
     };
     let _ = writeln!(
         out,
-        "timeline: {} ranks, {} events, {:.6} s ({clock} time)",
+        "timeline: {} ranks, {} events, {:.6} s ({clock} time); seconds in each activity, \
+         a span inside another counting for both",
         trace.ranks.len(),
         trace.len(),
         end as f64 / 1e9
@@ -80,12 +107,7 @@ pub fn render_text(trace: &Trace) -> String {
     }
     let _ = writeln!(out, "  marks (seconds)");
     for (rank, lane) in trace.ranks.iter().enumerate() {
-        let mut per = std::collections::BTreeMap::new();
-        for (a, s, e, depth, _) in nested(lane) {
-            if depth == 0 {
-                *per.entry(a).or_insert(0u64) += e - s;
-            }
-        }
+        let per = time_per_activity(lane);
         let _ = write!(out, "{rank:>6}");
         for a in &top {
             let _ = write!(
@@ -360,6 +382,27 @@ mod tests {
                 (Activity::Compute, 0)
             ]
         );
+    }
+
+    #[test]
+    fn nested_spans_count_for_their_own_activity_once() {
+        // A checkpoint inside a safe point, two overlapping receives
+        // (aggregated ones can be), and a send inside the collective.
+        let lane = [
+            span(Activity::SafePoint, 0, 10),
+            span(Activity::Checkpoint, 2, 6),
+            span(Activity::Collective, 20, 40),
+            span(Activity::Send, 21, 23),
+            span(Activity::Receive, 24, 30),
+            span(Activity::Receive, 26, 34),
+        ];
+        let per = time_per_activity(&lane);
+        assert_eq!(per[&Activity::SafePoint], 10);
+        assert_eq!(per[&Activity::Checkpoint], 4);
+        assert_eq!(per[&Activity::Collective], 20);
+        assert_eq!(per[&Activity::Send], 2);
+        assert_eq!(per[&Activity::Receive], 10);
+        assert!(!per.contains_key(&Activity::Compute));
     }
 
     #[test]
