@@ -65,6 +65,12 @@ pub struct JobStats {
     pub checkpoint_s: f64,
     /// Time spent in checkpoints, averaged over ranks.
     pub checkpoint_s_total: f64,
+    /// Under message logging: time spent on the send path for the log
+    /// (the protocol's handling of each send and the wait before a send
+    /// may leave), averaged over ranks; ranks that did not finish their
+    /// rank function (killed) do not report theirs.
+    #[serde(default)]
+    pub send_logging_s_total: f64,
     /// Median over committed generations of rank 0's snapshot latency:
     /// from entering the generation at its safe point to its commit (the
     /// whole blocking checkpoint under `coordinated`; under
@@ -203,6 +209,7 @@ impl JobStats {
         self.checkpoint_pieces += e.checkpoint_pieces;
         self.checkpoint_s = self.checkpoint_s.max(e.checkpoint_s);
         self.checkpoint_s_total += e.checkpoint_s_total;
+        self.send_logging_s_total += e.send_logging_s_total;
         self.peak_log_bytes = self.peak_log_bytes.max(e.peak_log_bytes);
         self.peak_log_records = self.peak_log_records.max(e.peak_log_records);
         self.log_records += e.log_records;

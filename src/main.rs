@@ -1630,13 +1630,14 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
         if let Some(f) = &p.failure {
             println!(
                 "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x, 95% CI {}), \
-                 recovery {:.4} s, ranks rolled back {} (per run){}",
+                 recovery {:.4} s ({:.1}% of its median), ranks rolled back {} (per run){}",
                 f.kills.join(" "),
                 f.median_wall_s,
                 f.ratio_to_failure_free,
                 f.paired_ratio_to_failure_free,
                 ci(f.paired_ratio_to_failure_free_ci95),
                 f.median_recovery_s,
+                100.0 * f.median_recovery_s / f.median_wall_s,
                 f.ranks_rolled_back
                     .iter()
                     .map(u64::to_string)
@@ -1694,6 +1695,15 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 in_checkpoints,
                 100.0 * in_checkpoints / p.median_wall_s,
                 of(|s| s.snapshot_latency_s)
+            );
+        }
+        if p.runs.iter().any(|r| r.stats.log_records > 0) {
+            // Where a logging protocol's failure-free cost goes, beside its
+            // checkpoints (#40 Build 4): the send path.
+            let on_sends = per(|s| s.send_logging_s_total);
+            println!(
+                "    logging on the send path: {on_sends:.4} s per rank ({:.1}% of the median wall time)",
+                100.0 * on_sends / p.median_wall_s,
             );
         }
         if p.runs.iter().all(|r| r.stats.mean_peak_rss_bytes.is_some()) {

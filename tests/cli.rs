@@ -727,6 +727,78 @@ fn daly_interval_is_used_and_reported() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A logging protocol's row says where its failure-free time goes beside
+/// its checkpoints (the send path), and a run with failures what share of
+/// its time recovery took; the JSON carries the send path's seconds.
+#[test]
+fn bench_shows_where_a_logging_protocols_time_goes() {
+    let dir = std::env::temp_dir().join(format!("lazarus-bench-share-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bench.json");
+    let o = lazarus(&[
+        "bench",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "4",
+        "--protocols",
+        "none,pessimistic",
+        "--failure",
+        "1@50%",
+        "--reps",
+        "2",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    let row = |name: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no `{name}` row in {out}"))
+    };
+    let (none, pessimistic) = (row("none "), row("pessimistic "));
+    let send_path: Vec<usize> = (lines.iter().enumerate())
+        .filter(|(_, l)| l.trim_start().starts_with("logging on the send path:"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(send_path.len(), 1, "{out}");
+    assert!(send_path[0] > pessimistic && none < pessimistic, "{out}");
+    assert!(
+        lines[send_path[0]].contains("% of the median wall time"),
+        "{out}"
+    );
+    let failure = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("with 1@50%"))
+        .unwrap_or_else(|| panic!("no failure line in {out}"));
+    assert!(
+        failure.contains("% of its median), ranks rolled back"),
+        "{failure}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
+            .expect("valid JSON");
+    for run in v["protocols"][1]["runs"].as_array().expect("runs") {
+        let s = run["send_logging_s_total"]
+            .as_f64()
+            .expect("send path seconds");
+        // Pessimistic sends wait for their determinants' acknowledgement:
+        // some time, and less than the run.
+        assert!(
+            s > 0.0 && s < run["wall_s"].as_f64().expect("wall"),
+            "{run}"
+        );
+    }
+    for run in v["protocols"][0]["runs"].as_array().expect("runs") {
+        assert_eq!(run["send_logging_s_total"].as_f64(), Some(0.0), "{run}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bench_codec_reports_every_figure() {
     let dir = std::env::temp_dir().join(format!("lazarus-codec-{}", std::process::id()));

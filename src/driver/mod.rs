@@ -228,6 +228,15 @@ pub enum Stat {
     },
     /// A batch of this rank's timeline (`Config::trace`).
     Trace(Vec<crate::trace::TraceEvent>),
+    /// Under message logging: seconds this rank incarnation spent on the
+    /// send path for the log (the protocol's handling of each send, and the
+    /// wait for what must be stored before a send leaves: acknowledged
+    /// determinants under `pessimistic`), reported when its rank function
+    /// returns.
+    SendLogging {
+        /// Seconds.
+        seconds: f64,
+    },
 }
 
 /// One rank's view of the driver.

@@ -672,6 +672,9 @@ impl StatsBook {
                     *p = (!holders.is_empty()).then_some(holders);
                 }
             }
+            Stat::SendLogging { seconds } => {
+                st.send_logging_s_total += seconds / size as f64;
+            }
             Stat::Trace(events) => {
                 if let Some(t) = &mut st.trace {
                     t.extend(rank, events);

@@ -494,6 +494,9 @@ pub struct Engine {
 
     /// The rank's timeline recorder (`Config::trace`; `None`: off).
     trace: Option<Box<Tracer>>,
+    /// Under message logging: seconds spent on the send path for the log
+    /// since the last report ([`Stat::SendLogging`]).
+    send_logging_s: f64,
     /// The last collective's result came from a log (the rank replays).
     coll_replayed: bool,
 }
@@ -643,6 +646,7 @@ impl Engine {
             coll_outcome: None,
             ulfm: None,
             trace: None,
+            send_logging_s: 0.0,
             coll_replayed: false,
         }
     }
@@ -1415,6 +1419,9 @@ impl Engine {
             payload,
         };
         self.withhold = false;
+        // Under message logging, what the log costs this send is timed
+        // (two clock reads; none without a log).
+        let logged_from = self.logging.then(|| self.ep.now());
         if self.logging || self.watch_sends {
             self.handle(Event::AppSend { msg: &msg })?;
             self.check()?;
@@ -1466,6 +1473,9 @@ impl Engine {
             }
         }
         self.serving_rma = serving;
+        if let Some(from) = logged_from {
+            self.send_logging_s += self.ep.now().saturating_sub(from).as_secs_f64();
+        }
         // On an error this rank rolls back or the job ends: a peer's
         // request is served again by the next recovery.
         let held = self.held_resends.take();
@@ -2231,6 +2241,10 @@ impl Engine {
         // The timeline ends where the rank function did (a batch sent
         // later might reach a launcher that has concluded).
         self.flush_trace(true);
+        if self.logging {
+            let seconds = std::mem::take(&mut self.send_logging_s);
+            self.ep.record(Stat::SendLogging { seconds });
+        }
         self.handle(Event::Finish)?;
         self.sent_done = true;
         let mut told = None;

@@ -19,6 +19,14 @@
 //! hand-off per frame. A receiver about to block sets `sleeping`; a sender
 //! that finds it set after publishing rings a doorbell on the socket.
 //!
+//! A frame with detached parts of [`REMOTE_MIN`] bytes or more in all (a
+//! checkpoint piece: its head and the log payloads it shares) crosses the
+//! same way, as a remote frame record: the frame's own bytes and the
+//! address and length of each part. The receiver copies the parts after
+//! the frame's bytes into one buffer, so the frame decodes as if it had
+//! crossed whole. A piece of megabytes then costs its sender no wait for a
+//! receiver busy computing (the ring is not filled), and one copy.
+//!
 //! Nothing the peer writes can make the reader go out of bounds: positions
 //! are masked into the data area, a record's length is checked against the
 //! frame limit, and a record's buffer grows as its bytes arrive (as a
@@ -53,8 +61,8 @@ use bytes::Bytes;
 use crate::store::pool::BufferPool;
 
 use super::wire::{
-    APP_FIXED, APP_FRAME, APP_HEAD, APP_REMOTE, LONG_LEN, LONG_PREFIX, WireError, WireMsg, decode,
-    decode_app_parts, growth, long_len,
+    APP_FIXED, APP_FRAME, APP_HEAD, APP_REMOTE, FRAME_REMOTE, LONG_LEN, LONG_PREFIX, WireError,
+    WireMsg, decode, decode_app_parts, growth, long_len,
 };
 
 /// Records up to this size get their whole receive buffer when their first
@@ -117,7 +125,14 @@ const HEADER: usize = MAPPED_HEADER;
 /// Bytes every mapping has at least (a ring's or a window's header), where
 /// the shared words live.
 pub(super) const MAPPED_HEADER: usize = 256;
-const MAGIC: u64 = 0x4c41_5a52_494e_4701; // "LAZRING", version 1
+const MAGIC: u64 = 0x4c41_5a52_494e_4702; // "LAZRING", version 2 (remote frames)
+
+/// Bytes of a remote frame record before its list of parts: the marker
+/// and the number of parts.
+const REMOTE_FRAME_HEAD: usize = 1 + 4;
+
+/// Bytes a remote frame record takes per part: its address and length.
+const REMOTE_PART: usize = 16;
 const OFF_MAGIC: usize = 0;
 const OFF_CAPACITY: usize = 8;
 /// The sender's process id, and the address of the ring's first byte in
@@ -442,6 +457,45 @@ impl RingWriter {
         true
     }
 
+    /// Send a frame whose bytes are `body` (everything after its length
+    /// prefix, without its detached payload) and whose payload is `parts`
+    /// as a remote frame record: the parts stay here, kept until the
+    /// receiver has copied them out of this process's memory after
+    /// `body`. `false`, with nothing written, as for
+    /// [`RingWriter::write_remote`], or when the record would take more
+    /// than a quarter of the ring (a piece of very many small parts).
+    pub fn write_remote_frame(&mut self, body: &[u8], parts: &[Bytes]) -> bool {
+        self.release_copied();
+        let payload: usize = parts.iter().map(Bytes::len).sum();
+        let len = REMOTE_FRAME_HEAD + REMOTE_PART * parts.len() + body.len();
+        if self.map.word64(OFF_REMOTE_OK).load(Ordering::Acquire) == 0
+            || self.in_flight_bytes + payload > REMOTE_IN_FLIGHT
+            || 4 + len > self.map.capacity / 4
+        {
+            return false;
+        }
+        let Ok(count) = u32::try_from(parts.len()) else {
+            return false;
+        };
+        let mut record = Vec::with_capacity(4 + len);
+        record.extend_from_slice(&(len as u32).to_le_bytes());
+        record.push(FRAME_REMOTE);
+        record.extend_from_slice(&count.to_le_bytes());
+        for p in parts {
+            record.extend_from_slice(&(p.as_ptr() as u64).to_le_bytes());
+            record.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        }
+        record.extend_from_slice(body);
+        if !self.write_whole(&[&record]) {
+            return false;
+        }
+        for p in parts {
+            self.in_flight.push_back((self.head, p.clone()));
+        }
+        self.in_flight_bytes += payload;
+        true
+    }
+
     /// Drop the payloads whose remote records the receiver has consumed
     /// (it copies a payload before its tail passes the record).
     fn release_copied(&mut self) {
@@ -690,7 +744,10 @@ impl RingReader {
             Some(record) => Ok(Some(record)),
             None => match self.take_remote(avail as usize, max) {
                 Some(record) => record.map(Some),
-                None => self.take(avail as usize, max),
+                None => match self.take_remote_frame(avail as usize, max) {
+                    Some(record) => record.map(Some),
+                    None => self.take(avail as usize, max),
+                },
             },
         };
         // One store to the shared tail per call, however many parts were read.
@@ -783,6 +840,85 @@ impl RingReader {
         };
         let got = read();
         self.tail += (4 + REMOTE_BODY) as u64;
+        Some(got)
+    }
+
+    /// A remote frame record (always written whole): the frame's bytes,
+    /// then its parts copied out of the sender's memory, in one buffer.
+    /// `None` when the next record is not one.
+    fn take_remote_frame(&mut self, avail: usize, max: usize) -> Option<Result<Record, WireError>> {
+        if self.pending.is_some() || avail < 4 + REMOTE_FRAME_HEAD {
+            return None;
+        }
+        let mut head = [0u8; 4 + REMOTE_FRAME_HEAD];
+        self.map.copy_out(self.tail, &mut head);
+        if head[4] != FRAME_REMOTE {
+            return None;
+        }
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let count = u32::from_le_bytes([head[5], head[6], head[7], head[8]]) as usize;
+        let read = |this: &mut Self| -> Result<Record, WireError> {
+            let list = count
+                .checked_mul(REMOTE_PART)
+                .and_then(|b| b.checked_add(REMOTE_FRAME_HEAD))
+                .filter(|&b| b <= len && 4 + len <= avail)
+                .ok_or_else(|| {
+                    WireError::Malformed(format!(
+                        "remote frame record of {len} bytes listing {count} parts, \
+                         {avail} bytes in the ring"
+                    ))
+                })?;
+            let mut rec = vec![0u8; len];
+            this.map.copy_out(this.tail + 4, &mut rec);
+            let body = &rec[list..];
+            let parts: Vec<(u64, u64)> = rec[REMOTE_FRAME_HEAD..list]
+                .chunks_exact(REMOTE_PART)
+                .map(|c| {
+                    let word = |at: usize| {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(&c[at..at + 8]);
+                        u64::from_le_bytes(b)
+                    };
+                    (word(0), word(8))
+                })
+                .collect();
+            let total = parts
+                .iter()
+                .try_fold(body.len() as u64, |t, &(_, n)| t.checked_add(n))
+                .and_then(|t| usize::try_from(t).ok())
+                .ok_or_else(|| WireError::Malformed("remote frame of overflowing length".into()))?;
+            if total > max {
+                return Err(WireError::Oversized { len: total, max });
+            }
+            let Some(pid) = this.sender else {
+                return Err(WireError::Malformed(
+                    "remote frame from a sender whose memory cannot be read".into(),
+                ));
+            };
+            let mut frame = this.pool.take_idle(total).unwrap_or_default();
+            frame.clear();
+            frame.reserve_exact(total);
+            frame.extend_from_slice(body);
+            for (addr, n) in parts {
+                read_remote(pid, addr, n as usize, &mut frame).map_err(|e| {
+                    if e.raw_os_error() == Some(libc::ESRCH) {
+                        WireError::SenderGone {
+                            pid,
+                            len: n as usize,
+                        }
+                    } else {
+                        WireError::Malformed(format!(
+                            "cannot read a {n}-byte part from process {pid}: {e}"
+                        ))
+                    }
+                })?;
+            }
+            Ok(Record::Frame(this.pool.freeze(frame)))
+        };
+        let got = read(self);
+        // Consumed whatever came of it: the sender keeps the parts until
+        // the tail passes the record.
+        self.tail += (4 + len.min(avail.saturating_sub(4))) as u64;
         Some(got)
     }
 
@@ -1074,6 +1210,68 @@ mod tests {
         w.in_flight.push_back((u64::MAX, Bytes::new()));
         assert!(!w.write_remote(&head, &payload));
         assert_eq!(w.head, head_before);
+    }
+
+    /// A checkpoint piece's segments cross as a remote frame record: the
+    /// receiver gets the frame as if it had crossed whole (its segments
+    /// after its header, in one buffer), and the sender keeps every
+    /// segment until the receiver's tail has passed the record. A record
+    /// of too many parts for the ring, or one listing more parts than it
+    /// holds, is refused or an error, never a panic.
+    #[test]
+    fn a_pieces_segments_are_copied_out_of_the_senders_memory() {
+        use crate::store::{Piece, StoreMsg};
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
+        let segments: Vec<Bytes> = (0..3usize)
+            .map(|s| {
+                (0..MIN_CAPACITY + 100 * s)
+                    .map(|k| (k * 7 + s) as u8)
+                    .collect()
+            })
+            .collect();
+        let data: crate::segments::Segments = segments.iter().cloned().collect();
+        let piece = Piece::new(5, 2, data);
+        let msg = WireMsg::Frame(crate::engine::frame::Frame {
+            src: 2,
+            epoch: 1,
+            body: crate::engine::frame::Body::Store(StoreMsg::Put(piece.clone())),
+        });
+        let mut buf = Vec::new();
+        let parts = super::super::wire::encode_into(&msg, usize::MAX, &mut buf).expect("encode");
+        assert_eq!(parts.len(), 3, "the segments are detached");
+        assert!(w.write_remote_frame(&buf[4..], parts));
+        let total: usize = segments.iter().map(Bytes::len).sum();
+        assert_eq!((w.in_flight.len(), w.in_flight_bytes), (3, total));
+        let rec = r.pull(usize::MAX).expect("pull").expect("a record");
+        let Ok(WireMsg::Frame(f)) = rec.decode() else {
+            panic!("not a frame");
+        };
+        let crate::engine::frame::Body::Store(StoreMsg::Put(got)) = f.body else {
+            panic!("not a piece");
+        };
+        assert_eq!((got.generation, got.owner), (5, 2));
+        assert_eq!(got.data.to_vec(), piece.data.to_vec());
+        w.release_copied();
+        assert_eq!((w.in_flight.len(), w.in_flight_bytes), (0, 0));
+        // A record of more parts than a quarter of the ring holds: refused,
+        // nothing written (the frame then streams through the ring).
+        let many: Vec<Bytes> = (0..MIN_CAPACITY / 4 / REMOTE_PART)
+            .map(|_| Bytes::from_static(b"x"))
+            .collect();
+        let head_before = w.head;
+        assert!(!w.write_remote_frame(&buf[4..], &many));
+        assert_eq!(w.head, head_before);
+        // A record that lists more parts than it holds: an error.
+        let mut forged = Vec::new();
+        let len = (REMOTE_FRAME_HEAD + 8) as u32;
+        forged.extend_from_slice(&len.to_le_bytes());
+        forged.push(FRAME_REMOTE);
+        forged.extend_from_slice(&1000u32.to_le_bytes());
+        forged.extend_from_slice(&[0u8; 8]);
+        assert!(w.write_whole(&[&forged]));
+        assert!(matches!(r.pull(usize::MAX), Err(WireError::Malformed(_))));
     }
 
     /// A sender whose memory the receiver cannot read (its process id

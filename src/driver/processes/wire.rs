@@ -56,6 +56,12 @@ pub const APP_FRAME: u8 = 0xA1;
 /// fields, then the payload's address and length as two u64 LE.
 pub const APP_REMOTE: u8 = 0xA2;
 
+/// In place of the version, in a shared-memory ring only: a frame whose
+/// detached payload (a checkpoint piece's segments) stays in the sender's
+/// memory as a list of buffers, for the receiver to copy out after the
+/// frame's own bytes (`shm`'s cross-memory attach).
+pub const FRAME_REMOTE: u8 = 0xA3;
+
 /// Bytes of an application frame's fixed fields after `len` (the marker,
 /// six u64 and the tag).
 pub const APP_FIXED: usize = 1 + 6 * 8 + 4;
