@@ -6,8 +6,8 @@ use std::str::FromStr;
 
 pub use crate::driver::processes::agent::Hosts;
 pub use crate::driver::processes::net::Listen;
-pub use crate::driver::sim::NetworkModel;
 use crate::fault::KillSpec;
+pub use crate::network::NetworkModel;
 use crate::protocol::ProtocolKind;
 use crate::protocol::chandy_lamport::GetFix;
 pub use crate::protocol::correlated::SetRule;

@@ -113,6 +113,8 @@ pub mod driver;
 #[doc(hidden)]
 pub mod engine;
 #[doc(hidden)]
+pub mod network;
+#[doc(hidden)]
 pub mod protocol;
 #[doc(hidden)]
 pub mod segments;
