@@ -1827,16 +1827,10 @@ fn chrome_trace_defect(v: &serde_json::Value) -> Option<String> {
 /// format accepts, with the kill, its detection, the recovery, restore and
 /// replay of the killed rank, checkpoints and commits; `report` reads it
 /// back, as text and as a picture; bad trace files are usage errors.
-/// A rank killed while it waits (its node died under another rank's
-/// fault plan) has the span it waited in end at the kill, not lost with the
-/// incarnation. On the simulator the kill has one time for all.
-#[test]
-fn a_rank_killed_while_waiting_has_its_span_end_at_the_kill() {
-    let dir = std::env::temp_dir().join(format!("lazarus-trace-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let trace = dir.join("sim.json");
-    let o = lazarus(&[
+/// `lazarus run stencil` (class S, 4 ranks on 2 nodes) on `backend` under
+/// `protocol` with `kill`, its timeline written to `trace`.
+fn traced_stencil(backend: &str, protocol: &str, kill: &str, trace: &std::path::Path) -> Output {
+    lazarus(&[
         "run",
         "stencil",
         "--class",
@@ -1846,14 +1840,26 @@ fn a_rank_killed_while_waiting_has_its_span_end_at_the_kill() {
         "--nodes",
         "2",
         "--backend",
-        "sim",
+        backend,
         "--protocol",
-        "coordinated",
+        protocol,
         "--kill",
-        "node:1@50%",
+        kill,
         "--trace",
         trace.to_str().expect("utf-8"),
-    ]);
+    ])
+}
+
+/// A rank killed while it waits (its node died under another rank's
+/// fault plan) has the span it waited in end at the kill, not lost with the
+/// incarnation. On the simulator the kill has one time for all.
+#[test]
+fn a_rank_killed_while_waiting_has_its_span_end_at_the_kill() {
+    let dir = std::env::temp_dir().join(format!("lazarus-trace-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let trace = dir.join("sim.json");
+    let o = traced_stencil("sim", "coordinated", "node:1@50%", &trace);
     assert!(last_line(&o).starts_with("VERIFIED"), "{}", stderr(&o));
     let v = read_trace(&trace);
     let events = v["traceEvents"].as_array().expect("events");
@@ -1892,24 +1898,7 @@ fn run_trace_is_a_valid_chrome_trace_and_report_draws_it() {
     for backend in ["threads", "processes", "sim"] {
         let trace = dir.join(format!("{backend}.json"));
         let trace_s = trace.to_str().expect("utf-8");
-        let o = lazarus(&[
-            "run",
-            "stencil",
-            "--class",
-            "S",
-            "--ranks",
-            "4",
-            "--nodes",
-            "2",
-            "--backend",
-            backend,
-            "--protocol",
-            "pessimistic",
-            "--kill",
-            "1@50%",
-            "--trace",
-            trace_s,
-        ]);
+        let o = traced_stencil(backend, "pessimistic", "1@50%", &trace);
         assert!(
             last_line(&o).starts_with("VERIFIED"),
             "{backend}: {}",

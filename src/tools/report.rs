@@ -64,14 +64,9 @@ fn nested(lane: &[TraceEvent]) -> Vec<(Activity, u64, u64, usize, u32)> {
 fn time_per_activity(lane: &[TraceEvent]) -> std::collections::BTreeMap<Activity, u64> {
     let mut per = std::collections::BTreeMap::new();
     let mut covered: std::collections::BTreeMap<Activity, u64> = Default::default();
-    let mut spans: Vec<(Activity, u64, u64)> = nested(lane)
-        .into_iter()
-        .map(|(a, s, e, ..)| (a, s, e))
-        .collect();
-    spans.sort_by_key(|&(_, s, _)| s);
-    for (a, s, e) in spans {
-        // Spans of one activity sorted by start: only the part beyond what
-        // the earlier ones covered is new.
+    for (a, s, e, ..) in nested(lane) {
+        // Spans come sorted by start: of one activity's, only the part
+        // beyond what the earlier ones covered is new.
         let reach = covered.entry(a).or_insert(0);
         let from = s.max(*reach);
         if e > from {

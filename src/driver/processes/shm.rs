@@ -359,6 +359,23 @@ fn read_remote(pid: libc::pid_t, addr: u64, n: usize, dst: &mut Vec<u8>) -> std:
     Ok(())
 }
 
+/// The little-endian u64 at `at` of `bytes` (which holds it).
+fn le_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// What a failed copy of `n` bytes out of process `pid` means for the
+/// ring: the sender gone (its frame is lost with it), or a bad record.
+fn remote_error(e: &std::io::Error, pid: libc::pid_t, n: usize) -> WireError {
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        WireError::SenderGone { pid, len: n }
+    } else {
+        WireError::Malformed(format!("cannot read {n} bytes from process {pid}: {e}"))
+    }
+}
+
 /// The sending end of a ring.
 pub struct RingWriter {
     map: Mapping,
@@ -800,12 +817,7 @@ impl RingReader {
         if body[0] != APP_REMOTE {
             return None;
         }
-        let word = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&body[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let (addr, n) = (word(APP_FIXED), word(APP_FIXED + 8));
+        let (addr, n) = (le_u64(body, APP_FIXED), le_u64(body, APP_FIXED + 8));
         let mut fixed: [u8; APP_FIXED] = *body.first_chunk()?;
         fixed[0] = APP_FRAME;
         let read = || -> Result<Record, WireError> {
@@ -827,15 +839,7 @@ impl RingReader {
                     max,
                 })?;
             let mut payload = self.pool.take_idle(n).unwrap_or_default();
-            read_remote(pid, addr, n, &mut payload).map_err(|e| {
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    WireError::SenderGone { pid, len: n }
-                } else {
-                    WireError::Malformed(format!(
-                        "cannot read a {n}-byte payload from process {pid}: {e}"
-                    ))
-                }
-            })?;
+            read_remote(pid, addr, n, &mut payload).map_err(|e| remote_error(&e, pid, n))?;
             Ok(Record::App(fixed, self.pool.freeze(payload)))
         };
         let got = read();
@@ -873,14 +877,7 @@ impl RingReader {
             let body = &rec[list..];
             let parts: Vec<(u64, u64)> = rec[REMOTE_FRAME_HEAD..list]
                 .chunks_exact(REMOTE_PART)
-                .map(|c| {
-                    let word = |at: usize| {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(&c[at..at + 8]);
-                        u64::from_le_bytes(b)
-                    };
-                    (word(0), word(8))
-                })
+                .map(|c| (le_u64(c, 0), le_u64(c, 8)))
                 .collect();
             let total = parts
                 .iter()
@@ -900,18 +897,8 @@ impl RingReader {
             frame.reserve_exact(total);
             frame.extend_from_slice(body);
             for (addr, n) in parts {
-                read_remote(pid, addr, n as usize, &mut frame).map_err(|e| {
-                    if e.raw_os_error() == Some(libc::ESRCH) {
-                        WireError::SenderGone {
-                            pid,
-                            len: n as usize,
-                        }
-                    } else {
-                        WireError::Malformed(format!(
-                            "cannot read a {n}-byte part from process {pid}: {e}"
-                        ))
-                    }
-                })?;
+                let n = n as usize;
+                read_remote(pid, addr, n, &mut frame).map_err(|e| remote_error(&e, pid, n))?;
             }
             Ok(Record::Frame(this.pool.freeze(frame)))
         };

@@ -881,6 +881,14 @@ impl ProcessEndpoint {
         }
     }
 
+    /// A receiver is to copy `bytes` out of this process: the next blocking
+    /// poll spins for the copy's expected time (at 2 GB/s at least, at most
+    /// `REMOTE_SPIN_MAX`), since a reply cannot come sooner.
+    fn expect_copy(&mut self, bytes: usize) {
+        let copy = Duration::from_nanos(bytes as u64 / 2);
+        self.remote_spin = self.remote_spin.max(copy.min(REMOTE_SPIN_MAX));
+    }
+
     /// Ring the doorbell of `dest`, which sleeps with a frame in its ring.
     fn doorbell(&mut self, dest: Rank) {
         let max = self.sh.max_frame;
@@ -931,9 +939,7 @@ impl ProcessEndpoint {
                     self.doorbell(dest);
                 }
                 if !small {
-                    // At 2 GB/s at least, at most 10 ms.
-                    let copy = Duration::from_nanos(app.payload.len() as u64 / 2);
-                    self.remote_spin = self.remote_spin.max(copy.min(REMOTE_SPIN_MAX));
+                    self.expect_copy(app.payload.len());
                 }
                 return Ok(true);
             }
@@ -973,8 +979,7 @@ impl ProcessEndpoint {
             if w.wake_needed() {
                 self.doorbell(dest);
             }
-            let copy = Duration::from_nanos(parts_len as u64 / 2);
-            self.remote_spin = self.remote_spin.max(copy.min(REMOTE_SPIN_MAX));
+            self.expect_copy(parts_len);
         }
         // When the receiver last made room (set at the first wait after
         // it did), and whether the user was told it stopped.
@@ -1039,7 +1044,7 @@ impl ProcessEndpoint {
                     tracing::warn!(
                         peer = dest,
                         "lazarus: rank {}: rank {dest} has not read its ring for {} s; it is \
-                             alive (no failure notice), so the send waits for it",
+                         alive (no failure notice), so the send waits for it",
                         self.rank(),
                         RING_STALL_REPORT.as_secs()
                     );
