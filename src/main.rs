@@ -795,9 +795,9 @@ fn parse_level(text: &str) -> anyhow::Result<lazarus::tools::model::Level> {
 /// that runs an app (`run`, `bench`, `chaos`).
 #[derive(Args, Debug, Clone)]
 struct AppArgs {
-    /// The app: stencil, cg, dht, pingpong.
+    /// The app: stencil, cg, ft, dht, pingpong.
     app: String,
-    /// Problem class (cg: S, W, A, B; stencil and dht: S, W, A).
+    /// Problem class (cg and ft: S, W, A, B; stencil and dht: S, W, A).
     #[arg(long)]
     class: Option<char>,
     /// Problem size (stencil: grid side; dht: keys per rank; pingpong:
@@ -812,6 +812,11 @@ struct AppArgs {
     /// at different times.
     #[arg(long)]
     imbalance: Option<u32>,
+    /// FT: how a transpose moves the blocks: put (nonblocking puts into
+    /// the peers' window between fences) or alltoall (two-sided, NPB's MPI
+    /// version).
+    #[arg(long)]
+    transpose: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -1048,6 +1053,12 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         size: what.size,
         iterations: what.iterations,
         imbalance: what.imbalance,
+        transpose: what
+            .transpose
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(usage)?,
     };
     let n = iterations(app, &params).map_err(usage)?;
     let every = checkpoint_every(&job.checkpoint_every, n)?;

@@ -736,27 +736,85 @@ impl Communicator {
             });
         }
         let chunk = data.len() / size;
+        let (out, counts) = self.all_to_all_varcount(data, &vec![chunk; size])?;
+        match counts.into_iter().find(|&c| c != chunk) {
+            Some(got) => Err(Error::SizeMismatch {
+                expected: chunk,
+                got,
+                what: "all_to_all block".into(),
+            }),
+            None => Ok(out),
+        }
+    }
+
+    /// Every rank sends the next `counts[j]` elements of `data` to rank `j`
+    /// (`MPI_Alltoallv`, blocks in rank order); returns what it received,
+    /// in rank order, and how many elements came from each rank.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lazarus::Config;
+    ///
+    /// let report = lazarus::run(&Config::new(3), |ctx| {
+    ///     let world = ctx.world();
+    ///     let i = world.rank() as u64;
+    ///     // Rank i sends j + 1 copies of 10 i + j to rank j.
+    ///     let counts: Vec<usize> = (1..=3).collect();
+    ///     let data: Vec<u64> = (0..3)
+    ///         .flat_map(|j| std::iter::repeat_n(10 * i + j, j as usize + 1))
+    ///         .collect();
+    ///     world.all_to_all_varcount(&data, &counts)
+    /// });
+    /// let out = report.outcome.unwrap();
+    /// assert_eq!(out[1], (vec![1, 1, 11, 11, 21, 21], vec![2, 2, 2]));
+    /// ```
+    pub fn all_to_all_varcount<T: Equivalence>(
+        &self,
+        data: &[T],
+        counts: &[usize],
+    ) -> Result<(Vec<T>, Vec<usize>)> {
+        let size = self.size();
+        if counts.len() != size {
+            return Err(Error::SizeMismatch {
+                expected: size,
+                got: counts.len(),
+                what: "all_to_all_varcount counts (one per rank)".into(),
+            });
+        }
+        let total: usize = counts.iter().sum();
+        if total != data.len() {
+            return Err(Error::SizeMismatch {
+                expected: total,
+                got: data.len(),
+                what: "all_to_all_varcount buffer (the sum of the counts)".into(),
+            });
+        }
+        let starts: Vec<usize> = counts
+            .iter()
+            .scan(0, |at, &c| {
+                *at += c;
+                Some(*at - c)
+            })
+            .collect();
+        let block = |j: usize| &data[starts[j]..starts[j] + counts[j]];
         self.rooted(Collective::AllToAll, |call| {
             for j in (0..size).filter(|&j| j != self.rank()) {
-                self.csend(call, j, slice_to_bytes(&data[j * chunk..(j + 1) * chunk]))?;
+                self.csend(call, j, slice_to_bytes(block(j)))?;
             }
             let mut out = Vec::with_capacity(data.len());
+            let mut got_counts = Vec::with_capacity(size);
             for i in 0..size {
+                let before = out.len();
                 if i == self.rank() {
-                    out.extend_from_slice(&data[i * chunk..(i + 1) * chunk]);
+                    out.extend_from_slice(block(i));
                 } else {
                     let got: Vec<T> = decode(&self.crecv(call, i)?, "all_to_all")?;
-                    if got.len() != chunk {
-                        return Err(Error::SizeMismatch {
-                            expected: chunk,
-                            got: got.len(),
-                            what: "all_to_all block".into(),
-                        });
-                    }
                     out.extend(got);
                 }
+                got_counts.push(out.len() - before);
             }
-            Ok(out)
+            Ok((out, got_counts))
         })
     }
 

@@ -6,11 +6,13 @@
 //! | --- | --- | --- |
 //! | [`stencil`] | 2-D 5-point Jacobi, halo exchange (001) | checksum equal to a one-rank computation |
 //! | [`cg`] | NAS CG, classes S, W, A (002) | NPB's published zeta within NPB's tolerance |
+//! | [`ft`] | NAS FT, classes S, W, A, B: 3-D FFTs in pencils, transposes by puts or all-to-all (003 §7) | NPB's published checksum of every time step within NPB's tolerance |
 //! | [`dht`] | distributed hash table over RMA atomics (003 §7.2.2) | every key found once with its value |
 //! | [`pingpong`] | latency and bandwidth, 1 B to 4 MiB (004 §4.2) | payloads sent and forwarded intact |
 
 pub mod cg;
 pub mod dht;
+pub mod ft;
 pub mod patterns;
 pub mod pingpong;
 pub mod stencil;
@@ -68,6 +70,8 @@ pub enum AppKind {
     Stencil,
     /// NAS CG.
     Cg,
+    /// NAS FT.
+    Ft,
     /// Distributed hash table over RMA.
     Dht,
     /// Ping-pong latency/bandwidth.
@@ -76,9 +80,10 @@ pub enum AppKind {
 
 impl AppKind {
     /// All apps.
-    pub const ALL: [AppKind; 4] = [
+    pub const ALL: [AppKind; 5] = [
         AppKind::Stencil,
         AppKind::Cg,
+        AppKind::Ft,
         AppKind::Dht,
         AppKind::Pingpong,
     ];
@@ -88,6 +93,7 @@ impl AppKind {
         match self {
             AppKind::Stencil => "stencil",
             AppKind::Cg => "cg",
+            AppKind::Ft => "ft",
             AppKind::Dht => "dht",
             AppKind::Pingpong => "pingpong",
         }
@@ -109,7 +115,7 @@ impl FromStr for AppKind {
             .ok_or_else(|| {
                 Error::config(
                     "APP",
-                    format!("unknown app `{s}` (known: stencil, cg, dht, pingpong)"),
+                    format!("unknown app `{s}` (known: stencil, cg, ft, dht, pingpong)"),
                 )
             })
     }
@@ -128,6 +134,8 @@ pub struct AppParams {
     /// times per iteration (the extra sweeps' results are discarded), so
     /// ranks reach safe points at different times. `None` or 1: balanced.
     pub imbalance: Option<u32>,
+    /// FT: how transposes move data (`--transpose put|alltoall`).
+    pub transpose: Option<ft::Exchange>,
 }
 
 /// The result of running an app.
@@ -152,9 +160,16 @@ pub fn iterations(app: AppKind, p: &AppParams) -> Result<u64> {
             format!("only the stencil has a load imbalance, not {app}"),
         ));
     }
+    if app != AppKind::Ft && p.transpose.is_some() {
+        return Err(Error::config(
+            "transpose",
+            format!("only ft has transposes, not {app}"),
+        ));
+    }
     match app {
         AppKind::Stencil => Ok(stencil::Params::from_app(p)?.iterations),
         AppKind::Cg => Ok(cg::Params::from_app(p)?.niter),
+        AppKind::Ft => Ok(ft::Params::from_app(p)?.niter),
         AppKind::Dht => Ok(dht::Params::from_app(p)?.batches),
         AppKind::Pingpong => Ok(pingpong::Params::from_app(p)?.sizes().len() as u64),
     }
@@ -167,6 +182,11 @@ pub fn program(app: AppKind, p: &AppParams) -> Result<String> {
     Ok(match app {
         AppKind::Stencil => format!("stencil grid {}", stencil::Params::from_app(p)?.n),
         AppKind::Cg => format!("cg class {}", cg::Params::from_app(p)?.class.class),
+        // The transpose changes the window (so the checkpointed state).
+        AppKind::Ft => {
+            let f = ft::Params::from_app(p)?;
+            format!("ft class {} transpose {}", f.class.class, f.exchange)
+        }
         AppKind::Dht => {
             let d = dht::Params::from_app(p)?;
             format!(
@@ -240,6 +260,10 @@ pub fn run_app(app: AppKind, p: &AppParams, cfg: &Config) -> AppRun {
                     cg::rank_main(ctx, &params, &a)
                 })
             }
+            Err(e) => return failed(e),
+        },
+        AppKind::Ft => match ft::Params::from_app(p) {
+            Ok(params) => crate::run(&cfg, move |ctx| ft::rank_main(ctx, &params)),
             Err(e) => return failed(e),
         },
         AppKind::Dht => match dht::Params::from_app(p) {

@@ -319,6 +319,12 @@ pub fn reproduce_command(app: AppKind, params: &AppParams, cfg: &Config) -> Stri
     if let Some(it) = params.iterations {
         c += &format!(" --iterations {it}");
     }
+    if let Some(k) = params.imbalance {
+        c += &format!(" --imbalance {k}");
+    }
+    if let Some(t) = params.transpose {
+        c += &format!(" --transpose {t}");
+    }
     c += &format!(
         " --ranks {} --nodes {} --backend {} --protocol {} --checkpoint-every {} --seed {}",
         cfg.ranks, cfg.nodes, cfg.backend, cfg.protocol, cfg.checkpoint_every, cfg.seed

@@ -1,0 +1,435 @@
+//! NAS FT (NPB 3.4), the 3-D FFT benchmark of 003 §7: a diffusion equation
+//! solved spectrally. The random initial condition is transformed forward
+//! once; each time step multiplies the spectrum by the evolution factors,
+//! transforms a copy back and takes NPB's checksum of 1,024 points, which
+//! is verified against NPB's published value for every step.
+//!
+//! The grid is decomposed in pencils over a `p1 x p2` rank grid
+//! ([`pencil`]); a 3-D transform is 1-D FFTs (rustfft) along the whole
+//! axis a layout holds, with a transpose between axes. A transpose moves
+//! the blocks either as nonblocking puts into the members' window between
+//! two fences ([`Exchange::Put`], one-sided: the targets do not take part,
+//! 003's setting) or as an all-to-all among a row's or a column's ranks
+//! ([`Exchange::AllToAll`], NPB's MPI version). Only data moves between the
+//! FFTs, so every rank count and both exchanges give bit-identical
+//! checksums.
+//!
+//! The time step is the safe point; the protected state is the spectrum in
+//! z-pencils, the step number and the checksums so far (the window, owned
+//! by the runtime, is checkpointed with it).
+
+pub mod npb;
+pub mod pencil;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use num_complex::Complex64;
+use rustfft::{Fft, FftDirection, FftPlanner};
+use serde::{Deserialize, Serialize};
+
+use super::{AppParams, Verification, safe_point};
+use crate::{Communicator, Ctx, Error, ReduceOp, Result, Window};
+use npb::Class;
+use pencil::{Grid, Layout, Transpose};
+
+/// How a transpose moves the blocks (`--transpose`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Exchange {
+    /// Nonblocking puts into the members' window between two fences.
+    #[default]
+    Put,
+    /// A two-sided all-to-all within the row or column communicator.
+    AllToAll,
+}
+
+impl Exchange {
+    /// Name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Exchange::Put => "put",
+            Exchange::AllToAll => "alltoall",
+        }
+    }
+}
+
+impl fmt::Display for Exchange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Exchange {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [Exchange::Put, Exchange::AllToAll]
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| {
+                Error::config(
+                    "transpose",
+                    format!("unknown transpose `{s}` (known: put, alltoall)"),
+                )
+            })
+    }
+}
+
+/// Parameters of an FT run.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// NPB class.
+    pub class: Class,
+    /// Time steps (NPB's `niter`, or fewer with `--iterations`: the first
+    /// steps' checksums are verified).
+    pub niter: u64,
+    /// How transposes move data.
+    pub exchange: Exchange,
+}
+
+impl Params {
+    /// From the common app parameters (`--class`, default S;
+    /// `--iterations` up to the class's steps; `--transpose`).
+    pub fn from_app(p: &AppParams) -> Result<Self> {
+        let c = p.class.unwrap_or('S');
+        let class = npb::class_params(c).ok_or_else(|| {
+            Error::config("class", format!("ft has classes S, W, A and B, not `{c}`"))
+        })?;
+        if p.size.is_some() {
+            return Err(Error::config(
+                "size",
+                "ft runs NPB's fixed grids; choose a class instead",
+            ));
+        }
+        let niter = p.iterations.unwrap_or(class.niter as u64);
+        if niter == 0 || niter > class.niter as u64 {
+            return Err(Error::config(
+                "iterations",
+                format!(
+                    "ft class {} has {} time steps with published checksums; choose 1..={}",
+                    class.class, class.niter, class.niter
+                ),
+            ));
+        }
+        Ok(Params {
+            class,
+            niter,
+            exchange: p.transpose.unwrap_or_default(),
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct State {
+    /// Time steps done.
+    it: u64,
+    /// The spectrum after `it` steps, z-pencils, as (re, im) pairs; empty
+    /// before the forward transform.
+    #[serde(with = "crate::bulk")]
+    u0: Vec<f64>,
+    /// The checksum of every step done, (re, im) pairs.
+    #[serde(with = "crate::bulk")]
+    sums: Vec<f64>,
+}
+
+/// The 1-D transforms along each axis, both directions.
+struct Lines {
+    plans: [[Arc<dyn Fft<f64>>; 2]; 3],
+    scratch: Vec<Complex64>,
+}
+
+impl Lines {
+    fn new(n: [usize; 3]) -> Lines {
+        let mut planner = FftPlanner::new();
+        let plans = n.map(|len| {
+            [
+                planner.plan_fft(len, FftDirection::Forward),
+                planner.plan_fft(len, FftDirection::Inverse),
+            ]
+        });
+        Lines {
+            plans,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Transform every line of `data` along `axis` (0 = x): the lines are
+    /// the fast axis of the layout that holds it whole.
+    fn run(&mut self, axis: usize, direction: FftDirection, data: &mut [Complex64]) {
+        let plan = &self.plans[axis][usize::from(direction == FftDirection::Inverse)];
+        let need = plan.get_inplace_scratch_len();
+        if self.scratch.len() < need {
+            self.scratch.resize(need, Complex64::default());
+        }
+        if !data.is_empty() {
+            plan.process_with_scratch(data, &mut self.scratch[..need]);
+        }
+    }
+}
+
+/// What carries the transposes.
+enum Exchanger {
+    /// One window on the world, as large as this rank's largest layout.
+    Put(Window<f64>),
+    /// The row and column communicators.
+    AllToAll {
+        row: Communicator,
+        column: Communicator,
+    },
+}
+
+/// Time spent in transposes, for the report (this incarnation's).
+#[derive(Debug, Default)]
+struct Timing {
+    transposes: u64,
+    transpose_s: f64,
+    fft_s: f64,
+}
+
+struct Solver {
+    grid: Grid,
+    exchanger: Exchanger,
+    lines: Lines,
+    send: Vec<Complex64>,
+    timing: Timing,
+}
+
+impl Solver {
+    fn fft(&mut self, ctx: &Ctx, axis: usize, direction: FftDirection, data: &mut [Complex64]) {
+        let t0 = ctx.wtime();
+        self.lines.run(axis, direction, data);
+        self.timing.fft_s += ctx.wtime() - t0;
+    }
+
+    /// Move `src` (in `t.from()`) into `dst` (in `t.to()`).
+    fn transpose(
+        &mut self,
+        ctx: &Ctx,
+        t: Transpose,
+        src: &[Complex64],
+        dst: &mut [Complex64],
+    ) -> Result<()> {
+        let t0 = ctx.wtime();
+        let g = self.grid;
+        let members = t.members(&g);
+        let me = t.me(&g);
+        // Every member's chunk, packed in its storage order, by member.
+        let mut starts = Vec::with_capacity(members + 1);
+        let mut at = 0;
+        for m in 0..members {
+            starts.push(at);
+            at += t.pack(&g, m, src, &mut self.send[at..]);
+        }
+        starts.push(at);
+        let chunk = |m: usize| starts[m]..starts[m + 1];
+        let received = |m: usize| {
+            let [s, mid, _] = g.shape(t.to());
+            let off = t.recv_offset(&g, m);
+            off..off + s * mid * t.recv_range(&g, m).len()
+        };
+        match &self.exchanger {
+            Exchanger::Put(window) => {
+                // The members have unpacked what they were sent last.
+                window.fence()?;
+                let mut requests = Vec::with_capacity(members);
+                for m in (0..members).filter(|&m| m != me) {
+                    let data: &[f64] = bytemuck::cast_slice(&self.send[chunk(m)]);
+                    requests.push(window.immediate_put(
+                        t.world_rank(&g, m),
+                        2 * t.target_offset(&g, m),
+                        data,
+                    )?);
+                }
+                t.unpack(&g, me, &self.send[chunk(me)], dst);
+                // Completes every put, this rank's and the members'.
+                window.fence()?;
+                drop(requests);
+                window.with_local(|memory| {
+                    let memory: &[Complex64] = bytemuck::cast_slice(memory);
+                    for m in (0..members).filter(|&m| m != me) {
+                        t.unpack(&g, m, &memory[received(m)], dst);
+                    }
+                })?;
+            }
+            Exchanger::AllToAll { row, column } => {
+                let comm = match t {
+                    Transpose::XtoY | Transpose::YtoX => row,
+                    Transpose::YtoZ | Transpose::ZtoY => column,
+                };
+                let counts: Vec<usize> = (0..members).map(|m| 2 * chunk(m).len()).collect();
+                let (got, _) = comm
+                    .all_to_all_varcount::<f64>(bytemuck::cast_slice(&self.send[..at]), &counts)?;
+                let got: &[Complex64] = bytemuck::cast_slice(&got);
+                for m in 0..members {
+                    t.unpack(&g, m, &got[received(m)], dst);
+                }
+            }
+        }
+        self.timing.transposes += 1;
+        self.timing.transpose_s += ctx.wtime() - t0;
+        Ok(())
+    }
+
+    /// The forward 3-D transform of the initial condition, into z-pencils.
+    fn forward(
+        &mut self,
+        ctx: &Ctx,
+        class: &Class,
+        a: &mut [Complex64],
+        b: &mut [Complex64],
+    ) -> Result<()> {
+        let g = self.grid;
+        let [zs, ys, _] = g.ranges(Layout::X);
+        let x = &mut a[..g.len(Layout::X)];
+        let mut lines = x.chunks_exact_mut(class.nx);
+        for k in zs {
+            for j in ys.clone() {
+                if let Some(line) = lines.next() {
+                    npb::initial_row(class, j, k, line);
+                }
+            }
+        }
+        self.fft(ctx, 0, FftDirection::Forward, x);
+        let y = &mut b[..g.len(Layout::Y)];
+        self.transpose(ctx, Transpose::XtoY, x, y)?;
+        self.fft(ctx, 1, FftDirection::Forward, y);
+        let z = &mut a[..g.len(Layout::Z)];
+        self.transpose(ctx, Transpose::YtoZ, y, z)?;
+        self.fft(ctx, 2, FftDirection::Forward, z);
+        Ok(())
+    }
+
+    /// The inverse 3-D transform of `a` (z-pencils) into x-pencils in `a`.
+    fn inverse(&mut self, ctx: &Ctx, a: &mut [Complex64], b: &mut [Complex64]) -> Result<()> {
+        let g = self.grid;
+        let z = &mut a[..g.len(Layout::Z)];
+        self.fft(ctx, 2, FftDirection::Inverse, z);
+        let y = &mut b[..g.len(Layout::Y)];
+        self.transpose(ctx, Transpose::ZtoY, z, y)?;
+        self.fft(ctx, 1, FftDirection::Inverse, y);
+        let x = &mut a[..g.len(Layout::X)];
+        self.transpose(ctx, Transpose::YtoX, y, x)?;
+        self.fft(ctx, 0, FftDirection::Inverse, x);
+        Ok(())
+    }
+}
+
+/// The evolution factors of this rank's z-pencils.
+fn twiddles(class: &Class, g: &Grid) -> Vec<f64> {
+    let [ys, xs, zs] = g.ranges(Layout::Z);
+    let mut t = Vec::with_capacity(g.len(Layout::Z));
+    for j in ys {
+        let jj = npb::wave_number_squared(j, class.ny);
+        for i in xs.clone() {
+            let ij = jj + npb::wave_number_squared(i, class.nx);
+            t.extend(
+                zs.clone()
+                    .map(|k| npb::twiddle(ij + npb::wave_number_squared(k, class.nz))),
+            );
+        }
+    }
+    t
+}
+
+/// NPB's checksum of `x` (x-pencils): each sample point is taken by the
+/// rank that holds it and summed in NPB's order on every rank, so the sum
+/// does not depend on the grid.
+fn checksum(world: &Communicator, class: &Class, g: &Grid, x: &[Complex64]) -> Result<Complex64> {
+    let [zs, ys, _] = g.ranges(Layout::X);
+    let mut mine = vec![0.0; 2 * npb::CHECKSUM_POINTS];
+    for (p, (q, r, s)) in npb::checksum_points(class).enumerate() {
+        if ys.contains(&r) && zs.contains(&s) {
+            let v = x[((s - zs.start) * ys.len() + (r - ys.start)) * class.nx + q];
+            mine[2 * p] = v.re;
+            mine[2 * p + 1] = v.im;
+        }
+    }
+    // One rank holds each point: the others add exact zeros.
+    let mut all = vec![0.0; mine.len()];
+    world.all_reduce_into(&mine, &mut all, ReduceOp::Sum)?;
+    let sum = all
+        .chunks_exact(2)
+        .fold(Complex64::default(), |s, v| s + Complex64::new(v[0], v[1]));
+    Ok(sum / class.points() as f64)
+}
+
+/// The rank function of FT.
+pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
+    let world = ctx.world();
+    let class = p.class;
+    let grid = Grid::new(&class, world.size(), world.rank())?;
+    let mut st: State = ctx.restore_or_else(|| State {
+        it: 0,
+        u0: Vec::new(),
+        sums: Vec::new(),
+    })?;
+    let exchanger = match p.exchange {
+        Exchange::Put => Exchanger::Put(world.allocate_window::<f64>(2 * grid.max_len())?),
+        Exchange::AllToAll => {
+            let split = |color: usize, key: usize| -> Result<Communicator> {
+                world
+                    .split(Some(color as u32), key as i64)?
+                    .ok_or_else(|| Error::app("ft: a rank was left out of its row or column"))
+            };
+            Exchanger::AllToAll {
+                row: split(grid.b, grid.a)?,
+                column: split(grid.a, grid.b)?,
+            }
+        }
+    };
+    let mut solver = Solver {
+        grid,
+        exchanger,
+        lines: Lines::new(grid.n),
+        send: vec![Complex64::default(); grid.max_len()],
+        timing: Timing::default(),
+    };
+    let mut a = vec![Complex64::default(); grid.max_len()];
+    let mut b = vec![Complex64::default(); grid.max_len()];
+    if st.u0.is_empty() {
+        solver.forward(ctx, &class, &mut a, &mut b)?;
+        st.u0 = bytemuck::cast_slice(&a[..grid.len(Layout::Z)]).to_vec();
+    }
+    if st.u0.len() != 2 * grid.len(Layout::Z) || st.sums.len() as u64 != 2 * st.it {
+        return Err(Error::app("restored ft state has the wrong size"));
+    }
+    let twiddle = twiddles(&class, &grid);
+    while st.it < p.niter {
+        let u0: &mut [Complex64] = bytemuck::cast_slice_mut(&mut st.u0);
+        for (u, &t) in u0.iter_mut().zip(&twiddle) {
+            *u *= t;
+        }
+        a[..u0.len()].copy_from_slice(u0);
+        solver.inverse(ctx, &mut a, &mut b)?;
+        let sum = checksum(&world, &class, &grid, &a[..grid.len(Layout::X)])?;
+        st.sums.extend([sum.re, sum.im]);
+        st.it += 1;
+        safe_point(ctx, &st, st.it, p.niter)?;
+    }
+    let sums: Vec<Complex64> = bytemuck::cast_slice(&st.sums).to_vec();
+    let last = sums.last().copied().unwrap_or_default();
+    let verdict = npb::verify(&sums, &class);
+    let t = &solver.timing;
+    Ok(Verification {
+        value: format!("{:e} {:e}", last.re, last.im),
+        verified: verdict.is_ok(),
+        detail: match verdict {
+            Ok(()) => format!(
+                "{} steps' checksums within {:e} of NPB's (class {})",
+                sums.len(),
+                npb::EPSILON,
+                class.class
+            ),
+            Err(why) => why,
+        },
+        metrics: serde_json::json!({
+            "class": class.class.to_string(),
+            "grid": [grid.p1, grid.p2],
+            "transpose": p.exchange.name(),
+            "checksums": sums.iter().map(|s| [s.re, s.im]).collect::<Vec<_>>(),
+            "transposes": t.transposes,
+            "transpose_s": t.transpose_s,
+            "fft_s": t.fft_s,
+        }),
+    })
+}
