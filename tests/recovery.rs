@@ -7,6 +7,7 @@
 
 mod common;
 
+use lazarus::apps::ft::Exchange;
 use lazarus::apps::{AppKind, AppParams, run_app};
 use lazarus::{Backend, Config, Error, ProtocolKind, ReduceOp};
 
@@ -198,6 +199,69 @@ fn dht_survives_every_scenario() {
         1,
         &[ProtocolKind::Pessimistic, ProtocolKind::Ulml],
     );
+}
+
+#[test]
+fn ft_survives_every_scenario() {
+    // Transposes by one-sided puts: the window (a pencil's worth) is
+    // checkpointed, and under message logging each put is a logged
+    // request. Then by a two-sided all-to-all, under the protocol of each
+    // kind.
+    let put = AppParams {
+        transpose: Some(Exchange::Put),
+        ..common::class('S')
+    };
+    check_app(AppKind::Ft, put, 4, 1, MESSAGE_PASSING);
+    let all_to_all = AppParams {
+        transpose: Some(Exchange::AllToAll),
+        ..common::class('S')
+    };
+    check_app(
+        AppKind::Ft,
+        all_to_all,
+        4,
+        1,
+        &[ProtocolKind::Coordinated, ProtocolKind::Ulml],
+    );
+}
+
+/// FT's checksums are NPB's, and since only data moves between the 1-D
+/// FFTs, the same bits on every grid (uneven blocks on 3 ranks, a 2 x 3
+/// grid on 6) and with either exchange.
+#[test]
+fn ft_checksums_match_npb_and_do_not_depend_on_the_grid() {
+    let mut values = Vec::new();
+    for backend in Backend::RECOVERING {
+        for ranks in [1, 3, 4, 6] {
+            for transpose in [Exchange::Put, Exchange::AllToAll] {
+                let params = AppParams {
+                    transpose: Some(transpose),
+                    ..common::class('S')
+                };
+                let (v, _) = common::run(AppKind::Ft, &params, &common::config(backend, ranks));
+                assert!(
+                    v.verified,
+                    "ft on {ranks} ranks ({backend}, {transpose}): {}",
+                    v.detail
+                );
+                values.push((v.value, backend, ranks, transpose));
+            }
+        }
+    }
+    // NPB's last class S checksum, to the 13 digits NPB publishes.
+    let (re, im) = values[0]
+        .0
+        .split_once(' ')
+        .map(|(a, b)| (a.parse::<f64>().unwrap(), b.parse::<f64>().unwrap()))
+        .expect("two numbers");
+    assert!(((re - 5.542683411902e2) / 5.542683411902e2).abs() < 1e-12);
+    assert!(((im - 4.932597244941e2) / 4.932597244941e2).abs() < 1e-12);
+    for (value, backend, ranks, transpose) in &values {
+        assert_eq!(
+            value, &values[0].0,
+            "{ranks} ranks on {backend} with {transpose}"
+        );
+    }
 }
 
 #[test]

@@ -2251,7 +2251,7 @@ impl Engine {
         loop {
             self.check()?;
             if self.job_complete {
-                return Ok(());
+                return self.ep.flush();
             }
             // Rank 0 leads, or under ULFM the first rank alive (a survivor
             // re-sends `Done` when the leader it told dies).
@@ -2280,10 +2280,10 @@ impl Engine {
                     for d in others {
                         self.transmit(d, Body::Runtime(RuntimeMsg::Exit))?;
                     }
-                    return Ok(());
+                    return self.ep.flush();
                 }
             } else if self.rank != leader && self.exit_received {
-                return Ok(());
+                return self.ep.flush();
             }
             self.progress(None)?;
         }

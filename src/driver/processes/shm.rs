@@ -145,6 +145,9 @@ const OFF_TAIL: usize = 128;
 /// Set by the receiver once it could read the sender's memory: the sender
 /// may then send remote records.
 const OFF_REMOTE_OK: usize = 136;
+/// Set by the receiver when it lets go of the ring (its process ends or
+/// it closes the ring): nothing kept for it needs keeping any longer.
+const OFF_READER_GONE: usize = 144;
 const OFF_SLEEPING: usize = 192;
 
 /// Why a ring could not be made or attached.
@@ -513,6 +516,15 @@ impl RingWriter {
         true
     }
 
+    /// Whether the receiver has copied every payload kept for it (or let
+    /// go of the ring): until then this process must not end, or the
+    /// receiver finds the payloads gone and loses the ring with the frames
+    /// behind them (the finalize leader's `Exit`, for one).
+    pub fn copied(&mut self) -> bool {
+        self.release_copied();
+        self.in_flight.is_empty() || self.map.word64(OFF_READER_GONE).load(Ordering::Acquire) != 0
+    }
+
     /// Drop the payloads whose remote records the receiver has consumed
     /// (it copies a payload before its tail passes the record).
     fn release_copied(&mut self) {
@@ -649,6 +661,12 @@ pub struct RingReader {
     pool: BufferPool,
     /// The sender's process, when this process can read its memory.
     sender: Option<libc::pid_t>,
+}
+
+impl Drop for RingReader {
+    fn drop(&mut self) {
+        self.map.word64(OFF_READER_GONE).store(1, Ordering::Release);
+    }
 }
 
 impl RingReader {
@@ -1197,6 +1215,29 @@ mod tests {
         w.in_flight.push_back((u64::MAX, Bytes::new()));
         assert!(!w.write_remote(&head, &payload));
         assert_eq!(w.head, head_before);
+    }
+
+    /// A sender may end only once its kept payloads are copied: `copied`
+    /// says so after the receiver's tail passed them, or once the
+    /// receiver has let go of the ring (it will never copy them), and not
+    /// before (the finalize leader then lost its `Exit` with the ring,
+    /// and a partner read a last checkpoint piece from freed memory).
+    #[test]
+    fn a_sender_knows_when_what_it_keeps_for_the_receiver_is_copied() {
+        let d = dir();
+        let mut w = RingWriter::create(&d.0, "w", MIN_CAPACITY).expect("create");
+        let mut r = RingReader::attach(&d.0, "w", this_process()).expect("attach");
+        assert!(w.copied(), "nothing kept yet");
+        let payload: Bytes = (0..2 * MIN_CAPACITY).map(|k| k as u8).collect();
+        let (_, head) = app(&payload);
+        assert!(w.write_remote(&head, &payload));
+        assert!(!w.copied(), "the receiver has not copied it");
+        r.pull(usize::MAX).expect("pull").expect("a record");
+        assert!(w.copied(), "the receiver's tail passed it");
+        assert!(w.write_remote(&head, &payload));
+        assert!(!w.copied());
+        drop(r);
+        assert!(w.copied(), "the receiver let go of the ring");
     }
 
     /// A checkpoint piece's segments cross as a remote frame record: the

@@ -1306,6 +1306,58 @@ impl Endpoint for ProcessEndpoint {
         Ok(())
     }
 
+    fn flush(&mut self) -> Result<()> {
+        // Two kinds of frames are handed over but not yet delivered:
+        // - those for a rank being replaced, queued until the launcher's
+        //   `PeerUp`. Data and control travel apart: the replacement's
+        //   `Done` can arrive before the `PeerUp` the launcher sent
+        //   earlier, so the `PeerUp` is on its way;
+        // - remote records whose payloads stay in this process until their
+        //   receiver copies them out: ending now would lose the payload and
+        //   the ring with every frame behind it.
+        // Wait for both, reading what others send meanwhile (they may be
+        // waiting for this rank to copy their payloads out), until the job
+        // ends or aborts.
+        let mut nap = Duration::from_micros(20);
+        loop {
+            self.drain_control();
+            while let Ok(a) = self.inbox.try_recv() {
+                if let Some(i) = self.take(a) {
+                    self.ready.push_back(i);
+                }
+            }
+            self.pump_rings();
+            if let Some(e) = self.aborted() {
+                return Err(e);
+            }
+            if self
+                .ready
+                .iter()
+                .any(|i| matches!(i, Incoming::JobComplete))
+            {
+                return Ok(());
+            }
+            let queued = self
+                .peers
+                .iter()
+                .any(|p| matches!(p, PeerState::Respawning { queue, .. } if !queue.is_empty()));
+            let kept = self.peers.iter_mut().any(|p| match p {
+                PeerState::Up { ring: Some(w), .. } => !w.copied(),
+                _ => false,
+            });
+            if !queued && !kept {
+                return Ok(());
+            }
+            // Nothing announces a receiver's copy: look again soon.
+            match self.ctl_rx.rx.recv_timeout(nap) {
+                Ok(c) => self.apply(c),
+                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(RING_NAP),
+                // The launcher is gone: the job ends anyway.
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            }
+        }
+    }
+
     fn conclude(&mut self, epoch: u64) -> bool {
         let req = WireMsg::Conclude { epoch };
         if send_ctl(&self.ctl, &req, self.sh.max_frame).is_err() {
