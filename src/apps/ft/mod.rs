@@ -188,7 +188,8 @@ struct Timing {
 
 struct Solver {
     grid: Grid,
-    exchanger: Exchanger,
+    /// `None` on one rank.
+    exchanger: Option<Exchanger>,
     lines: Lines,
     send: Vec<Complex64>,
     timing: Timing,
@@ -213,55 +214,67 @@ impl Solver {
         let g = self.grid;
         let members = t.members(&g);
         let me = t.me(&g);
-        // Every member's chunk, packed in its storage order, by member.
+        // Every other member's chunk, packed in its storage order, by
+        // member; this rank's own straight into place.
         let mut starts = Vec::with_capacity(members + 1);
         let mut at = 0;
         for m in 0..members {
             starts.push(at);
-            at += t.pack(&g, m, src, &mut self.send[at..]);
+            if m != me {
+                at += t.pack(&g, m, src, &mut self.send[at..], t.chunk_line(&g));
+            }
         }
         starts.push(at);
+        let (own, line) = t.own_place(&g);
+        t.pack(&g, me, src, &mut dst[own..], line);
         let chunk = |m: usize| starts[m]..starts[m + 1];
         let received = |m: usize| {
             let [s, mid, _] = g.shape(t.to());
             let off = t.recv_offset(&g, m);
             off..off + s * mid * t.recv_range(&g, m).len()
         };
-        match &self.exchanger {
-            Exchanger::Put(window) => {
-                // The members have unpacked what they were sent last.
-                window.fence()?;
-                let mut requests = Vec::with_capacity(members);
-                for m in (0..members).filter(|&m| m != me) {
-                    let data: &[f64] = bytemuck::cast_slice(&self.send[chunk(m)]);
-                    requests.push(window.immediate_put(
-                        t.world_rank(&g, m),
-                        2 * t.target_offset(&g, m),
-                        data,
-                    )?);
-                }
-                t.unpack(&g, me, &self.send[chunk(me)], dst);
-                // Completes every put, this rank's and the members'.
-                window.fence()?;
-                drop(requests);
-                window.with_local(|memory| {
-                    let memory: &[Complex64] = bytemuck::cast_slice(memory);
+        if let Some(exchanger) = self.exchanger.as_ref().filter(|_| members > 1) {
+            match exchanger {
+                Exchanger::Put(window) => {
+                    // The members have unpacked what they were sent last.
+                    window.fence()?;
+                    let mut requests = Vec::with_capacity(members);
                     for m in (0..members).filter(|&m| m != me) {
-                        t.unpack(&g, m, &memory[received(m)], dst);
+                        let data: &[f64] = bytemuck::cast_slice(&self.send[chunk(m)]);
+                        requests.push(window.immediate_put(
+                            t.world_rank(&g, m),
+                            2 * t.target_offset(&g, m),
+                            data,
+                        )?);
                     }
-                })?;
-            }
-            Exchanger::AllToAll { row, column } => {
-                let comm = match t {
-                    Transpose::XtoY | Transpose::YtoX => row,
-                    Transpose::YtoZ | Transpose::ZtoY => column,
-                };
-                let counts: Vec<usize> = (0..members).map(|m| 2 * chunk(m).len()).collect();
-                let (got, _) = comm
-                    .all_to_all_varcount::<f64>(bytemuck::cast_slice(&self.send[..at]), &counts)?;
-                let got: &[Complex64] = bytemuck::cast_slice(&got);
-                for m in 0..members {
-                    t.unpack(&g, m, &got[received(m)], dst);
+                    // Completes every put, this rank's and the members'.
+                    window.fence()?;
+                    drop(requests);
+                    window.with_local(|memory| {
+                        let memory: &[Complex64] = bytemuck::cast_slice(memory);
+                        for m in (0..members).filter(|&m| m != me) {
+                            t.unpack(&g, m, &memory[received(m)], dst);
+                        }
+                    })?;
+                }
+                Exchanger::AllToAll { row, column } => {
+                    let comm = match t {
+                        Transpose::XtoY | Transpose::YtoX => row,
+                        Transpose::YtoZ | Transpose::ZtoY => column,
+                    };
+                    let counts: Vec<usize> = (0..members).map(|m| 2 * chunk(m).len()).collect();
+                    let (got, _) = comm.all_to_all_varcount::<f64>(
+                        bytemuck::cast_slice(&self.send[..at]),
+                        &counts,
+                    )?;
+                    // Received in member order, without this rank's own.
+                    let got: &[Complex64] = bytemuck::cast_slice(&got);
+                    let mut from = 0;
+                    for m in (0..members).filter(|&m| m != me) {
+                        let n = received(m).len();
+                        t.unpack(&g, m, &got[from..from + n], dst);
+                        from += n;
+                    }
                 }
             }
         }
@@ -363,36 +376,52 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
         u0: Vec::new(),
         sums: Vec::new(),
     })?;
+    // One rank has no one to exchange with (all its transposes are in
+    // place): no window, no send buffer.
+    let alone = world.size() == 1;
     let exchanger = match p.exchange {
-        Exchange::Put => Exchanger::Put(world.allocate_window::<f64>(2 * grid.max_len())?),
-        Exchange::AllToAll => {
+        Exchange::Put if !alone => Some(Exchanger::Put(
+            world.allocate_window::<f64>(2 * grid.max_len())?,
+        )),
+        Exchange::AllToAll if !alone => {
             let split = |color: usize, key: usize| -> Result<Communicator> {
                 world
                     .split(Some(color as u32), key as i64)?
                     .ok_or_else(|| Error::app("ft: a rank was left out of its row or column"))
             };
-            Exchanger::AllToAll {
+            Some(Exchanger::AllToAll {
                 row: split(grid.b, grid.a)?,
                 column: split(grid.a, grid.b)?,
-            }
+            })
         }
+        _ => None,
     };
     let mut solver = Solver {
         grid,
         exchanger,
         lines: Lines::new(grid.n),
-        send: vec![Complex64::default(); grid.max_len()],
+        send: vec![Complex64::default(); grid.max_sent()],
         timing: Timing::default(),
     };
-    let mut a = vec![Complex64::default(); grid.max_len()];
-    let mut b = vec![Complex64::default(); grid.max_len()];
+    // Work arrays as (re, im) pairs: the spectrum becomes the state
+    // without a copy.
+    let mut a = vec![0.0f64; 2 * grid.max_len()];
+    let mut b = vec![0.0f64; 2 * grid.max_len()];
     if st.u0.is_empty() {
-        solver.forward(ctx, &class, &mut a, &mut b)?;
-        st.u0 = bytemuck::cast_slice(&a[..grid.len(Layout::Z)]).to_vec();
+        solver.forward(
+            ctx,
+            &class,
+            bytemuck::cast_slice_mut(&mut a),
+            bytemuck::cast_slice_mut(&mut b),
+        )?;
+        a.truncate(2 * grid.len(Layout::Z));
+        st.u0 = std::mem::replace(&mut a, vec![0.0f64; 2 * grid.max_len()]);
     }
     if st.u0.len() != 2 * grid.len(Layout::Z) || st.sums.len() as u64 != 2 * st.it {
         return Err(Error::app("restored ft state has the wrong size"));
     }
+    let a: &mut [Complex64] = bytemuck::cast_slice_mut(&mut a);
+    let b: &mut [Complex64] = bytemuck::cast_slice_mut(&mut b);
     let twiddle = twiddles(&class, &grid);
     while st.it < p.niter {
         let u0: &mut [Complex64] = bytemuck::cast_slice_mut(&mut st.u0);
@@ -400,7 +429,7 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
             *u *= t;
         }
         a[..u0.len()].copy_from_slice(u0);
-        solver.inverse(ctx, &mut a, &mut b)?;
+        solver.inverse(ctx, a, b)?;
         let sum = checksum(&world, &class, &grid, &a[..grid.len(Layout::X)])?;
         st.sums.extend([sum.re, sum.im]);
         st.it += 1;

@@ -148,6 +148,16 @@ impl Grid {
         self.shape(layout).iter().product()
     }
 
+    /// The most elements this rank sends to other ranks in one transpose
+    /// (its send buffer's size).
+    pub fn max_sent(&self) -> usize {
+        Transpose::ALL
+            .map(|t| t.sent(self))
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The most elements this rank holds in any layout (its buffers' size).
     pub fn max_len(&self) -> usize {
         [Layout::X, Layout::Y, Layout::Z]
@@ -159,6 +169,21 @@ impl Grid {
 }
 
 impl Transpose {
+    /// All four.
+    pub const ALL: [Transpose; 4] = [
+        Transpose::XtoY,
+        Transpose::YtoZ,
+        Transpose::ZtoY,
+        Transpose::YtoX,
+    ];
+
+    /// Elements this rank sends to the other members.
+    pub fn sent(self, g: &Grid) -> usize {
+        g.len(self.from())
+            - g.shape(self.from())[..2].iter().product::<usize>()
+                * self.send_range(g, self.me(g)).len()
+    }
+
     /// The layout it starts from.
     pub fn from(self) -> Layout {
         match self {
@@ -239,12 +264,23 @@ impl Transpose {
     }
 
     /// Pack what goes to member `m` from `src` (this rank's array in
-    /// [`Transpose::from`]) into `out`, in `m`'s storage order; returns the
-    /// elements written.
+    /// [`Transpose::from`]) into `out`, in `m`'s storage order, one line
+    /// of the chunk every `line` elements of `out`: the chunk's own width
+    /// (`recv_range`'s length) for a send buffer, or the target layout's
+    /// fast axis for this rank's own chunk packed straight into place
+    /// (`out` then starts at its `recv_range`). Returns the elements of
+    /// the chunk.
     ///
     /// Within a row the mid and fast axes swap (`[o][m][f] -> [o][f][m]`),
     /// within a column the slow and fast ones (`[s][m][f] -> [f][m][s]`).
-    pub fn pack(self, g: &Grid, m: usize, src: &[Complex64], out: &mut [Complex64]) -> usize {
+    pub fn pack(
+        self,
+        g: &Grid,
+        m: usize,
+        src: &[Complex64],
+        out: &mut [Complex64],
+        line: usize,
+    ) -> usize {
         let [s0, s1, s2] = g.shape(self.from());
         let r = self.send_range(g, m);
         let w = r.len();
@@ -253,8 +289,8 @@ impl Transpose {
                 transpose(
                     &src[o * s1 * s2 + r.start..],
                     s2,
-                    &mut out[o * w * s1..],
-                    s1,
+                    &mut out[o * w * line..],
+                    line,
                     s1,
                     w,
                 );
@@ -264,14 +300,28 @@ impl Transpose {
                 transpose(
                     &src[mid * s2 + r.start..],
                     s1 * s2,
-                    &mut out[mid * s0..],
-                    s1 * s0,
+                    &mut out[mid * line..],
+                    s1 * line,
                     s0,
                     w,
                 );
             }
         }
         s0 * s1 * w
+    }
+
+    /// The width of a chunk this rank packs for a member (a line of its
+    /// fast axis there): its own mid axis within a row, its slow axis
+    /// within a column.
+    pub fn chunk_line(self, g: &Grid) -> usize {
+        let [s0, s1, _] = g.shape(self.from());
+        if self.within_row() { s1 } else { s0 }
+    }
+
+    /// Where this rank's own chunk goes in its new array, for
+    /// [`Transpose::pack`] straight into place.
+    pub fn own_place(self, g: &Grid) -> (usize, usize) {
+        (self.recv_range(g, self.me(g)).start, g.shape(self.to())[2])
     }
 
     /// Copy member `m`'s chunk into `dst` (this rank's array in
@@ -373,7 +423,9 @@ mod tests {
                     let src = filled(g, t.from());
                     for m in 0..t.members(g) {
                         let mut out = vec![Complex64::default(); g.max_len()];
-                        let n = t.pack(g, m, &src, &mut out);
+                        let line = t.recv_range(&grids[t.world_rank(g, m)], t.me(g)).len();
+                        assert_eq!(line, t.chunk_line(g));
+                        let n = t.pack(g, m, &src, &mut out, line);
                         let dest = t.world_rank(g, m);
                         let off = t.target_offset(g, m);
                         recv[dest][off..off + n].copy_from_slice(&out[..n]);
@@ -388,6 +440,17 @@ mod tests {
                         t.unpack(g, m, &recv[r][off..off + n], &mut dst);
                     }
                     assert_eq!(dst, filled(g, t.to()), "{t:?} on {ranks} ranks, rank {r}");
+                    // This rank's own chunk packed straight into place
+                    // lands where unpacking it put it.
+                    let mut direct = vec![Complex64::default(); g.len(t.to())];
+                    let (at, line) = t.own_place(g);
+                    t.pack(g, t.me(g), &filled(g, t.from()), &mut direct[at..], line);
+                    let mut via = vec![Complex64::default(); g.len(t.to())];
+                    let off = t.recv_offset(g, t.me(g));
+                    let n =
+                        g.shape(t.to())[0] * g.shape(t.to())[1] * t.recv_range(g, t.me(g)).len();
+                    t.unpack(g, t.me(g), &recv[r][off..off + n], &mut via);
+                    assert_eq!(direct, via, "{t:?} own chunk on {ranks} ranks, rank {r}");
                 }
             }
         }
