@@ -812,7 +812,7 @@ struct AppArgs {
     /// at different times.
     #[arg(long)]
     imbalance: Option<u32>,
-    /// FT: how a transpose moves the blocks: put (nonblocking puts into
+    /// FT: how a transpose moves the blocks: put (one-sided puts into
     /// the peers' window between fences) or alltoall (two-sided, NPB's MPI
     /// version).
     #[arg(long)]

@@ -7,9 +7,10 @@
 //! The grid is decomposed in pencils over a `p1 x p2` rank grid
 //! ([`pencil`]); a 3-D transform is 1-D FFTs (rustfft) along the whole
 //! axis a layout holds, with a transpose between axes. A transpose moves
-//! the blocks either as nonblocking puts into the members' window between
-//! two fences ([`Exchange::Put`], one-sided: the targets do not take part,
-//! 003's setting) or as an all-to-all among a row's or a column's ranks
+//! the blocks either as puts into the members' window between two fences
+//! ([`Exchange::Put`], `MPI_Put` in a fence epoch: one-sided, the targets
+//! do not take part, 003's setting; where window memory is shared, the
+//! origin copies straight into the target's) or as an all-to-all among a row's or a column's ranks
 //! ([`Exchange::AllToAll`], NPB's MPI version). Only data moves between the
 //! FFTs, so every rank count and both exchanges give bit-identical
 //! checksums.
@@ -37,7 +38,7 @@ use pencil::{Grid, Layout, Transpose};
 /// How a transpose moves the blocks (`--transpose`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Exchange {
-    /// Nonblocking puts into the members' window between two fences.
+    /// Puts into the members' window between two fences.
     #[default]
     Put,
     /// A two-sided all-to-all within the row or column communicator.
@@ -238,18 +239,12 @@ impl Solver {
                 Exchanger::Put(window) => {
                     // The members have unpacked what they were sent last.
                     window.fence()?;
-                    let mut requests = Vec::with_capacity(members);
                     for m in (0..members).filter(|&m| m != me) {
                         let data: &[f64] = bytemuck::cast_slice(&self.send[chunk(m)]);
-                        requests.push(window.immediate_put(
-                            t.world_rank(&g, m),
-                            2 * t.target_offset(&g, m),
-                            data,
-                        )?);
+                        window.put(t.world_rank(&g, m), 2 * t.target_offset(&g, m), data)?;
                     }
-                    // Completes every put, this rank's and the members'.
+                    // Every rank's puts are complete.
                     window.fence()?;
-                    drop(requests);
                     window.with_local(|memory| {
                         let memory: &[Complex64] = bytemuck::cast_slice(memory);
                         for m in (0..members).filter(|&m| m != me) {
