@@ -14,6 +14,7 @@ mod common;
 use std::process::Command;
 
 use common::{class, within};
+use lazarus::apps::ft::Exchange;
 use lazarus::apps::{AppKind, AppParams};
 use lazarus::config::LevelSpec;
 use lazarus::{Backend, KillSpec, ProtocolKind};
@@ -24,6 +25,22 @@ fn apps() -> Vec<(AppKind, AppParams)> {
         (AppKind::Cg, class('S')),
         (AppKind::Stencil, AppParams::default()),
         (AppKind::Dht, class('S')),
+        // FT's transposes both ways: puts into an MPI window between
+        // fences, and the two-sided all-to-all.
+        (
+            AppKind::Ft,
+            AppParams {
+                transpose: Some(Exchange::Put),
+                ..class('S')
+            },
+        ),
+        (
+            AppKind::Ft,
+            AppParams {
+                transpose: Some(Exchange::AllToAll),
+                ..class('S')
+            },
+        ),
     ]
 }
 
@@ -33,7 +50,7 @@ fn disk(dir: &std::path::Path) -> LevelSpec {
         .expect("a disk level")
 }
 
-/// CG, stencil and dht verify on 2 and 4 MPI ranks under `none` and
+/// CG, stencil, dht and FT verify on 2 and 4 MPI ranks under `none` and
 /// `coordinated`, with the value the threads backend computes, bit for bit.
 #[test]
 fn apps_verify_on_mpi_as_on_threads() {
