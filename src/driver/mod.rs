@@ -292,13 +292,15 @@ pub trait Endpoint {
     /// plan kill fires any more) and return true; return false if one did
     /// (its notice is on the way, and it may void a `Done`).
     fn conclude(&mut self, epoch: u64) -> bool;
-    /// Before this rank leaves (the end of finalize): deliver the frames
-    /// that wait for a replacement rank (a send returns once a frame is
-    /// handed over, and a frame to a rank being replaced is held until the
-    /// replacement is up). Without it the finalize leader's `Exit` to a
-    /// replacement whose address it had not learnt yet was lost with the
-    /// leader's process, and the replacement waited forever. Backends
-    /// that deliver at the send have nothing to do.
+    /// Before this rank leaves (the end of finalize): deliver what was
+    /// handed over but is not delivered yet (a send returns once a frame
+    /// is handed over). On processes: payloads a receiver is still to copy
+    /// out of this process's memory, and frames held for a rank being
+    /// replaced until it is up. Without it a partner read the last
+    /// checkpoint piece from freed memory, or lost the ring with the
+    /// finalize leader's `Exit` behind a payload gone with its sender and
+    /// waited forever. Backends that deliver at the send have nothing to
+    /// do.
     fn flush(&mut self) -> Result<()> {
         Ok(())
     }

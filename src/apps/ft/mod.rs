@@ -278,47 +278,39 @@ impl Solver {
         Ok(())
     }
 
-    /// The forward 3-D transform of the initial condition, into z-pencils.
-    fn forward(
+    /// The 3-D transform of `a`: forward from x-pencils into z-pencils
+    /// (NPB's order x, y, z), inverse from z-pencils back into x-pencils;
+    /// the result is in `a`, `b` holds the y-pencils between.
+    fn transform(
         &mut self,
         ctx: &Ctx,
-        class: &Class,
+        direction: FftDirection,
         a: &mut [Complex64],
         b: &mut [Complex64],
     ) -> Result<()> {
+        let (axes, [first, second]) = match direction {
+            FftDirection::Forward => ([0, 1, 2], [Transpose::XtoY, Transpose::YtoZ]),
+            FftDirection::Inverse => ([2, 1, 0], [Transpose::ZtoY, Transpose::YtoX]),
+        };
         let g = self.grid;
-        let [zs, ys, _] = g.ranges(Layout::X);
-        let x = &mut a[..g.len(Layout::X)];
-        let mut lines = x.chunks_exact_mut(class.nx);
-        for k in zs {
-            for j in ys.clone() {
-                if let Some(line) = lines.next() {
-                    npb::initial_row(class, j, k, line);
-                }
-            }
-        }
-        self.fft(ctx, 0, FftDirection::Forward, x);
-        let y = &mut b[..g.len(Layout::Y)];
-        self.transpose(ctx, Transpose::XtoY, x, y)?;
-        self.fft(ctx, 1, FftDirection::Forward, y);
-        let z = &mut a[..g.len(Layout::Z)];
-        self.transpose(ctx, Transpose::YtoZ, y, z)?;
-        self.fft(ctx, 2, FftDirection::Forward, z);
+        let from = &mut a[..g.len(first.from())];
+        self.fft(ctx, axes[0], direction, from);
+        let y = &mut b[..g.len(first.to())];
+        self.transpose(ctx, first, from, y)?;
+        self.fft(ctx, axes[1], direction, y);
+        let to = &mut a[..g.len(second.to())];
+        self.transpose(ctx, second, y, to)?;
+        self.fft(ctx, axes[2], direction, to);
         Ok(())
     }
+}
 
-    /// The inverse 3-D transform of `a` (z-pencils) into x-pencils in `a`.
-    fn inverse(&mut self, ctx: &Ctx, a: &mut [Complex64], b: &mut [Complex64]) -> Result<()> {
-        let g = self.grid;
-        let z = &mut a[..g.len(Layout::Z)];
-        self.fft(ctx, 2, FftDirection::Inverse, z);
-        let y = &mut b[..g.len(Layout::Y)];
-        self.transpose(ctx, Transpose::ZtoY, z, y)?;
-        self.fft(ctx, 1, FftDirection::Inverse, y);
-        let x = &mut a[..g.len(Layout::X)];
-        self.transpose(ctx, Transpose::YtoX, y, x)?;
-        self.fft(ctx, 0, FftDirection::Inverse, x);
-        Ok(())
+/// The initial condition in `x` (this rank's x-pencils).
+fn initial_condition(class: &Class, g: &Grid, x: &mut [Complex64]) {
+    let [zs, ys, _] = g.ranges(Layout::X);
+    let rows = zs.flat_map(|k| ys.clone().map(move |j| (j, k)));
+    for (line, (j, k)) in x.chunks_exact_mut(class.nx).zip(rows) {
+        npb::initial_row(class, j, k, line);
     }
 }
 
@@ -403,10 +395,12 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     let mut a = vec![0.0f64; 2 * grid.max_len()];
     let mut b = vec![0.0f64; 2 * grid.max_len()];
     if st.u0.is_empty() {
-        solver.forward(
+        let x: &mut [Complex64] = bytemuck::cast_slice_mut(&mut a);
+        initial_condition(&class, &grid, &mut x[..grid.len(Layout::X)]);
+        solver.transform(
             ctx,
-            &class,
-            bytemuck::cast_slice_mut(&mut a),
+            FftDirection::Forward,
+            x,
             bytemuck::cast_slice_mut(&mut b),
         )?;
         a.truncate(2 * grid.len(Layout::Z));
@@ -424,7 +418,7 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
             *u *= t;
         }
         a[..u0.len()].copy_from_slice(u0);
-        solver.inverse(ctx, a, b)?;
+        solver.transform(ctx, FftDirection::Inverse, a, b)?;
         let sum = checksum(&world, &class, &grid, &a[..grid.len(Layout::X)])?;
         st.sums.extend([sum.re, sum.im]);
         st.it += 1;

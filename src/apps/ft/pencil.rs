@@ -408,12 +408,7 @@ mod tests {
             let grids: Vec<Grid> = (0..ranks)
                 .map(|r| Grid::new(&class, ranks, r).unwrap())
                 .collect();
-            for t in [
-                Transpose::XtoY,
-                Transpose::YtoZ,
-                Transpose::ZtoY,
-                Transpose::YtoX,
-            ] {
+            for t in Transpose::ALL {
                 // Every rank's receive buffer, filled by the others' puts.
                 let mut recv: Vec<Vec<Complex64>> = grids
                     .iter()
