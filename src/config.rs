@@ -10,6 +10,7 @@ use crate::fault::KillSpec;
 pub use crate::network::NetworkModel;
 use crate::protocol::ProtocolKind;
 use crate::protocol::chandy_lamport::GetFix;
+use crate::protocol::coordinated::CheckpointScheme;
 pub use crate::protocol::correlated::SetRule;
 pub use crate::store::levels::LevelSpec;
 use crate::topology::Placement;
@@ -190,6 +191,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `kills` | `--kill` (repeatable) | none |
 /// | `checkpoint_every` | `--checkpoint-every` | 1 (every safe point) |
 /// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
+/// | `checkpoint_scheme` | `--checkpoint-scheme auto\|gsync\|locks` (`coordinated`) | auto (003 §3.1.2: from the program's synchronisation) |
 /// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
 /// | `program` | the app and its class or size (`lazarus run`) | none |
@@ -250,6 +252,8 @@ pub struct Config {
     /// Mean time between failures: when set, the checkpoint interval is
     /// Daly's optimum (003 §6.1) for the measured checkpoint cost.
     pub(crate) mtbf: Option<std::time::Duration>,
+    /// `coordinated`: how checkpoints are made consistent (003 §3.1.2).
+    pub(crate) checkpoint_scheme: CheckpointScheme,
     /// Seed of every random choice the runtime makes (fault timing).
     pub(crate) seed: u64,
     /// Safe points the application will pass, if known (validates kills).
@@ -305,6 +309,7 @@ impl Default for Config {
             kills: Vec::new(),
             checkpoint_every: 1,
             mtbf: None,
+            checkpoint_scheme: CheckpointScheme::Auto,
             storage: vec![LevelSpec::Partner],
             restart: None,
             restart_generation: None,
@@ -353,8 +358,9 @@ impl Config {
 
     /// This configuration as one protocol of a comparison (`lazarus bench`,
     /// `chaos`, `scale`): options only protocol `correlated` takes
-    /// (`--sets`) are kept for it and dropped for the others, and likewise
-    /// the log budget for protocols that keep no message log.
+    /// (`--sets`) are kept for it and dropped for the others, likewise
+    /// the log budget for protocols that keep no message log, and the
+    /// checkpoint scheme for protocols other than `coordinated`.
     pub fn compared_under(mut self, p: ProtocolKind) -> Self {
         self.protocol = p;
         if p != ProtocolKind::Correlated {
@@ -362,6 +368,9 @@ impl Config {
         }
         if !p.logs_messages() {
             self.log_budget = None;
+        }
+        if p != ProtocolKind::Coordinated {
+            self.checkpoint_scheme = CheckpointScheme::Auto;
         }
         self
     }
@@ -470,6 +479,21 @@ impl Config {
             return Err(Error::config(
                 "get_fix",
                 "vanilla Chandy-Lamport lets a one-sided GET cross its cut (000 Fig. 3); it is measured on failure-free runs only: choose delay, peek-and-get, double-barrier or partial-double-barrier to inject failures",
+            ));
+        }
+        // (`none` is a comparison's baseline: it takes no checkpoint.)
+        if self.checkpoint_scheme != CheckpointScheme::Auto
+            && !matches!(
+                self.protocol,
+                ProtocolKind::Coordinated | ProtocolKind::None
+            )
+        {
+            return Err(Error::config(
+                "checkpoint_scheme",
+                format!(
+                    "the Gsync and Locks schemes coordinate `coordinated`'s checkpoints, not `{}`'s",
+                    self.protocol
+                ),
             ));
         }
         if self.mtbf.is_some() && self.protocol == ProtocolKind::ChandyLamport {
@@ -627,6 +651,11 @@ settings! {
     /// Mean time between failures: the checkpoint interval becomes Daly's
     /// optimum (003 §6.1) for the measured checkpoint cost.
     mtbf: impl Into<Option<std::time::Duration>> => get_mtbf(copied) -> Option<std::time::Duration>;
+    /// `coordinated`: how a checkpoint is made consistent (003 §3.1.2):
+    /// a barrier before the capture (Locks), none right after a GSYNC
+    /// (Gsync, the cut checked after the capture), or chosen from the
+    /// program's synchronisation (Auto).
+    checkpoint_scheme: CheckpointScheme => get_checkpoint_scheme(copied) -> CheckpointScheme;
     /// Seed of every random choice the runtime makes (fault timing, the
     /// simulator's schedule).
     seed: u64 => get_seed(copied) -> u64;

@@ -144,6 +144,18 @@ pub struct JobStats {
     /// What the cut checker found (`--check-cuts`, failure-free runs).
     #[serde(default)]
     pub cuts: Option<crate::cuts::CutReport>,
+    /// `coordinated`: generations committed by the Gsync scheme of 003
+    /// §3.1.2 (captured at once, right after a GSYNC).
+    #[serde(default)]
+    pub gsync_checkpoints: u64,
+    /// `coordinated`: generations committed by the Locks scheme (a barrier,
+    /// the counting rounds, before the capture).
+    #[serde(default)]
+    pub locks_checkpoints: u64,
+    /// `coordinated`: Gsync cuts that did not hold (a message or an access
+    /// crossed them), dropped and taken again by Locks.
+    #[serde(default)]
+    pub abandoned_cuts: u64,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,
@@ -219,6 +231,9 @@ impl JobStats {
         self.collectives_from_log += e.collectives_from_log;
         self.spared_log_bytes += e.spared_log_bytes;
         self.spilled_log_bytes += e.spilled_log_bytes;
+        self.gsync_checkpoints += e.gsync_checkpoints;
+        self.locks_checkpoints += e.locks_checkpoints;
+        self.abandoned_cuts += e.abandoned_cuts;
         let syncs = self.set_syncs + e.set_syncs;
         if syncs > 0 {
             self.set_sync_s = (self.set_sync_s * self.set_syncs as f64

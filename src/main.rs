@@ -652,6 +652,9 @@ struct ChaosArgs {
     /// Checkpoint every N safe points (0: never), or every P% of the run.
     #[arg(long, default_value = "10%")]
     checkpoint_every: String,
+    /// Protocol coordinated: auto, gsync or locks (as for `run`).
+    #[arg(long, default_value = "auto")]
+    checkpoint_scheme: String,
     /// Checkpoint storage level (repeatable, as for `run`; in-memory levels
     /// only: cases would share a disk directory).
     #[arg(long = "storage", value_name = "LEVEL")]
@@ -870,6 +873,12 @@ struct JobArgs {
     /// 15m, 2h, 1d (a bare number is seconds).
     #[arg(long, value_parser = positive_secs, allow_hyphen_values = true)]
     mtbf: Option<Duration>,
+    /// `coordinated`: how a checkpoint is made consistent (003 §3.1.2):
+    /// `locks` (flush, barrier, capture), `gsync` (capture at once right
+    /// after a fence; the cut is checked after and taken again by locks if
+    /// it does not hold), or `auto` (from the program's synchronisation).
+    #[arg(long, default_value = "auto")]
+    checkpoint_scheme: String,
     /// Seed of the runtime's random choices (when kills land).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -1106,6 +1115,11 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         .kills(kills)
         .checkpoint_every(every)
         .mtbf(mtbf)
+        .checkpoint_scheme(
+            job.checkpoint_scheme
+                .parse()
+                .map_err(|e| usage(lazarus::Error::config("--checkpoint-scheme", e)))?,
+        )
         .storage(levels)
         .restart(job.restart.clone())
         .program(lazarus::apps::program(app, &params).map_err(usage)?)
@@ -1397,6 +1411,18 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         human_bytes(st.checkpoint_bytes),
         st.checkpoint_s
     );
+    if st.gsync_checkpoints + st.locks_checkpoints + st.abandoned_cuts > 0 {
+        let daly = match (st.daly_every, st.daly_interval_s, st.daly_cost_s) {
+            (Some(every), Some(tau), Some(cost)) => format!(
+                "; Daly's interval {tau:.4} s for a {cost:.4} s checkpoint: every {every} safe points"
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "coordination (003 §3.1.2): {} checkpoint(s) by gsync (captured right after a fence), {} by locks (a barrier first), {} gsync cut(s) abandoned and taken again{daly}",
+            st.gsync_checkpoints, st.locks_checkpoints, st.abandoned_cuts
+        );
+    }
     if st.log_records > 0 || st.job_restarts > 0 {
         println!(
             "log: {} records ({}) logged, peak {} in memory on one rank, {} spilled, {} determinants, {} resent, {} collectives from the log; job restarts {}",
@@ -1919,6 +1945,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),
         mtbf: None,
+        checkpoint_scheme: args.checkpoint_scheme.clone(),
         storage: args.storage.clone(),
         restart: None,
         log_budget: args.log_budget,

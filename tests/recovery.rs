@@ -225,6 +225,69 @@ fn ft_survives_every_scenario() {
     );
 }
 
+/// 003 §3.1.2 under `coordinated`: FT with puts synchronises only with
+/// GSYNCs (fences), so after its first checkpoint (Locks, which learns
+/// that) every checkpoint is captured right after a fence with no barrier,
+/// and none is abandoned; the dht synchronises with locks, so it keeps the
+/// barrier; CG, forced to Gsync, has its cuts crossed by messages (it is a
+/// two-sided code) and every one is abandoned and taken again by Locks. A
+/// kill in each gives the failure-free value.
+#[test]
+fn coordinated_checkpoints_follow_the_program_synchronisation() {
+    use lazarus::protocol::coordinated::CheckpointScheme;
+    let ft = AppParams {
+        transpose: Some(Exchange::Put),
+        ..common::class('S')
+    };
+    let cases = [
+        (AppKind::Ft, ft, CheckpointScheme::Auto, "ft"),
+        (
+            AppKind::Dht,
+            common::class('S'),
+            CheckpointScheme::Auto,
+            "dht",
+        ),
+        (
+            AppKind::Cg,
+            common::class('S'),
+            CheckpointScheme::Gsync,
+            "cg",
+        ),
+    ];
+    for backend in Backend::RECOVERING {
+        for (app, params, scheme, name) in &cases {
+            let base = common::config(backend, 4);
+            let (reference, _) = common::run(*app, params, &base);
+            let cfg = base
+                .protocol(ProtocolKind::Coordinated)
+                .checkpoint_every(1)
+                .checkpoint_scheme(*scheme)
+                .kill("1@50%".parse().expect("valid kill spec"));
+            let (v, st) = common::run(*app, params, &cfg);
+            let what = format!("{name} on {backend}");
+            assert_eq!(v.value, reference.value, "{what}: {}", v.detail);
+            assert_eq!(st.failures, 1, "{what}");
+            let committed = st.gsync_checkpoints + st.locks_checkpoints;
+            assert!(committed > 2, "{what}: {committed} checkpoints");
+            match *name {
+                "ft" => {
+                    // Locks at the start and after the recovery only.
+                    assert_eq!(st.locks_checkpoints, 2, "{what}");
+                    assert_eq!(st.abandoned_cuts, 0, "{what}");
+                }
+                "dht" => {
+                    assert_eq!(st.gsync_checkpoints, 0, "{what}");
+                    assert_eq!(st.abandoned_cuts, 0, "{what}");
+                }
+                _ => {
+                    assert_eq!(st.gsync_checkpoints, 0, "{what}");
+                    assert!(st.abandoned_cuts >= st.locks_checkpoints, "{what}: {st:?}");
+                }
+            }
+        }
+    }
+}
+
 /// FT's checksums are NPB's, and since only data moves between the 1-D
 /// FFTs, the same bits on every grid (uneven blocks on 3 ranks, a 2 x 3
 /// grid on 6) and with either exchange.

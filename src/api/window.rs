@@ -539,7 +539,8 @@ impl<T: Equivalence> Window<T> {
     /// ```
     pub fn fence(&self) -> Result<()> {
         self.comm.engine.borrow_mut().window_fence(self.id)?;
-        self.comm.barrier()
+        self.comm.barrier()?;
+        self.comm.engine.borrow_mut().window_fence_done(self.id)
     }
 
     /// LOCK: open a passive-target epoch to `target`. Unlock it before the

@@ -209,6 +209,14 @@ pub enum Stat {
         /// The measured checkpoint cost it was computed from, seconds.
         cost_s: f64,
     },
+    /// The root of a coordinated checkpoint judged its cut (003 §3.1.2):
+    /// committed under `scheme`, or (Gsync only) abandoned and taken again.
+    Coordination {
+        /// The scheme the generation was taken by.
+        scheme: crate::protocol::coordinated::CheckpointScheme,
+        /// Whether the cut did not hold and the pieces were dropped.
+        abandoned: bool,
+    },
     /// Resource use of the process that ran this rank incarnation, measured
     /// when its rank function returned (`getrusage`): what message logs,
     /// checkpoint pieces and receive buffers cost in fresh memory, and the

@@ -655,6 +655,14 @@ impl StatsBook {
                 st.daly_interval_s = Some(tau_s);
                 st.daly_cost_s = Some(cost_s);
             }
+            Stat::Coordination { scheme, abandoned } => {
+                use crate::protocol::coordinated::CheckpointScheme;
+                match (scheme, abandoned) {
+                    (_, true) => st.abandoned_cuts += 1,
+                    (CheckpointScheme::Gsync, false) => st.gsync_checkpoints += 1,
+                    _ => st.locks_checkpoints += 1,
+                }
+            }
             Stat::PieceStored { epoch, .. } => {
                 if let (Some(pl), Some(p)) = (&self.placement, self.protected.get_mut(rank)) {
                     // A holder killed in a failure event the rank had not
@@ -760,6 +768,7 @@ fn new_engine(ep: Box<dyn Endpoint>, cfg: &Config, placement: Placement) -> Rc<R
                         interval: cfg.wave_interval,
                         last_safe_point: cfg.iterations,
                     }),
+                scheme: cfg.checkpoint_scheme,
             },
             cfg.log_budget.map(|budget| {
                 let dir = cfg.spill_dir();

@@ -405,6 +405,13 @@ pub struct Engine {
     /// checkpointing uses the totals to know no message is in transit).
     app_sent: u64,
     app_arrived: u64,
+    /// Receives posted and one-sided calls (accesses, locks, flushes,
+    /// fences) in this execution: with `app_sent`, what tells whether the
+    /// rank communicated since its last GSYNC.
+    comm_calls: u64,
+    /// `comm_calls + app_sent` when the last GSYNC (a fence on a window of
+    /// every rank) completed (003 §3.1.2's Gsync scheme).
+    gsync_mark: Option<u64>,
 
     interrupt: Option<Error>,
     released: bool,
@@ -606,6 +613,8 @@ impl Engine {
             serving: None,
             app_sent: 0,
             app_arrived: 0,
+            comm_calls: 0,
+            gsync_mark: None,
             interrupt: None,
             released: false,
             capture_due: None,
@@ -1201,6 +1210,7 @@ impl Engine {
             hsr: &self.ssn_in,
             rsn: self.rsn,
             epoch: self.epoch,
+            after_gsync: self.gsync_mark == Some(self.comm_calls + self.app_sent),
             actions: Vec::new(),
         };
         self.proto.handle(event, &mut cx);
@@ -1502,6 +1512,7 @@ impl Engine {
     /// the next arrival (MPI matching order).
     pub fn post_receive(&mut self, spec: MatchSpec) -> Result<ReqId> {
         self.enter()?;
+        self.comm_calls += 1;
         let id = self.next_req;
         self.next_req += 1;
         if let Some(i) = self.unexpected.iter().position(|m| self.accepts(&spec, m)) {
@@ -2059,6 +2070,8 @@ impl Engine {
         self.ssn_out.clear();
         self.app_sent = 0;
         self.app_arrived = 0;
+        self.comm_calls = 0;
+        self.gsync_mark = None;
         self.safe_points = 0;
         self.progress = 0.0;
         self.restore_app = None;
@@ -2748,6 +2761,7 @@ impl Engine {
 
     /// Whether this origin may access `target` in window `id` now.
     fn check_access(&mut self, id: WinId, target: Rank) -> Result<()> {
+        self.comm_calls += 1;
         if target >= self.size {
             return Err(Error::RankOutOfRange {
                 rank: target,
@@ -2902,6 +2916,7 @@ impl Engine {
 
     fn window_fence_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
+        self.comm_calls += 1;
         self.win(id)?;
         self.settle(|p| p.window == id)?;
         let w = self.win(id)?;
@@ -2913,6 +2928,17 @@ impl Engine {
         }
         w.state.fence_open = true;
         w.state.all_targets += 1;
+        Ok(())
+    }
+
+    /// The fence of window `id` completed on every rank of its group (the
+    /// API layer's barrier returned): if the group is the world, this is
+    /// a GSYNC after which a checkpoint may be captured at once (003
+    /// §3.1.2), as long as the rank communicates no more before it.
+    pub fn window_fence_done(&mut self, id: WinId) -> Result<()> {
+        if self.win(id)?.group.len() == self.size {
+            self.gsync_mark = Some(self.comm_calls + self.app_sent);
+        }
         Ok(())
     }
 
@@ -2935,6 +2961,7 @@ impl Engine {
 
     fn window_lock_here(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
         self.enter()?;
+        self.comm_calls += 1;
         let w = self.win(id)?;
         if w.locks.contains_key(&target) || w.lock_all {
             return Err(Error::Rma {
@@ -2954,6 +2981,7 @@ impl Engine {
 
     fn window_unlock_here(&mut self, id: WinId, target: Rank) -> Result<()> {
         self.enter()?;
+        self.comm_calls += 1;
         let kind = *self.win(id)?.locks.get(&target).ok_or(Error::Rma {
             window: id,
             detail: format!("unlock of rank {target}, which this origin has not locked"),
@@ -2973,6 +3001,7 @@ impl Engine {
 
     fn window_lock_all_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
+        self.comm_calls += 1;
         let w = self.win(id)?;
         if w.lock_all || !w.locks.is_empty() {
             return Err(Error::Rma {
@@ -2994,6 +3023,7 @@ impl Engine {
 
     fn window_unlock_all_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
+        self.comm_calls += 1;
         if !self.win(id)?.lock_all {
             return Err(Error::Rma {
                 window: id,
@@ -3019,6 +3049,7 @@ impl Engine {
 
     fn window_flush_here(&mut self, id: WinId, target: Option<Rank>) -> Result<()> {
         self.enter()?;
+        self.comm_calls += 1;
         if let Some(t) = target.filter(|&t| t >= self.size) {
             return Err(Error::RankOutOfRange {
                 rank: t,

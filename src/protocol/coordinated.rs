@@ -19,6 +19,31 @@
 //! Only a committed generation is ever restored. Every phase costs O(P)
 //! messages and O(log P) latency, so this scales to the 10,000-rank studies.
 //!
+//! **Schemes (003 §3.1.2).** What is described above is the *Locks* scheme
+//! of 003: a rank at a safe point holds no lock (the engine refuses a safe
+//! point inside a passive-target epoch: LC = 0) and has completed its
+//! one-sided requests (FLUSH), and the counting round is the barrier (BAR)
+//! after which every rank captures, so no access and no message crosses the
+//! cut. The *Gsync* scheme captures at once, with no message before the
+//! capture: a rank at a safe point right after a GSYNC (a fence on a window
+//! of every rank, and no send, receive or access since:
+//! `ProtocolCx::after_gsync`) has every access of the epoch completed at
+//! every target (the fence), and no rank issues another before its own
+//! capture or after it until the commit. The root checks the cut when the
+//! pieces are stored instead of before: `Stored` carries each subtree's
+//! counts at its captures and how many of its ranks were not right after a
+//! GSYNC; if a message crossed the cut (sent ≠ arrived) or a rank was not
+//! after a GSYNC (its accesses since may have reached a target that had
+//! captured), the generation is abandoned (`Abandon` down the tree: every
+//! rank drops its pieces) and checkpointed again at once, in the same safe
+//! point, by the Locks scheme. With `CheckpointScheme::Auto` the first
+//! checkpoint uses Locks and the root chooses the next one's scheme from
+//! what the ranks report: Gsync while every rank checkpoints right after a
+//! GSYNC, Locks otherwise, and Locks for good once a Gsync cut was
+//! abandoned. The scheme travels with the commit record, so every rank
+//! uses the same one. Never fewer phases are saved than that a wrong cut
+//! could commit: consistency is checked either way, only its moment moves.
+//!
 //! **Recovery.** Any failure rolls every rank back. Survivors and replacements
 //! send an `Inventory` (newest commit record seen, pieces and intact parity
 //! shards held) to the recovery leader (rank 0). The leader picks the newest
@@ -33,6 +58,8 @@
 //! dropped by the engine).
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
 
 use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::store::Inventory;
@@ -54,6 +81,77 @@ fn children(r: Rank, size: usize) -> impl Iterator<Item = Rank> {
 
 fn child_count(r: Rank, size: usize) -> usize {
     children(r, size).count()
+}
+
+/// How a coordinated checkpoint is made consistent (003 §3.1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum CheckpointScheme {
+    /// Chosen from the program's synchronisation: Locks first, then Gsync
+    /// while every rank checkpoints right after a GSYNC.
+    #[default]
+    Auto,
+    /// Capture at once; the cut is checked when the pieces are stored and
+    /// abandoned (checkpointed again by Locks) if a message or an access
+    /// crossed it.
+    Gsync,
+    /// Flush, barrier (the counting rounds), capture.
+    Locks,
+}
+
+impl CheckpointScheme {
+    /// Every scheme, as the command line names them.
+    pub const ALL: [CheckpointScheme; 3] = [
+        CheckpointScheme::Auto,
+        CheckpointScheme::Gsync,
+        CheckpointScheme::Locks,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointScheme::Auto => "auto",
+            CheckpointScheme::Gsync => "gsync",
+            CheckpointScheme::Locks => "locks",
+        }
+    }
+}
+
+impl std::str::FromStr for CheckpointScheme {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("`{s}` is not one of auto, gsync, locks"))
+    }
+}
+
+/// What a subtree's captures say about the cut (`Control::Stored`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Tally {
+    /// Application messages sent, as of each rank's safe point.
+    pub sent: u64,
+    /// Application messages arrived, as of each rank's safe point.
+    pub arrived: u64,
+    /// Ranks whose safe point did not follow a GSYNC directly.
+    pub outside_gsync: u64,
+}
+
+impl Tally {
+    fn add(&mut self, o: Tally) {
+        self.sent += o.sent;
+        self.arrived += o.arrived;
+        self.outside_gsync += o.outside_gsync;
+    }
+
+    /// Whether pieces captured without a barrier form a consistent cut: no
+    /// message is in transit (arrivals never exceed sends, and no rank
+    /// sends between its capture and the commit), and every rank captured
+    /// right after the same GSYNC, before any access of its own.
+    fn gsync_cut_holds(&self) -> bool {
+        self.sent == self.arrived && self.outside_gsync == 0
+    }
 }
 
 /// Where each piece is, from the inventories (leader only).
@@ -97,8 +195,18 @@ pub struct Coordinated {
     /// Counts from children per (generation, round); they may arrive before
     /// this rank reaches its own safe point.
     counts: BTreeMap<(u64, u32), Sums>,
-    /// Children whose subtree is stored, per generation.
-    stored_children: BTreeMap<u64, usize>,
+    /// Children whose subtree is stored, per generation, and their tally.
+    stored_children: BTreeMap<u64, (usize, Tally)>,
+    /// This rank's tally at the safe point of the generation it saves.
+    own_tally: Tally,
+    /// The scheme asked for.
+    configured: CheckpointScheme,
+    /// The scheme of the next checkpoint (agreed: set by the root's
+    /// commit; never `Auto`).
+    scheme: CheckpointScheme,
+    /// Root: a Gsync cut was abandoned, so the program is not one that
+    /// only synchronises with GSYNCs; `Auto` stays with Locks.
+    gsync_refuted: bool,
     /// Generations whose piece this rank has stored and not yet seen
     /// commit (one under blocking checkpoints; under `chandy-lamport` a
     /// rank may store the next before the previous commits).
@@ -121,8 +229,40 @@ impl Coordinated {
             reported: false,
             counts: BTreeMap::new(),
             stored_children: BTreeMap::new(),
+            own_tally: Tally::default(),
+            configured: CheckpointScheme::Auto,
+            scheme: CheckpointScheme::Locks,
+            gsync_refuted: false,
             own_stored: BTreeSet::new(),
             recovery: None,
+        }
+    }
+
+    /// Coordinate checkpoints by this scheme (003 §3.1.2).
+    pub fn with_scheme(mut self, scheme: CheckpointScheme) -> Self {
+        self.configured = scheme;
+        self.scheme = Self::first_scheme(scheme);
+        self
+    }
+
+    /// The scheme of the first checkpoint (and the first after a
+    /// recovery, which a replacement must agree on without a message).
+    fn first_scheme(configured: CheckpointScheme) -> CheckpointScheme {
+        match configured {
+            CheckpointScheme::Gsync => CheckpointScheme::Gsync,
+            CheckpointScheme::Auto | CheckpointScheme::Locks => CheckpointScheme::Locks,
+        }
+    }
+
+    /// Root, at commit: the next checkpoint's scheme, from what every rank
+    /// reported of its synchronisation.
+    fn next_scheme(&self, t: Tally) -> CheckpointScheme {
+        match self.configured {
+            CheckpointScheme::Auto if t.outside_gsync == 0 && !self.gsync_refuted => {
+                CheckpointScheme::Gsync
+            }
+            CheckpointScheme::Auto => CheckpointScheme::Locks,
+            c => c,
         }
     }
 
@@ -230,30 +370,90 @@ impl Coordinated {
     /// Report `Stored` up once this rank's piece and all its children's
     /// subtrees are stored; the root commits.
     fn try_stored(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
-        if !self.own_stored.contains(&generation)
-            || self.stored_children.get(&generation).copied().unwrap_or(0)
-                < child_count(cx.rank, cx.size)
-        {
+        let (children, mut tally) = self
+            .stored_children
+            .get(&generation)
+            .copied()
+            .unwrap_or_default();
+        if !self.own_stored.contains(&generation) || children < child_count(cx.rank, cx.size) {
             return;
         }
         self.stored_children.remove(&generation);
+        tally.add(self.own_tally);
         match parent(cx.rank) {
             Some(p) => cx.emit(Action::Transmit {
                 dest: p,
-                msg: Control::Stored { generation },
+                msg: Control::Stored { generation, tally },
             }),
+            None if self.scheme == CheckpointScheme::Gsync && !tally.gsync_cut_holds() => {
+                self.gsync_refuted = true;
+                cx.emit(Action::Record(crate::driver::Stat::Coordination {
+                    scheme: CheckpointScheme::Gsync,
+                    abandoned: true,
+                }));
+                self.on_abandon(generation, cx);
+            }
             None => {
                 let every = self.daly_every(cx);
                 self.last_end = cx.now();
-                self.on_commit(generation, every, cx)
+                cx.emit(Action::Record(crate::driver::Stat::Coordination {
+                    scheme: self.scheme,
+                    abandoned: false,
+                }));
+                let scheme = self.next_scheme(tally);
+                self.on_commit(generation, every, scheme, cx)
             }
         }
     }
 
-    fn on_commit(&mut self, generation: u64, every: u64, cx: &mut ProtocolCx<'_>) {
+    /// Start saving generation `next_generation` at this safe point.
+    fn begin(&mut self, cx: &mut ProtocolCx<'_>) {
+        let g = self.next_generation;
+        self.next_generation += 1;
+        self.saving = Some(g);
+        self.round = 0;
+        self.reported = false;
+        self.own_stored.clear();
+        match self.scheme {
+            CheckpointScheme::Gsync => cx.emit(Action::Capture { generation: g }),
+            _ => self.try_report(cx),
+        }
+    }
+
+    /// The Gsync cut of `generation` does not hold: drop its pieces (every
+    /// rank drops those it holds, so no recovery can mistake them for a
+    /// checkpoint) and checkpoint again here by the Locks scheme.
+    fn on_abandon(&mut self, generation: u64, cx: &mut ProtocolCx<'_>) {
+        if self.saving != Some(generation) {
+            return;
+        }
+        self.send_down(&Control::Abandon { generation }, cx);
+        cx.emit(Action::RetainOnly {
+            keep: cx.store.committed(),
+        });
+        self.stored_children.remove(&generation);
+        self.scheme = CheckpointScheme::Locks;
+        self.begin(cx);
+    }
+
+    fn on_commit(
+        &mut self,
+        generation: u64,
+        every: u64,
+        scheme: CheckpointScheme,
+        cx: &mut ProtocolCx<'_>,
+    ) {
         self.every = every;
+        self.scheme = scheme;
         self.own_stored.retain(|&g| g > generation);
-        self.send_down(&Control::Commit { generation, every }, cx);
+        self.send_down(
+            &Control::Commit {
+                generation,
+                every,
+                scheme,
+            },
+            cx,
+        );
         cx.emit(Action::Commit { generation });
         if self.saving == Some(generation) {
             self.saving = None;
@@ -335,11 +535,18 @@ impl Coordinated {
                     self.on_silent(generation, cx);
                 }
             }
-            Control::Stored { generation } => {
-                *self.stored_children.entry(generation).or_default() += 1;
+            Control::Stored { generation, tally } => {
+                let (n, t) = self.stored_children.entry(generation).or_default();
+                *n += 1;
+                t.add(tally);
                 self.try_stored(generation, cx);
             }
-            Control::Commit { generation, every } => self.on_commit(generation, every, cx),
+            Control::Commit {
+                generation,
+                every,
+                scheme,
+            } => self.on_commit(generation, every, scheme, cx),
+            Control::Abandon { generation } => self.on_abandon(generation, cx),
             Control::Marker { .. }
             | Control::Wave { .. }
             | Control::Log(_)
@@ -379,6 +586,7 @@ impl Coordinated {
                 // Everyone resumes right after the restored checkpoint, with
                 // the leader's interval (a replacement has no other source).
                 self.every = every;
+                self.scheme = Self::first_scheme(self.configured);
                 self.since_last = 0;
                 rec.decided = Some(generation);
                 rec.replicate = !redundancy_intact;
@@ -436,13 +644,12 @@ impl Protocol for Coordinated {
                 }
                 self.since_last = 0;
                 self.started_at = Some(cx.now());
-                let g = self.next_generation;
-                self.next_generation += 1;
-                self.saving = Some(g);
-                self.round = 0;
-                self.reported = false;
-                self.own_stored.clear();
-                self.try_report(cx);
+                self.own_tally = Tally {
+                    sent: cx.app_sent,
+                    arrived: cx.app_arrived,
+                    outside_gsync: u64::from(!cx.after_gsync),
+                };
+                self.begin(cx);
             }
             Event::Control { src, msg } => self.on_control(src, msg, cx),
             Event::PieceStored { generation } => match self.recovery.as_ref() {
@@ -518,6 +725,7 @@ mod tests {
         store: PartnerStore,
         sent: u64,
         arrived: u64,
+        after_gsync: bool,
         now: Duration,
     }
 
@@ -530,6 +738,7 @@ mod tests {
                 store,
                 sent: 0,
                 arrived: 0,
+                after_gsync: false,
                 now: Duration::ZERO,
             }
         }
@@ -546,6 +755,7 @@ mod tests {
                 hsr: &BTreeMap::new(),
                 rsn: 0,
                 epoch: 0,
+                after_gsync: self.after_gsync,
                 actions: Vec::new(),
             };
             p.handle(ev, &mut cx);
@@ -680,7 +890,10 @@ mod tests {
             1,
             Event::Control {
                 src: 5,
-                msg: Control::Stored { generation: 1 },
+                msg: Control::Stored {
+                    generation: 1,
+                    tally: Tally::default(),
+                },
             },
         );
         let a = h.run(
@@ -688,14 +901,25 @@ mod tests {
             1,
             Event::Control {
                 src: 6,
-                msg: Control::Stored { generation: 1 },
+                msg: Control::Stored {
+                    generation: 1,
+                    tally: Tally::default(),
+                },
             },
         );
         assert_eq!(
             a,
             vec![Action::Transmit {
                 dest: 0,
-                msg: Control::Stored { generation: 1 }
+                // Its own counts at the safe point, and not after a GSYNC.
+                msg: Control::Stored {
+                    generation: 1,
+                    tally: Tally {
+                        sent: 3,
+                        arrived: 2,
+                        outside_gsync: 1,
+                    },
+                }
             }]
         );
         let a = h.run(
@@ -706,6 +930,7 @@ mod tests {
                 msg: Control::Commit {
                     generation: 1,
                     every: 2,
+                    scheme: CheckpointScheme::Locks,
                 },
             },
         );
@@ -726,7 +951,215 @@ mod tests {
         let a = h.run(&mut p, 0, Event::PieceStored { generation: 1 });
         assert_eq!(
             a,
-            vec![Action::Commit { generation: 1 }, Action::ReleaseSafePoint]
+            vec![
+                coordination(CheckpointScheme::Locks, false),
+                Action::Commit { generation: 1 },
+                Action::ReleaseSafePoint
+            ]
+        );
+    }
+
+    fn coordination(scheme: CheckpointScheme, abandoned: bool) -> Action {
+        Action::Record(crate::driver::Stat::Coordination { scheme, abandoned })
+    }
+
+    /// Root of ranks 0..4 (children 1, 2, 3): the messages it sends.
+    fn sent_down(a: &[Action]) -> Vec<(Rank, Control)> {
+        a.iter()
+            .filter_map(|a| match a {
+                Action::Transmit { dest, msg } => Some((*dest, msg.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn stored(generation: u64, sent: u64, arrived: u64, outside_gsync: u64) -> Control {
+        Control::Stored {
+            generation,
+            tally: Tally {
+                sent,
+                arrived,
+                outside_gsync,
+            },
+        }
+    }
+
+    /// 003 §3.1.2, chosen from the program's synchronisation: the first
+    /// checkpoint has its barrier (Locks); every rank reports it was right
+    /// after a GSYNC, so the next one is captured at once with no message
+    /// before it (Gsync), and commits when its cut holds.
+    #[test]
+    fn auto_moves_to_gsync_when_every_rank_checkpoints_after_a_gsync() {
+        let mut h = Harness::new(0, 4, 1);
+        let mut p = Coordinated::new(1);
+        h.after_gsync = true;
+        // Locks: the counting round (the barrier) comes first.
+        assert!(h.run(&mut p, 0, Event::SafePoint { index: 1 }).is_empty());
+        for c in 1..4 {
+            let a = h.run(
+                &mut p,
+                0,
+                Event::Control {
+                    src: c,
+                    msg: count(1, 0, 0, 0),
+                },
+            );
+            if c == 3 {
+                assert_eq!(a.last(), Some(&Action::Capture { generation: 1 }));
+            }
+        }
+        h.run(&mut p, 0, Event::PieceStored { generation: 1 });
+        let mut a = Vec::new();
+        for c in 1..4 {
+            a = h.run(
+                &mut p,
+                0,
+                Event::Control {
+                    src: c,
+                    msg: stored(1, 0, 0, 0),
+                },
+            );
+        }
+        assert_eq!(a[0], coordination(CheckpointScheme::Locks, false));
+        assert!(sent_down(&a).iter().all(|(_, m)| *m
+            == Control::Commit {
+                generation: 1,
+                every: 1,
+                scheme: CheckpointScheme::Gsync
+            }));
+        // Gsync: captured at once.
+        assert_eq!(
+            h.run(&mut p, 0, Event::SafePoint { index: 2 }),
+            vec![Action::Capture { generation: 2 }]
+        );
+        h.run(&mut p, 0, Event::PieceStored { generation: 2 });
+        for c in 1..4 {
+            a = h.run(
+                &mut p,
+                0,
+                Event::Control {
+                    src: c,
+                    msg: stored(2, 5, 5, 0),
+                },
+            );
+        }
+        assert_eq!(a[0], coordination(CheckpointScheme::Gsync, false));
+        assert!(a.contains(&Action::Commit { generation: 2 }));
+    }
+
+    /// A Gsync cut that a message crossed (a child's subtree sent one that
+    /// had not arrived at its capture) is never committed: the root tells
+    /// every rank to drop it and checkpoints again by Locks, and stays
+    /// with Locks under `Auto`.
+    #[test]
+    fn a_gsync_cut_crossed_by_a_message_is_abandoned_and_taken_again_after_a_barrier() {
+        let mut h = Harness::new(0, 4, 1);
+        let mut p = Coordinated::new(1).with_scheme(CheckpointScheme::Gsync);
+        h.after_gsync = true;
+        assert_eq!(
+            h.run(&mut p, 0, Event::SafePoint { index: 1 }),
+            vec![Action::Capture { generation: 1 }]
+        );
+        h.run(&mut p, 0, Event::PieceStored { generation: 1 });
+        h.run(
+            &mut p,
+            0,
+            Event::Control {
+                src: 1,
+                msg: stored(1, 1, 0, 0),
+            },
+        );
+        h.run(
+            &mut p,
+            0,
+            Event::Control {
+                src: 2,
+                msg: stored(1, 0, 0, 0),
+            },
+        );
+        let a = h.run(
+            &mut p,
+            0,
+            Event::Control {
+                src: 3,
+                msg: stored(1, 0, 0, 0),
+            },
+        );
+        assert_eq!(a[0], coordination(CheckpointScheme::Gsync, true));
+        assert!(!a.iter().any(|a| matches!(a, Action::Commit { .. })));
+        assert_eq!(
+            sent_down(&a),
+            (1..4)
+                .map(|c| (c, Control::Abandon { generation: 1 }))
+                .collect::<Vec<_>>()
+        );
+        assert!(a.contains(&Action::RetainOnly { keep: None }));
+        // Generation 2 at the same safe point, after the counting round.
+        assert!(!a.iter().any(|a| matches!(a, Action::Capture { .. })));
+        for c in 1..4 {
+            let a = h.run(
+                &mut p,
+                0,
+                Event::Control {
+                    src: c,
+                    msg: count(2, 0, u64::from(c == 1), u64::from(c == 2)),
+                },
+            );
+            if c == 3 {
+                assert_eq!(a.last(), Some(&Action::Capture { generation: 2 }));
+            }
+        }
+        // A cut that a GSYNC did not precede on one rank is abandoned too.
+        let mut p = Coordinated::new(1).with_scheme(CheckpointScheme::Gsync);
+        h.run(&mut p, 0, Event::SafePoint { index: 1 });
+        h.run(&mut p, 0, Event::PieceStored { generation: 1 });
+        let mut a = Vec::new();
+        for c in 1..4 {
+            a = h.run(
+                &mut p,
+                0,
+                Event::Control {
+                    src: c,
+                    msg: stored(1, 0, 0, u64::from(c == 3)),
+                },
+            );
+        }
+        assert_eq!(a[0], coordination(CheckpointScheme::Gsync, true));
+    }
+
+    /// A rank told to abandon drops the pieces it holds of that generation
+    /// and joins the counting round of the next at the same safe point.
+    #[test]
+    fn an_abandoned_generation_is_dropped_and_counted_again() {
+        let mut h = Harness::new(2, 4, 1);
+        let mut p = Coordinated::new(1).with_scheme(CheckpointScheme::Gsync);
+        h.after_gsync = true;
+        h.sent = 3;
+        h.arrived = 2;
+        assert_eq!(
+            h.run(&mut p, 2, Event::SafePoint { index: 1 }),
+            vec![Action::Capture { generation: 1 }]
+        );
+        let a = h.run(&mut p, 2, Event::PieceStored { generation: 1 });
+        assert_eq!(sent_down(&a), vec![(0, stored(1, 3, 2, 0))]);
+        h.arrived = 3;
+        let a = h.run(
+            &mut p,
+            2,
+            Event::Control {
+                src: 0,
+                msg: Control::Abandon { generation: 1 },
+            },
+        );
+        assert_eq!(
+            a,
+            vec![
+                Action::RetainOnly { keep: None },
+                Action::Transmit {
+                    dest: 0,
+                    msg: count(2, 0, 3, 3)
+                }
+            ]
         );
     }
 
@@ -818,6 +1251,7 @@ mod tests {
             hsr: &BTreeMap::new(),
             rsn: 0,
             epoch: 0,
+            after_gsync: false,
             actions: Vec::new(),
         };
         let mut rec = Recovery::default();

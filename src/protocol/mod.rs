@@ -59,6 +59,8 @@ pub struct BuildOptions {
     pub sets: correlated::SetRule,
     /// `chandy-lamport`: 000 §IV's wave, if a `get()` fix is chosen.
     pub wave: Option<chandy_lamport::WaveConfig>,
+    /// `coordinated`: how a checkpoint is coordinated (003 §3.1.2).
+    pub scheme: coordinated::CheckpointScheme,
 }
 
 /// The protocols a run can choose.
@@ -121,6 +123,7 @@ impl ProtocolKind {
             log_budget,
             sets,
             wave,
+            scheme,
         } = o;
         let bounded = |mut p: pessimistic::Pessimistic| {
             if let Some(s) = spill {
@@ -130,9 +133,11 @@ impl ProtocolKind {
         };
         match self {
             ProtocolKind::None => Box::new(none::NoProtocol),
-            ProtocolKind::Coordinated => {
-                Box::new(coordinated::Coordinated::new(checkpoint_every).with_daly(mtbf_s))
-            }
+            ProtocolKind::Coordinated => Box::new(
+                coordinated::Coordinated::new(checkpoint_every)
+                    .with_daly(mtbf_s)
+                    .with_scheme(scheme),
+            ),
             ProtocolKind::ChandyLamport => Box::new(chandy_lamport::ChandyLamport::with_wave(
                 checkpoint_every,
                 wave,
@@ -257,18 +262,31 @@ pub enum Control {
         /// Generation being saved.
         generation: u64,
     },
-    /// Up the tree: every piece of the sender's subtree is stored.
+    /// Up the tree: every piece of the sender's subtree is stored, with
+    /// what the root needs to judge the cut (the Gsync scheme checks it
+    /// after the capture instead of before).
     Stored {
         /// Generation.
         generation: u64,
+        /// The subtree's counts at its captures.
+        tally: coordinated::Tally,
     },
     /// Commit record of `generation`, down the tree, with the checkpoint
-    /// interval (in safe points) every rank uses from now on.
+    /// interval (in safe points) and the scheme every rank uses from now on.
     Commit {
         /// Generation.
         generation: u64,
         /// Safe points between checkpoints from now on.
         every: u64,
+        /// How the next checkpoint is coordinated (003 §3.1.2).
+        scheme: coordinated::CheckpointScheme,
+    },
+    /// Down the tree: the pieces of `generation`, captured at once under
+    /// the Gsync scheme, do not form a consistent cut (a message or an
+    /// access crossed it): drop them and checkpoint again, after a barrier.
+    Abandon {
+        /// Generation.
+        generation: u64,
     },
     /// Recovery: what the sender holds (to the recovery leader).
     Inventory {
@@ -702,6 +720,10 @@ pub struct ProtocolCx<'a> {
     pub rsn: u64,
     /// The world epoch (failure events) this rank has seen.
     pub epoch: u64,
+    /// The rank's last communication was a GSYNC (a fence on a window of
+    /// every rank) and nothing since: neither a send, a receive nor an
+    /// access (003 §3.1.2, the Gsync scheme's point).
+    pub after_gsync: bool,
     /// Emitted actions, executed in order after the handler returns.
     pub actions: Vec<Action>,
 }
@@ -904,6 +926,7 @@ pub(crate) mod testing {
                 hsr: &self.hsr,
                 rsn: self.rsn,
                 epoch: 0,
+                after_gsync: false,
                 actions: Vec::new(),
             };
             p.handle(ev, &mut cx);

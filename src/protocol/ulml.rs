@@ -1105,6 +1105,7 @@ mod tests {
             hsr: &hsr,
             rsn: 0,
             epoch: 0,
+            after_gsync: false,
             actions: Vec::new(),
         };
         p.handle(ev, &mut cx);

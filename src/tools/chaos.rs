@@ -341,6 +341,9 @@ pub fn reproduce_command(app: AppKind, params: &AppParams, cfg: &Config) -> Stri
     if let Some(b) = cfg.log_budget {
         c += &format!(" --log-budget {b}");
     }
+    if cfg.checkpoint_scheme != Default::default() {
+        c += &format!(" --checkpoint-scheme {}", cfg.checkpoint_scheme.name());
+    }
     if let SetRule::Consecutive(n) = cfg.sets {
         c += &format!(" --sets {n}");
     }

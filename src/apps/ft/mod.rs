@@ -31,7 +31,7 @@ use rustfft::{Fft, FftDirection, FftPlanner};
 use serde::{Deserialize, Serialize};
 
 use super::{AppParams, Verification, safe_point};
-use crate::{Communicator, Ctx, Error, ReduceOp, Result, Window};
+use crate::{Communicator, Ctx, Error, Rank, ReduceOp, Result, Window};
 use npb::Class;
 use pencil::{Grid, Layout, Transpose};
 
@@ -331,22 +331,109 @@ fn twiddles(class: &Class, g: &Grid) -> Vec<f64> {
     t
 }
 
-/// NPB's checksum of `x` (x-pencils): each sample point is taken by the
-/// rank that holds it and summed in NPB's order on every rank, so the sum
-/// does not depend on the grid.
-fn checksum(world: &Communicator, class: &Class, g: &Grid, x: &[Complex64]) -> Result<Complex64> {
-    let [zs, ys, _] = g.ranges(Layout::X);
-    let mut mine = vec![0.0; 2 * npb::CHECKSUM_POINTS];
-    for (p, (q, r, s)) in npb::checksum_points(class).enumerate() {
-        if ys.contains(&r) && zs.contains(&s) {
-            let v = x[((s - zs.start) * ys.len() + (r - ys.start)) * class.nx + q];
-            mine[2 * p] = v.re;
-            mine[2 * p + 1] = v.im;
+/// Where NPB's checksum points are: each is taken by the rank that holds
+/// it, and a rank's values travel together, in point order.
+struct ChecksumPlan {
+    /// Per point (NPB's order): its rank, and its place among all ranks'
+    /// values (rank by rank, each in point order).
+    owner: Vec<Rank>,
+    slot: Vec<usize>,
+    /// This rank's points: (point, index into its x-pencils).
+    mine: Vec<(usize, usize)>,
+    /// Where this rank's values start among all.
+    start: usize,
+}
+
+impl ChecksumPlan {
+    fn new(class: &Class, g: &Grid, rank: Rank, ranks: usize) -> Self {
+        let [zs, ys, _] = g.ranges(Layout::X);
+        let points: Vec<_> = npb::checksum_points(class).collect();
+        let owner: Vec<Rank> = points.iter().map(|&(_, r, s)| g.x_owner(r, s)).collect();
+        let mut count = vec![0; ranks];
+        for &o in &owner {
+            count[o] += 1;
+        }
+        let starts: Vec<usize> = count
+            .iter()
+            .scan(0, |at, &c| {
+                let s = *at;
+                *at += c;
+                Some(s)
+            })
+            .collect();
+        let mut next = starts.clone();
+        let slot = owner
+            .iter()
+            .map(|&o| {
+                next[o] += 1;
+                next[o] - 1
+            })
+            .collect();
+        let mine = (points.iter().enumerate())
+            .filter(|&(p, _)| owner[p] == rank)
+            .map(|(p, &(q, r, s))| {
+                (
+                    p,
+                    ((s - zs.start) * ys.len() + (r - ys.start)) * class.nx + q,
+                )
+            })
+            .collect();
+        ChecksumPlan {
+            owner,
+            slot,
+            mine,
+            start: starts[rank],
         }
     }
-    // One rank holds each point: the others add exact zeros.
-    let mut all = vec![0.0; mine.len()];
-    world.all_reduce_into(&mine, &mut all, ReduceOp::Sum)?;
+}
+
+/// NPB's checksum of `x` (x-pencils): each sample point is taken by the
+/// rank that holds it and summed in NPB's order on every rank, so the sum
+/// does not depend on the grid. Under [`Exchange::Put`] the values travel
+/// as puts into every rank's window (`base` on) between two fences, so an
+/// iteration synchronises only with GSYNCs and its checkpoint needs no
+/// barrier (003 §3.1.2); otherwise by an all-reduce.
+fn checksum(
+    world: &Communicator,
+    exchanger: Option<&Exchanger>,
+    base: usize,
+    plan: &ChecksumPlan,
+    class: &Class,
+    x: &[Complex64],
+) -> Result<Complex64> {
+    let mut all = vec![0.0; 2 * npb::CHECKSUM_POINTS];
+    for &(p, i) in &plan.mine {
+        all[2 * p] = x[i].re;
+        all[2 * p + 1] = x[i].im;
+    }
+    match exchanger {
+        Some(Exchanger::Put(window)) => {
+            let values: Vec<f64> = (plan.mine.iter())
+                .flat_map(|&(_, i)| [x[i].re, x[i].im])
+                .collect();
+            // The transposes' last fence opened this epoch; their region of
+            // the window is not touched.
+            for t in (0..world.size()).filter(|&t| t != world.rank()) {
+                window.put(t, base + 2 * plan.start, &values)?;
+            }
+            window.fence()?;
+            window.with_local(|memory| {
+                let region = &memory[base..];
+                for (p, (&o, &k)) in plan.owner.iter().zip(&plan.slot).enumerate() {
+                    if o != world.rank() {
+                        all[2 * p..2 * p + 2].copy_from_slice(&region[2 * k..2 * k + 2]);
+                    }
+                }
+            })?;
+        }
+        Some(Exchanger::AllToAll { .. }) => {
+            // One rank holds each point: the others add exact zeros.
+            let mine = std::mem::take(&mut all);
+            all = vec![0.0; mine.len()];
+            world.all_reduce_into(&mine, &mut all, ReduceOp::Sum)?;
+        }
+        None => {}
+    }
     let sum = all
         .chunks_exact(2)
         .fold(Complex64::default(), |s, v| s + Complex64::new(v[0], v[1]));
@@ -368,7 +455,9 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     let alone = world.size() == 1;
     let exchanger = match p.exchange {
         Exchange::Put if !alone => Some(Exchanger::Put(
-            world.allocate_window::<f64>(2 * grid.max_len())?,
+            // The checksum's values go after the largest rank's region, at
+            // the same place in every rank's window.
+            world.allocate_window::<f64>(2 * grid.largest_len() + 2 * npb::CHECKSUM_POINTS)?,
         )),
         Exchange::AllToAll if !alone => {
             let split = |color: usize, key: usize| -> Result<Communicator> {
@@ -412,6 +501,7 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
     let a: &mut [Complex64] = bytemuck::cast_slice_mut(&mut a);
     let b: &mut [Complex64] = bytemuck::cast_slice_mut(&mut b);
     let twiddle = twiddles(&class, &grid);
+    let plan = ChecksumPlan::new(&class, &grid, world.rank(), world.size());
     while st.it < p.niter {
         let u0: &mut [Complex64] = bytemuck::cast_slice_mut(&mut st.u0);
         for (u, &t) in u0.iter_mut().zip(&twiddle) {
@@ -419,7 +509,14 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
         }
         a[..u0.len()].copy_from_slice(u0);
         solver.transform(ctx, FftDirection::Inverse, a, b)?;
-        let sum = checksum(&world, &class, &grid, &a[..grid.len(Layout::X)])?;
+        let sum = checksum(
+            &world,
+            solver.exchanger.as_ref(),
+            2 * grid.largest_len(),
+            &plan,
+            &class,
+            &a[..grid.len(Layout::X)],
+        )?;
         st.sums.extend([sum.re, sum.im]);
         st.it += 1;
         safe_point(ctx, &st, st.it, p.niter)?;

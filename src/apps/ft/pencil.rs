@@ -127,6 +127,13 @@ impl Grid {
         range(block(self.n[1], b, self.p2))
     }
 
+    /// The rank holding the x-line `(y, z)` (layout [`Layout::X`]).
+    pub fn x_owner(&self, y: usize, z: usize) -> Rank {
+        let a = (0..self.p1).find(|&a| self.yb(a).contains(&y)).unwrap_or(0);
+        let b = (0..self.p2).find(|&b| self.zb(b).contains(&z)).unwrap_or(0);
+        a + b * self.p1
+    }
+
     /// The global index ranges this rank holds in `layout`, as (slow, mid,
     /// fast) — the fast one is the whole axis.
     pub fn ranges(&self, layout: Layout) -> [Range<usize>; 3] {
@@ -156,6 +163,17 @@ impl Grid {
             .into_iter()
             .max()
             .unwrap_or(0)
+    }
+
+    /// The most elements any rank holds in any layout: rank 0's, whose
+    /// blocks are the first and so the largest ([`block`]).
+    pub fn largest_len(&self) -> usize {
+        Grid {
+            a: 0,
+            b: 0,
+            ..*self
+        }
+        .max_len()
     }
 
     /// The most elements this rank holds in any layout (its buffers' size).
