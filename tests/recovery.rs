@@ -288,6 +288,67 @@ fn coordinated_checkpoints_follow_the_program_synchronisation() {
     }
 }
 
+/// A request-based access still pending when a world fence begins may be
+/// applied at its target after the target captured (the fence settles its
+/// own window's requests alone): such a fence is no GSYNC. Rank 2 adds into
+/// rank 1's big window by a request issued before the fence of another
+/// window and waited for after it. Forced to Gsync, every cut is abandoned
+/// and taken again by Locks, and rank 1 keeps every addition through a
+/// kill. (Before the fix, 2 runs in 6 on processes committed such a cut and
+/// rank 1 ended with 5 of 6 additions; found by review.)
+#[test]
+fn a_request_pending_across_a_fence_makes_it_no_gsync() {
+    use lazarus::protocol::coordinated::CheckpointScheme;
+    const STEPS: u64 = 6;
+    // 8 MiB: on the simulator it arrives long after the fence's barrier.
+    const BIG: usize = 1 << 20;
+    fn crossed(ctx: &mut lazarus::Ctx) -> lazarus::Result<u64> {
+        let world = ctx.world();
+        let sync = world.allocate_window::<u64>(1)?;
+        let big = world.allocate_window::<u64>(BIG)?;
+        let mut step: u64 = ctx.restore_or_else(|| 0)?;
+        if step == 0 {
+            big.fence()?;
+            sync.fence()?;
+        }
+        let ones = vec![1u64; BIG];
+        while step < STEPS {
+            let request = if world.rank() == 2 {
+                Some(big.immediate_accumulate(1, 0, &ones, ReduceOp::Sum)?)
+            } else {
+                None
+            };
+            sync.fence()?;
+            if let Some(r) = request {
+                r.wait()?;
+            }
+            step += 1;
+            ctx.set_progress(step as f64 / STEPS as f64);
+            ctx.checkpoint(&step)?;
+        }
+        big.fence()?;
+        big.with_local(|m| m[0])
+    }
+    for backend in Backend::RECOVERING {
+        let runs = if backend == Backend::Processes { 3 } else { 1 };
+        for run in 0..runs {
+            let cfg = common::config(backend, 3)
+                .protocol(ProtocolKind::Coordinated)
+                .checkpoint_every(1)
+                .checkpoint_scheme(CheckpointScheme::Gsync)
+                .kill("1@i4".parse().expect("valid kill spec"));
+            let what = format!("{backend}, run {run}");
+            let report = common::within(300, &what.clone(), move || lazarus::run(&cfg, crossed));
+            let st = &report.stats;
+            let values = report.outcome.expect("the job recovers");
+            assert_eq!(values[1], STEPS, "{what}: rank 1 lost an addition");
+            assert_eq!(st.failures, 1, "{what}");
+            assert_eq!(st.gsync_checkpoints, 0, "{what}: {st:?}");
+            assert!(st.abandoned_cuts >= st.locks_checkpoints, "{what}: {st:?}");
+        }
+    }
+}
+
 /// FT's checksums are NPB's, and since only data moves between the 1-D
 /// FFTs, the same bits on every grid (uneven blocks on 3 ranks, a 2 x 3
 /// grid on 6) and with either exchange.

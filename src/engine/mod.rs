@@ -412,6 +412,10 @@ pub struct Engine {
     /// `comm_calls + app_sent` when the last GSYNC (a fence on a window of
     /// every rank) completed (003 §3.1.2's Gsync scheme).
     gsync_mark: Option<u64>,
+    /// The fence under way began with no request-based operation pending
+    /// on any window: one still pending may reach its target after the
+    /// target captured (the fence settles its own window's alone).
+    fence_clean: bool,
 
     interrupt: Option<Error>,
     released: bool,
@@ -615,6 +619,7 @@ impl Engine {
             app_arrived: 0,
             comm_calls: 0,
             gsync_mark: None,
+            fence_clean: false,
             interrupt: None,
             released: false,
             capture_due: None,
@@ -1306,6 +1311,7 @@ impl Engine {
                 }
                 Action::Fail(e) => self.interrupt = Some(e),
                 Action::RetainOnly { keep } => self.store.retain_only(keep)?,
+                Action::Discard { generation } => self.store.discard(generation),
                 Action::Fetch { generation, holder } => {
                     let mut out = StoreOut::default();
                     self.store.fetch(generation, holder, &mut out)?;
@@ -2928,6 +2934,7 @@ impl Engine {
         }
         w.state.fence_open = true;
         w.state.all_targets += 1;
+        self.fence_clean = self.rma_pending.is_empty();
         Ok(())
     }
 
@@ -2936,7 +2943,7 @@ impl Engine {
     /// a GSYNC after which a checkpoint may be captured at once (003
     /// §3.1.2), as long as the rank communicates no more before it.
     pub fn window_fence_done(&mut self, id: WinId) -> Result<()> {
-        if self.win(id)?.group.len() == self.size {
+        if self.win(id)?.group.len() == self.size && self.fence_clean {
             self.gsync_mark = Some(self.comm_calls + self.app_sent);
         }
         Ok(())

@@ -34,9 +34,12 @@
 //! counts at its captures and how many of its ranks were not right after a
 //! GSYNC; if a message crossed the cut (sent ≠ arrived) or a rank was not
 //! after a GSYNC (its accesses since may have reached a target that had
-//! captured), the generation is abandoned (`Abandon` down the tree: every
-//! rank drops its pieces) and checkpointed again at once, in the same safe
-//! point, by the Locks scheme. With `CheckpointScheme::Auto` the first
+//! captured; a fence begun with a request-based access pending on any
+//! window is no GSYNC either, since the access may be applied after its
+//! target's capture), the generation is abandoned (`Abandon` down the
+//! tree: every rank drops that generation's pieces, `Action::Discard`) and
+//! checkpointed again at once, in the same safe point, by the Locks
+//! scheme. With `CheckpointScheme::Auto` the first
 //! checkpoint uses Locks and the root chooses the next one's scheme from
 //! what the ranks report: Gsync while every rank checkpoints right after a
 //! GSYNC, Locks otherwise, and Locks for good once a Gsync cut was
@@ -207,6 +210,10 @@ pub struct Coordinated {
     /// Root: a Gsync cut was abandoned, so the program is not one that
     /// only synchronises with GSYNCs; `Auto` stays with Locks.
     gsync_refuted: bool,
+    /// Whether this instance takes the checkpoints at safe points (and
+    /// reports their schemes); not inside `chandy-lamport`, which only
+    /// borrows its commit and recovery.
+    schemes: bool,
     /// Generations whose piece this rank has stored and not yet seen
     /// commit (one under blocking checkpoints; under `chandy-lamport` a
     /// rank may store the next before the previous commits).
@@ -233,8 +240,18 @@ impl Coordinated {
             configured: CheckpointScheme::Auto,
             scheme: CheckpointScheme::Locks,
             gsync_refuted: false,
+            schemes: true,
             own_stored: BTreeSet::new(),
             recovery: None,
+        }
+    }
+
+    /// The commit and recovery of generations that another protocol
+    /// records (`chandy-lamport`): no scheme is chosen or reported.
+    pub fn for_recorded_snapshots(every: u64) -> Self {
+        Coordinated {
+            schemes: false,
+            ..Self::new(every)
         }
     }
 
@@ -257,6 +274,9 @@ impl Coordinated {
     /// Root, at commit: the next checkpoint's scheme, from what every rank
     /// reported of its synchronisation.
     fn next_scheme(&self, t: Tally) -> CheckpointScheme {
+        if !self.schemes {
+            return CheckpointScheme::Locks;
+        }
         match self.configured {
             CheckpointScheme::Auto if t.outside_gsync == 0 && !self.gsync_refuted => {
                 CheckpointScheme::Gsync
@@ -396,10 +416,12 @@ impl Coordinated {
             None => {
                 let every = self.daly_every(cx);
                 self.last_end = cx.now();
-                cx.emit(Action::Record(crate::driver::Stat::Coordination {
-                    scheme: self.scheme,
-                    abandoned: false,
-                }));
+                if self.schemes {
+                    cx.emit(Action::Record(crate::driver::Stat::Coordination {
+                        scheme: self.scheme,
+                        abandoned: false,
+                    }));
+                }
                 let scheme = self.next_scheme(tally);
                 self.on_commit(generation, every, scheme, cx)
             }
@@ -428,9 +450,7 @@ impl Coordinated {
             return;
         }
         self.send_down(&Control::Abandon { generation }, cx);
-        cx.emit(Action::RetainOnly {
-            keep: cx.store.committed(),
-        });
+        cx.emit(Action::Discard { generation });
         self.stored_children.remove(&generation);
         self.scheme = CheckpointScheme::Locks;
         self.begin(cx);
@@ -1093,7 +1113,7 @@ mod tests {
                 .map(|c| (c, Control::Abandon { generation: 1 }))
                 .collect::<Vec<_>>()
         );
-        assert!(a.contains(&Action::RetainOnly { keep: None }));
+        assert!(a.contains(&Action::Discard { generation: 1 }));
         // Generation 2 at the same safe point, after the counting round.
         assert!(!a.iter().any(|a| matches!(a, Action::Capture { .. })));
         for c in 1..4 {
@@ -1154,7 +1174,7 @@ mod tests {
         assert_eq!(
             a,
             vec![
-                Action::RetainOnly { keep: None },
+                Action::Discard { generation: 1 },
                 Action::Transmit {
                     dest: 0,
                     msg: count(2, 0, 3, 3)

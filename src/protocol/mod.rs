@@ -621,6 +621,11 @@ pub enum Action {
         /// Generation kept.
         keep: Option<u64>,
     },
+    /// Drop every piece of `generation` alone: it will never be committed.
+    Discard {
+        /// Generation dropped.
+        generation: u64,
+    },
     /// Bring this rank's piece of `generation` back from `holder`.
     Fetch {
         /// Generation.

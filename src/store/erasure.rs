@@ -872,6 +872,14 @@ impl ErasureLevel {
         self.rebuilding = None;
     }
 
+    /// Drop the pieces, parity and encodings of `generation` alone.
+    pub fn discard(&mut self, generation: u64) {
+        self.own.remove(&generation);
+        self.parity.retain(|&(g, _), _| g != generation);
+        self.collecting.remove(&generation);
+        self.state.remove(&generation);
+    }
+
     /// Forget encodings and rebuilds in progress.
     pub fn abort_transfers(&mut self) {
         self.collecting.clear();

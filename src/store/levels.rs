@@ -652,6 +652,14 @@ impl CheckpointStore for MultiLevel {
         Ok(())
     }
 
+    fn discard(&mut self, generation: u64) {
+        self.partner.discard(generation);
+        if let Some(e) = self.erasure.as_mut() {
+            e.discard(generation);
+        }
+        self.unstored.remove(&generation);
+    }
+
     fn retain_owner(&mut self, owner: Rank, keep: u64) {
         self.partner.retain_owner(owner, keep);
         if owner == self.rank {

@@ -267,6 +267,12 @@ pub trait CheckpointStore: Send {
     /// in-flight transfers (at the start of a recovery decision). Errors
     /// only when a durable level cannot remove what it must.
     fn retain_only(&mut self, keep: Option<u64>) -> Result<()>;
+    /// Drop every piece, parity shard and transfer of `generation`, which
+    /// will never be committed (a coordinated cut found inconsistent after
+    /// its capture), and nothing else: older generations a level keeps
+    /// (its newest encoded one, under `xor@N`) stay. A durable level keeps
+    /// its files, which no commit record names.
+    fn discard(&mut self, generation: u64);
     /// Drop the pieces of `owner` older than generation `keep` (checkpoints
     /// taken by each rank alone, under message logging: each owner has its
     /// own generations).

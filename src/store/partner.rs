@@ -239,6 +239,11 @@ impl CheckpointStore for PartnerStore {
         Ok(())
     }
 
+    fn discard(&mut self, generation: u64) {
+        self.pieces.retain(|&(g, _), _| g != generation);
+        self.awaiting_ack.remove(&generation);
+    }
+
     fn retain_owner(&mut self, owner: Rank, keep: u64) {
         self.pieces.retain(|&(g, o), _| o != owner || g >= keep);
         if owner == self.rank {

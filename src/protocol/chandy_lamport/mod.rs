@@ -139,7 +139,7 @@ impl ChandyLamport {
     pub fn with_wave(every: u64, wave: Option<WaveConfig>) -> Self {
         ChandyLamport {
             every,
-            inner: Coordinated::new(every),
+            inner: Coordinated::for_recorded_snapshots(every),
             recorded: 0,
             recordings: BTreeMap::new(),
             marked: BTreeMap::new(),
