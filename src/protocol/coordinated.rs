@@ -1004,6 +1004,20 @@ mod tests {
         }
     }
 
+    /// Root of ranks 0..4: `msg(c)` from each child `c` in turn; the
+    /// actions after the last.
+    fn from_children(
+        h: &Harness,
+        p: &mut Coordinated,
+        msg: impl Fn(Rank) -> Control,
+    ) -> Vec<Action> {
+        let mut a = Vec::new();
+        for src in 1..4 {
+            a = h.run(p, 0, Event::Control { src, msg: msg(src) });
+        }
+        a
+    }
+
     /// 003 §3.1.2, chosen from the program's synchronisation: the first
     /// checkpoint has its barrier (Locks); every rank reports it was right
     /// after a GSYNC, so the next one is captured at once with no message
@@ -1015,31 +1029,10 @@ mod tests {
         h.after_gsync = true;
         // Locks: the counting round (the barrier) comes first.
         assert!(h.run(&mut p, 0, Event::SafePoint { index: 1 }).is_empty());
-        for c in 1..4 {
-            let a = h.run(
-                &mut p,
-                0,
-                Event::Control {
-                    src: c,
-                    msg: count(1, 0, 0, 0),
-                },
-            );
-            if c == 3 {
-                assert_eq!(a.last(), Some(&Action::Capture { generation: 1 }));
-            }
-        }
+        let a = from_children(&h, &mut p, |_| count(1, 0, 0, 0));
+        assert_eq!(a.last(), Some(&Action::Capture { generation: 1 }));
         h.run(&mut p, 0, Event::PieceStored { generation: 1 });
-        let mut a = Vec::new();
-        for c in 1..4 {
-            a = h.run(
-                &mut p,
-                0,
-                Event::Control {
-                    src: c,
-                    msg: stored(1, 0, 0, 0),
-                },
-            );
-        }
+        let a = from_children(&h, &mut p, |_| stored(1, 0, 0, 0));
         assert_eq!(a[0], coordination(CheckpointScheme::Locks, false));
         assert!(sent_down(&a).iter().all(|(_, m)| *m
             == Control::Commit {
@@ -1053,16 +1046,7 @@ mod tests {
             vec![Action::Capture { generation: 2 }]
         );
         h.run(&mut p, 0, Event::PieceStored { generation: 2 });
-        for c in 1..4 {
-            a = h.run(
-                &mut p,
-                0,
-                Event::Control {
-                    src: c,
-                    msg: stored(2, 5, 5, 0),
-                },
-            );
-        }
+        let a = from_children(&h, &mut p, |_| stored(2, 5, 5, 0));
         assert_eq!(a[0], coordination(CheckpointScheme::Gsync, false));
         assert!(a.contains(&Action::Commit { generation: 2 }));
     }
@@ -1081,30 +1065,8 @@ mod tests {
             vec![Action::Capture { generation: 1 }]
         );
         h.run(&mut p, 0, Event::PieceStored { generation: 1 });
-        h.run(
-            &mut p,
-            0,
-            Event::Control {
-                src: 1,
-                msg: stored(1, 1, 0, 0),
-            },
-        );
-        h.run(
-            &mut p,
-            0,
-            Event::Control {
-                src: 2,
-                msg: stored(1, 0, 0, 0),
-            },
-        );
-        let a = h.run(
-            &mut p,
-            0,
-            Event::Control {
-                src: 3,
-                msg: stored(1, 0, 0, 0),
-            },
-        );
+        // Child 1's subtree sent a message not arrived at its capture.
+        let a = from_children(&h, &mut p, |c| stored(1, u64::from(c == 1), 0, 0));
         assert_eq!(a[0], coordination(CheckpointScheme::Gsync, true));
         assert!(!a.iter().any(|a| matches!(a, Action::Commit { .. })));
         assert_eq!(
@@ -1116,34 +1078,16 @@ mod tests {
         assert!(a.contains(&Action::Discard { generation: 1 }));
         // Generation 2 at the same safe point, after the counting round.
         assert!(!a.iter().any(|a| matches!(a, Action::Capture { .. })));
-        for c in 1..4 {
-            let a = h.run(
-                &mut p,
-                0,
-                Event::Control {
-                    src: c,
-                    msg: count(2, 0, u64::from(c == 1), u64::from(c == 2)),
-                },
-            );
-            if c == 3 {
-                assert_eq!(a.last(), Some(&Action::Capture { generation: 2 }));
-            }
-        }
+        // (Child 2's subtree has the message now.)
+        let a = from_children(&h, &mut p, |c| {
+            count(2, 0, u64::from(c == 1), u64::from(c == 2))
+        });
+        assert_eq!(a.last(), Some(&Action::Capture { generation: 2 }));
         // A cut that a GSYNC did not precede on one rank is abandoned too.
         let mut p = Coordinated::new(1).with_scheme(CheckpointScheme::Gsync);
         h.run(&mut p, 0, Event::SafePoint { index: 1 });
         h.run(&mut p, 0, Event::PieceStored { generation: 1 });
-        let mut a = Vec::new();
-        for c in 1..4 {
-            a = h.run(
-                &mut p,
-                0,
-                Event::Control {
-                    src: c,
-                    msg: stored(1, 0, 0, u64::from(c == 3)),
-                },
-            );
-        }
+        let a = from_children(&h, &mut p, |c| stored(1, 0, 0, u64::from(c == 3)));
         assert_eq!(a[0], coordination(CheckpointScheme::Gsync, true));
     }
 
