@@ -428,8 +428,7 @@ fn checksum(
         }
         Some(Exchanger::AllToAll { .. }) => {
             // One rank holds each point: the others add exact zeros.
-            let mine = std::mem::take(&mut all);
-            all = vec![0.0; mine.len()];
+            let mine = all.clone();
             world.all_reduce_into(&mine, &mut all, ReduceOp::Sum)?;
         }
         None => {}
