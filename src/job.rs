@@ -156,6 +156,25 @@ pub struct JobStats {
     /// crossed them), dropped and taken again by Locks.
     #[serde(default)]
     pub abandoned_cuts: u64,
+    /// `rma`: one-sided accesses logged at their origin (LP, 003 §3.2.3).
+    #[serde(default)]
+    pub accesses_logged: u64,
+    /// `rma`: their payload bytes.
+    #[serde(default)]
+    pub access_log_bytes: u64,
+    /// `rma`: the most payload bytes one rank's access log held.
+    #[serde(default)]
+    pub peak_access_log_bytes: u64,
+    /// `rma`: logged accesses applied to a recovering rank's window.
+    #[serde(default)]
+    pub accesses_replayed: u64,
+    /// `rma`: accesses a re-executing rank did not issue again.
+    #[serde(default)]
+    pub accesses_skipped: u64,
+    /// `rma`: recoveries that fell back to the last coordinated checkpoint
+    /// because an N or M flag was set (003 §3.2.3, §4.2).
+    #[serde(default)]
+    pub access_fallbacks: u64,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,
@@ -234,6 +253,12 @@ impl JobStats {
         self.gsync_checkpoints += e.gsync_checkpoints;
         self.locks_checkpoints += e.locks_checkpoints;
         self.abandoned_cuts += e.abandoned_cuts;
+        self.accesses_logged += e.accesses_logged;
+        self.access_log_bytes += e.access_log_bytes;
+        self.peak_access_log_bytes = self.peak_access_log_bytes.max(e.peak_access_log_bytes);
+        self.accesses_replayed += e.accesses_replayed;
+        self.accesses_skipped += e.accesses_skipped;
+        self.access_fallbacks += e.access_fallbacks;
         let syncs = self.set_syncs + e.set_syncs;
         if syncs > 0 {
             self.set_sync_s = (self.set_sync_s * self.set_syncs as f64

@@ -1423,6 +1423,17 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.gsync_checkpoints, st.locks_checkpoints, st.abandoned_cuts
         );
     }
+    if st.accesses_logged + st.access_fallbacks > 0 {
+        println!(
+            "access log (003 §3.2): {} accesses ({}) logged at their origin, peak {} on one rank; {} replayed into recovering windows, {} not issued again by a re-execution; {} recoveries fell back (N or M flag set)",
+            st.accesses_logged,
+            human_bytes(st.access_log_bytes),
+            human_bytes(st.peak_access_log_bytes),
+            st.accesses_replayed,
+            st.accesses_skipped,
+            st.access_fallbacks
+        );
+    }
     if st.log_records > 0 || st.job_restarts > 0 {
         println!(
             "log: {} records ({}) logged, peak {} in memory on one rank, {} spilled, {} determinants, {} resent, {} collectives from the log; job restarts {}",

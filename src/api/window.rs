@@ -731,7 +731,7 @@ impl<T: Equivalence> Window<T> {
     /// ```
     pub fn epoch_to(&self, target: Rank) -> Result<u64> {
         let t = self.comm.world_rank(target)?;
-        self.comm.engine.borrow_mut().window_epoch(self.id, t)
+        self.comm.engine.borrow_mut().window_epoch_of(self.id, t)
     }
 
     fn local<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {

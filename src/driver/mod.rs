@@ -217,6 +217,23 @@ pub enum Stat {
         /// Whether the cut did not hold and the pieces were dropped.
         abandoned: bool,
     },
+    /// `rma` (003 §3.2–§4): one-sided accesses logged at their origin and
+    /// replayed, since the last report.
+    Accesses {
+        /// Accesses logged (LP).
+        logged: u64,
+        /// Their payload bytes.
+        logged_bytes: u64,
+        /// Logged accesses applied to a recovering rank's window.
+        replayed: u64,
+        /// Accesses a re-execution did not issue again (their targets had
+        /// them).
+        skipped: u64,
+        /// Recoveries that fell back because an N or M flag was set.
+        fallbacks: u64,
+        /// Payload bytes the access log holds now.
+        log_bytes: usize,
+    },
     /// Resource use of the process that ran this rank incarnation, measured
     /// when its rank function returned (`getrusage`): what message logs,
     /// checkpoint pieces and receive buffers cost in fresh memory, and the

@@ -655,6 +655,21 @@ impl StatsBook {
                 st.daly_interval_s = Some(tau_s);
                 st.daly_cost_s = Some(cost_s);
             }
+            Stat::Accesses {
+                logged,
+                logged_bytes,
+                replayed,
+                skipped,
+                fallbacks,
+                log_bytes,
+            } => {
+                st.accesses_logged += logged;
+                st.access_log_bytes += logged_bytes;
+                st.accesses_replayed += replayed;
+                st.accesses_skipped += skipped;
+                st.access_fallbacks += fallbacks;
+                st.peak_access_log_bytes = st.peak_access_log_bytes.max(log_bytes as u64);
+            }
             Stat::Coordination { scheme, abandoned } => {
                 use crate::protocol::coordinated::CheckpointScheme;
                 match (scheme, abandoned) {

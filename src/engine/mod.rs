@@ -20,6 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::driver::shared::apply_to_memory;
 use crate::driver::{Endpoint, LockType, RmaOp, RmaReply, Stat, WinId};
 use crate::fault::FaultPoint;
 use crate::protocol::{Action, Collective, Control, Determinant, Event, Protocol, ProtocolCx};
@@ -420,6 +421,13 @@ pub struct Engine {
     /// request-based ones do, and the blocking ones access the target's
     /// memory through the driver.
     rma_messages: bool,
+    /// Survivors keep their windows (message logging) while blocking
+    /// accesses go through the driver (`rma`): windows are exposed and
+    /// reached in the window epoch 0, and the protocol, not the world
+    /// epoch, keeps accesses away from a rank being recovered.
+    direct_logged: bool,
+    /// The protocol asked not to issue the access being handled.
+    skip_access: bool,
     /// Request-based operations of this origin whose reply has not been
     /// taken in (completed by `wait`, `test`, a flush, an unlock or a
     /// fence).
@@ -619,7 +627,8 @@ impl Engine {
         let (rank, size, epoch) = (ep.rank(), ep.size(), ep.start_epoch());
         let logging = !proto.rolls_back_survivors();
         let coll_results = proto.logs_collective_results();
-        let rma_messages = logging || proto.one_sided_as_messages();
+        let rma_messages = proto.one_sided_as_messages();
+        let direct_logged = logging && !rma_messages;
         let proto_watches = proto.watches_arrivals();
         let proto_watches_sends = proto.watches_sends();
         // A replacement re-executes with every rank that rolled back with
@@ -657,6 +666,8 @@ impl Engine {
             ops: 0,
             rma_inbox: VecDeque::new(),
             rma_messages,
+            direct_logged,
+            skip_access: false,
             rma_pending: Vec::new(),
             rma_finished: Vec::new(),
             serving_rma: false,
@@ -1404,6 +1415,14 @@ impl Engine {
                     if self.coll_current == Some((context, index)) {
                         self.coll_outcome = Some(CollOutcome::Result(result));
                     }
+                }
+                Action::SkipAccess => self.skip_access = true,
+                Action::ApplyAccess { window, op } => {
+                    let mut outcome = Ok(RmaReply::Done);
+                    self.ep.with_local_window(window, &mut |m| {
+                        outcome = apply_to_memory(m, window, op.clone());
+                    })?;
+                    outcome?;
                 }
                 Action::CollectiveRestart => {
                     if self.coll_current.is_some() && self.coll_outcome.is_none() {
@@ -2740,8 +2759,16 @@ impl Engine {
                 ),
             });
         }
+        // A replacement under `rma` exposes its windows once every rank
+        // has heard it is recovering (and holds its accesses until it is
+        // live): an access meant for its predecessor must not land here.
+        while self.direct_logged && !self.proto.exposure_ready() {
+            self.check()?;
+            self.progress(None)?;
+        }
+        let epoch = self.window_epoch();
         self.ep
-            .window_expose(id, self.epoch, bytes, init.as_ref().map(|w| &w.memory[..]))?;
+            .window_expose(id, epoch, bytes, init.as_ref().map(|w| &w.memory[..]))?;
         self.windows.insert(
             id,
             WinLocal {
@@ -2822,9 +2849,43 @@ impl Engine {
     fn rma_here(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
         self.enter()?;
         self.check_access(id, target)?;
+        if self.direct_logged && target != self.rank {
+            self.await_access(id, target)?;
+            let ec = self.window_epoch_of(id, target)?;
+            let regenerating = self.proto.regenerating(&self.ssn_out);
+            self.skip_access = false;
+            self.handle(Event::Access {
+                window: id,
+                target,
+                op: &op,
+                ec,
+                regenerating,
+            })?;
+            self.check()?;
+            if std::mem::take(&mut self.skip_access) {
+                return Ok(RmaReply::Done);
+            }
+            // A combining access waits for its target's N flag (003 Alg. 1).
+            self.await_access(id, target)?;
+        }
         // Bounds are checked by the driver against the target's own size
         // (windows may differ in size per rank).
         self.rma_raw(id, target, op)
+    }
+
+    /// Wait until the protocol lets an access to `target` go (`rma`).
+    fn await_access(&mut self, id: WinId, target: Rank) -> Result<()> {
+        while !self.proto.access_ready(target, id) {
+            self.check()?;
+            self.progress(None)?;
+        }
+        Ok(())
+    }
+
+    /// The window epoch in which windows are exposed and reached: the
+    /// world epoch, unless survivors keep their windows across failures.
+    fn window_epoch(&self) -> u64 {
+        if self.direct_logged { 0 } else { self.epoch }
     }
 
     /// Whether this origin may access `target` in window `id` now.
@@ -2862,7 +2923,7 @@ impl Engine {
                 let outcome = if e.rma_messages {
                     e.rma_own(id, op)?
                 } else {
-                    Ok(e.ep.rma(e.epoch, target, id, op)?)
+                    Ok(e.ep.rma(e.window_epoch(), target, id, op)?)
                 };
                 let ticket = e.next_req;
                 e.next_req += 1;
@@ -2960,8 +3021,20 @@ impl Engine {
         if self.rma_messages {
             return self.rma_by_message(id, target, op);
         }
-        match self.ep.rma(self.epoch, target, id, op) {
+        match self.ep.rma(self.window_epoch(), target, id, op.clone()) {
             Ok(r) => Ok(r),
+            Err(Error::Driver(_)) if self.direct_logged => {
+                // The target died: its accesses are logged, and its
+                // replacement pulls them (`rma`). Wait until the protocol
+                // knows, then until the replacement is live, and issue it
+                // to the replacement.
+                while self.proto.access_ready(target, id) {
+                    self.check()?;
+                    self.progress(None)?;
+                }
+                self.await_access(id, target)?;
+                self.rma_raw(id, target, op)
+            }
             Err(Error::Driver(why)) => {
                 let deadline = self.ep.now() + Duration::from_secs(30);
                 while self.ep.now() < deadline {
@@ -2997,6 +3070,19 @@ impl Engine {
         w.state.fence_open = true;
         w.state.all_targets += 1;
         self.fence_clean = self.rma_pending.is_empty();
+        if self.direct_logged {
+            let group = self.win(id)?.group.clone();
+            self.handle(Event::FenceEnter {
+                window: id,
+                group: &group,
+            })?;
+            // A recovering rank applies the epoch's logged accesses before
+            // the barrier (003 Alg. 2).
+            while !self.proto.fence_ready(id) {
+                self.check()?;
+                self.progress(None)?;
+            }
+        }
         Ok(())
     }
 
@@ -3007,6 +3093,9 @@ impl Engine {
     pub fn window_fence_done(&mut self, id: WinId) -> Result<()> {
         if self.win(id)?.group.len() == self.size && self.fence_clean {
             self.gsync_mark = Some(self.comm_calls + self.app_sent);
+        }
+        if self.direct_logged {
+            self.handle(Event::FenceDone { window: id })?;
         }
         Ok(())
     }
@@ -3031,6 +3120,7 @@ impl Engine {
     fn window_lock_here(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
         self.enter()?;
         self.comm_calls += 1;
+        self.passive_target_protected(id)?;
         let w = self.win(id)?;
         if w.locks.contains_key(&target) || w.lock_all {
             return Err(Error::Rma {
@@ -3071,6 +3161,7 @@ impl Engine {
     fn window_lock_all_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
         self.comm_calls += 1;
+        self.passive_target_protected(id)?;
         let w = self.win(id)?;
         if w.lock_all || !w.locks.is_empty() {
             return Err(Error::Rma {
@@ -3135,8 +3226,23 @@ impl Engine {
         Ok(())
     }
 
+    /// Refuse a passive-target epoch the protocol does not protect.
+    fn passive_target_protected(&self, id: WinId) -> Result<()> {
+        if self.proto.passive_target() {
+            return Ok(());
+        }
+        Err(Error::Rma {
+            window: id,
+            detail: format!(
+                "protocol {} does not protect passive-target (lock) epochs yet (003 Alg. 3): \
+                 use fences, or pessimistic or coordinated",
+                self.proto.name()
+            ),
+        })
+    }
+
     /// E(p -> q) of 003 §2.2 for this origin.
-    pub fn window_epoch(&mut self, id: WinId, target: Rank) -> Result<u64> {
+    pub fn window_epoch_of(&mut self, id: WinId, target: Rank) -> Result<u64> {
         let w = self.win(id)?;
         Ok(w.state.all_targets + w.state.per_target.get(&target).copied().unwrap_or(0))
     }

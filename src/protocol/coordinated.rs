@@ -571,6 +571,7 @@ impl Coordinated {
             | Control::Wave { .. }
             | Control::Log(_)
             | Control::Collective(_)
+            | Control::Access(_)
             | Control::Set(_) => {}
             Control::Inventory {
                 committed,
@@ -728,6 +729,9 @@ impl Protocol for Coordinated {
             | Event::Restored { .. }
             | Event::CollectiveBegin { .. }
             | Event::CollectiveEnd { .. }
+            | Event::Access { .. }
+            | Event::FenceEnter { .. }
+            | Event::FenceDone { .. }
             | Event::Finish => {}
         }
     }

@@ -691,6 +691,10 @@ impl Protocol for Correlated {
         false
     }
 
+    fn one_sided_as_messages(&self) -> bool {
+        true // logged as messages (`engine/rma_messages.rs`)
+    }
+
     fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
         rolled_back_with(self.rule, &self.placement, dead)
     }

@@ -18,7 +18,7 @@
 //! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (messages and RMA windows) |
 //! | [`ulml`] | 002 | implemented (messages and RMA windows) |
 //! | [`correlated`] | 004 §3 | implemented (messages and RMA windows) |
-//! | `rma` | 003 §3–§6 | planned |
+//! | [`rma`] | 003 §3–§4 | fence epochs (puts, accumulates); gets and lock epochs planned |
 //! | `proactive` | 001 | planned |
 
 pub mod chandy_lamport;
@@ -26,6 +26,7 @@ pub mod coordinated;
 pub mod correlated;
 pub mod none;
 pub mod pessimistic;
+pub mod rma;
 pub mod ulml;
 
 use std::collections::BTreeMap;
@@ -82,17 +83,23 @@ pub enum ProtocolKind {
     /// Correlated-set coordinated message logging (004 §3): checkpoints
     /// coordinated inside a correlated set, messages between sets logged.
     Correlated,
+    /// ftRMA (003 §3.2–§4): uncoordinated checkpoints, one-sided accesses
+    /// logged where they are cheap (puts at their origin) and replayed
+    /// causally into a recovering rank's window; messages logged as under
+    /// `pessimistic`.
+    Rma,
 }
 
 impl ProtocolKind {
     /// All protocols that exist.
-    pub const ALL: [ProtocolKind; 6] = [
+    pub const ALL: [ProtocolKind; 7] = [
         ProtocolKind::None,
         ProtocolKind::Coordinated,
         ProtocolKind::ChandyLamport,
         ProtocolKind::Pessimistic,
         ProtocolKind::Ulml,
         ProtocolKind::Correlated,
+        ProtocolKind::Rma,
     ];
 
     /// The name used on the command line.
@@ -104,6 +111,7 @@ impl ProtocolKind {
             ProtocolKind::Pessimistic => "pessimistic",
             ProtocolKind::Ulml => "ulml",
             ProtocolKind::Correlated => "correlated",
+            ProtocolKind::Rma => "rma",
         }
     }
 
@@ -155,6 +163,9 @@ impl ProtocolKind {
                 sets,
                 placement,
             )),
+            ProtocolKind::Rma => Box::new(rma::Rma::with_p2p(bounded(
+                pessimistic::Pessimistic::new(checkpoint_every, log_budget),
+            ))),
         }
     }
 
@@ -179,7 +190,7 @@ impl ProtocolKind {
             ProtocolKind::None | ProtocolKind::Coordinated | ProtocolKind::ChandyLamport => {
                 (0..ranks).collect()
             }
-            ProtocolKind::Pessimistic | ProtocolKind::Ulml => dead.to_vec(),
+            ProtocolKind::Pessimistic | ProtocolKind::Ulml | ProtocolKind::Rma => dead.to_vec(),
             ProtocolKind::Correlated => correlated::rolled_back_with(sets, placement, dead),
         }
     }
@@ -189,7 +200,10 @@ impl ProtocolKind {
     pub fn logs_messages(self) -> bool {
         matches!(
             self,
-            ProtocolKind::Pessimistic | ProtocolKind::Ulml | ProtocolKind::Correlated
+            ProtocolKind::Pessimistic
+                | ProtocolKind::Ulml
+                | ProtocolKind::Correlated
+                | ProtocolKind::Rma
         )
     }
 
@@ -222,7 +236,7 @@ impl FromStr for ProtocolKind {
 }
 
 /// Protocol control messages (carried in `Body::Control`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Control {
     /// Channel-silencing marker for `generation` on one channel: the sender
     /// sends no more application messages on it before the generation
@@ -322,11 +336,19 @@ pub enum Control {
     Set(correlated::SetMsg),
     /// User-level logging of collectives (ulml).
     Collective(ulml::CollMsg),
+    /// Access logging and causal recovery of one-sided accesses (rma).
+    Access(rma::AccessMsg),
 }
 
 impl From<pessimistic::LogMsg> for Control {
     fn from(m: pessimistic::LogMsg) -> Self {
         Control::Log(m)
+    }
+}
+
+impl From<rma::AccessMsg> for Control {
+    fn from(m: rma::AccessMsg) -> Self {
+        Control::Access(m)
     }
 }
 
@@ -561,6 +583,37 @@ pub enum Event<'a> {
         /// all-gather's is the members' blocks as they arrived).
         result: Option<&'a Segments>,
     },
+    /// This rank is about to issue a one-sided access to another rank's
+    /// window through the driver (only to a protocol that does not take
+    /// [`Protocol::one_sided_as_messages`] under message logging: `rma`).
+    /// The protocol may log it and may answer [`Action::SkipAccess`].
+    Access {
+        /// Window.
+        window: crate::driver::WinId,
+        /// Target (world rank).
+        target: Rank,
+        /// The access.
+        op: &'a crate::driver::RmaOp,
+        /// The origin's epoch counter `E(p -> q)` (003 §2.2, the EC field).
+        ec: u64,
+        /// Whether this rank's re-execution is still regenerating messages
+        /// its receivers already have ([`Protocol::regenerating`]): the
+        /// access came before them in the first execution.
+        regenerating: bool,
+    },
+    /// This rank entered a fence (GSYNC) on `window`, its requests settled,
+    /// before the fence's barrier: the epoch closes here.
+    FenceEnter {
+        /// Window.
+        window: crate::driver::WinId,
+        /// The window's group (world ranks).
+        group: &'a [Rank],
+    },
+    /// The fence on `window` completed (its barrier returned).
+    FenceDone {
+        /// Window.
+        window: crate::driver::WinId,
+    },
 }
 
 /// What the protocol asks the engine to do.
@@ -698,6 +751,17 @@ pub enum Action {
     /// Abandon the attempt at the current collective and start it again
     /// (a member failed during it: messages it was owed may be lost).
     CollectiveRestart,
+    /// Do not issue the access of the `Access` event being handled: its
+    /// target already has it (a re-execution regenerating it).
+    SkipAccess,
+    /// Apply a logged access to this rank's own window (a replay, 003
+    /// Alg. 2's `replayEachAction`).
+    ApplyAccess {
+        /// Window.
+        window: crate::driver::WinId,
+        /// The access.
+        op: crate::driver::RmaOp,
+    },
 }
 
 /// Read-only facts and the action sink handed to a protocol with each event.
@@ -809,9 +873,33 @@ pub trait Protocol: Send {
     /// Whether every one-sided operation must travel as request and reply
     /// messages on the FIFO channels (where markers can order them, 000
     /// §III-B), rather than access the target's memory through the driver.
-    /// Message-logging protocols always use messages (the engine knows).
+    /// The message-logging protocols (`pessimistic`, `ulml`, `correlated`)
+    /// log them as messages; `rma` logs accesses itself (003 §3.2).
     fn one_sided_as_messages(&self) -> bool {
         false
+    }
+    /// Whether an access to `target` may be issued now (the engine waits,
+    /// handling arrivals, until it may): `rma` holds accesses to a rank
+    /// being recovered until it says it is live, and a combining access
+    /// until its target acknowledged the flag that says it is pending.
+    fn access_ready(&self, _target: Rank, _window: crate::driver::WinId) -> bool {
+        true
+    }
+    /// Whether the fence entered on `window` may go on to its barrier
+    /// (`rma`: a recovering rank first applies the epoch's logged accesses).
+    fn fence_ready(&self, _window: crate::driver::WinId) -> bool {
+        true
+    }
+    /// Whether this rank may expose a window now (`rma`: a replacement
+    /// exposes its windows only once every rank knows it is recovering, so
+    /// that no access meant for its predecessor lands in it).
+    fn exposure_ready(&self) -> bool {
+        true
+    }
+    /// Whether passive-target epochs (lock, lock_all) are protected; the
+    /// engine refuses them otherwise.
+    fn passive_target(&self) -> bool {
+        true
     }
     /// Whether the protocol sees every application message that arrives
     /// from another rank ([`Event::AppArrive`]), to record or hold it

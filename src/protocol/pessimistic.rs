@@ -369,6 +369,8 @@ pub struct Pessimistic {
     counters: Counters,
     reported: Counters,
     reported_bytes: usize,
+    /// Scheduled checkpoints wait ([`Pessimistic::hold_schedule`]).
+    schedule_held: bool,
 }
 
 impl Pessimistic {
@@ -413,6 +415,7 @@ impl Pessimistic {
             counters: Counters::default(),
             reported: Counters::default(),
             reported_bytes: 0,
+            schedule_held: false,
         }
     }
 
@@ -430,6 +433,18 @@ impl Pessimistic {
             .into_iter()
             .chain(cx.placement.second_partner(cx.rank))
             .collect()
+    }
+
+    /// Whether every rank asked for its HSR after this rank's restore has
+    /// answered: each has then heard of this rank's failure.
+    pub(crate) fn hsr_known(&self) -> bool {
+        self.hsr_pending.is_empty()
+    }
+
+    /// Hold checkpoints, scheduled or requested (`rma`: until a safe point
+    /// meets the epoch condition of 003 §3.2.2).
+    pub(crate) fn hold_schedule(&mut self, hold: bool) {
+        self.schedule_held = hold;
     }
 
     /// Coordinate checkpoints and rollbacks with `peers` (this rank's
@@ -772,7 +787,7 @@ impl Pessimistic {
         // another rank asked for is never deferred, so two ranks asking
         // each other both take theirs.
         let due = self.every > 0 && self.since_last >= self.every && self.requested.is_empty();
-        if due || self.forced {
+        if (due || self.forced) && !self.schedule_held {
             self.since_last = 0;
             self.capture(cx);
         }
@@ -1332,6 +1347,10 @@ impl Protocol for Pessimistic {
         false
     }
 
+    fn one_sided_as_messages(&self) -> bool {
+        true // logged as messages (`engine/rma_messages.rs`)
+    }
+
     fn send_ready(&self) -> bool {
         self.stability.ready(&self.dead_holders) && !self.spill_blocked()
     }
@@ -1609,7 +1628,10 @@ impl Protocol for Pessimistic {
             Event::CollectiveBegin { .. }
             | Event::CollectiveEnd { .. }
             | Event::AppArrive { .. }
-            | Event::Recorded { .. } => {}
+            | Event::Recorded { .. }
+            | Event::Access { .. }
+            | Event::FenceEnter { .. }
+            | Event::FenceDone { .. } => {}
         }
     }
 }

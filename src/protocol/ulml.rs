@@ -803,6 +803,10 @@ impl Protocol for Ulml {
         false
     }
 
+    fn one_sided_as_messages(&self) -> bool {
+        true // logged as messages (`engine/rma_messages.rs`)
+    }
+
     fn send_ready(&self) -> bool {
         self.p2p.send_ready()
     }

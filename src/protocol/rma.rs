@@ -1,0 +1,758 @@
+//! ftRMA (003 §3.2–§4): uncoordinated checkpoints, one-sided accesses
+//! logged where they are cheap, and causal recovery of a failed rank's
+//! window.
+//!
+//! Under `pessimistic` an access travels as a request and a reply message,
+//! each logged, with a determinant per application at the target: a
+//! message-logging emulation of RMA that costs a round trip per access and
+//! makes the target take part. This protocol keeps accesses one-sided
+//! (through the driver, straight into the target's memory) and follows 003:
+//!
+//! - **LP at the origin** (§3.2.3, Table 2): a PUT or an accumulate is
+//!   logged by its origin before it is issued (the payload shared with the
+//!   access, not copied), with the order information of §4.1: the window's
+//!   GNC (fences entered on the window, pattern E; every fence is
+//!   collective over the window's group, so origin and target count alike)
+//!   and the origin's epoch counter EC = `E(p -> q)` (pattern A).
+//! - **Epoch condition** (§3.2.2): a rank checkpoints only at a safe point
+//!   right after a GSYNC, before any communication, so every access with a
+//!   smaller GNC than the fences it had entered is in its piece. Once the
+//!   piece is stored it says so (`Trim`), and origins drop those accesses.
+//! - **M flags** (§4.2): `M_p[q]` is "LP_p[q] holds a combining access" (an
+//!   accumulate): one with the GNC of the target's checkpoint may or may
+//!   not be in it, and applying it twice is wrong.
+//! - **N flags** (§3.2.3, Alg. 1 lines 1 and 8): before its first combining
+//!   access to a target in an epoch, an origin sets `N_q[p]` at the target
+//!   (and waits for the acknowledgement, as the paper's blocking remote
+//!   write does), and clears it when the fence closing the epoch returns.
+//!   003 sets N for GETs, whose data is logged only after the epoch; here a
+//!   re-executing origin also cannot tell which of its accumulates of an
+//!   unfinished epoch were applied (the paper does not re-execute the
+//!   failed process's own accesses), so N covers those too.
+//! - **Causal recovery** (§4.3, Alg. 2). A replacement restores its piece
+//!   (window memory, the fence counts, its own LP), asks every rank for its
+//!   N and M flags about it (`Gather`, Alg. 2 lines 4–11) and falls back to
+//!   the last coordinated checkpoint when one is set (today the start of
+//!   the job: `rma` takes no coordinated checkpoints yet). Otherwise it
+//!   re-executes: its messages and collectives come from the senders' logs
+//!   (the inner [`Pessimistic`]); its own accesses that come before
+//!   messages its receivers already have are skipped (the targets have
+//!   them) and logged again; at each fence it enters, before the fence's
+//!   barrier, it pulls the window group's logged accesses of the epoch that
+//!   closes (`Pull`: the paper's "more memory-efficient scheme" of §4.4,
+//!   which fetches logs while recovering) and applies them by minimum GNC,
+//!   then EC (Alg. 2 lines 12–26: the epoch's GNC is the minimum left).
+//!   Once no rank of the group has passed that fence, it is live on the
+//!   window (`Live`): until then other ranks hold their accesses to it
+//!   (003 §4.3: "other processes resume their communication with p_new
+//!   after it fully recovers"), and a replacement exposes its windows only
+//!   once every rank has heard of the failure
+//!   ([`Protocol::exposure_ready`]), so nothing meant for its predecessor
+//!   lands in them.
+//!
+//! Not yet here (issue 35): GETs (LG at the target, Q), lock epochs (SC,
+//! Alg. 3), coordinated checkpoints to fall back to, demand checkpoints.
+//! The engine refuses what is not protected with a clear error.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::pessimistic::Pessimistic;
+use super::{Action, Control, Event, Protocol, ProtocolCx, SsnOut};
+use crate::api::datatype::{DType, ReduceOp};
+use crate::driver::{RmaOp, Stat, WinId};
+use crate::engine::frame::{append_with_blobs, take_with_blobs};
+use crate::store::PieceWriter;
+use crate::{Error, Rank, Result};
+
+/// Protocol messages of `rma` (in `Control::Access`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AccessMsg {
+    /// Origin to target: `N_q[p] := true` on `window` (a combining access
+    /// is about to be issued in this epoch); answered by `Opened`.
+    Open {
+        /// Window.
+        window: WinId,
+    },
+    /// Target to origin: the N flag is set.
+    Opened {
+        /// Window.
+        window: WinId,
+    },
+    /// Origin to target: `N_q[p] := false` on `window` (the epoch closed).
+    Close {
+        /// Window.
+        window: WinId,
+    },
+    /// A rank's checkpoint is stored, taken with these fences entered per
+    /// window: accesses to it with a smaller GNC are in it (§3.2.2).
+    Trim {
+        /// `(window, fences entered)` at the capture.
+        fences: Vec<(WinId, u64)>,
+    },
+    /// A replacement asks every rank for its flags about it (Alg. 2 lines
+    /// 4–11).
+    Gather,
+    /// The answer: `N_q[p_f]` (any window) and `M_q[p_f]`.
+    Flags {
+        /// An origin-side epoch with combining accesses was open.
+        n: bool,
+        /// The log holds a combining access to the replacement's rank.
+        m: bool,
+    },
+    /// A replacement entering a fence on `window`: the accesses logged for
+    /// it with GNC `epoch` (the epoch that closes).
+    Pull {
+        /// Window.
+        window: WinId,
+        /// GNC asked for.
+        epoch: u64,
+    },
+    /// The answer to `Pull`, with the fences the sender has entered on the
+    /// window (more than the replacement's: it is still behind).
+    Pulled {
+        /// Window.
+        window: WinId,
+        /// GNC.
+        epoch: u64,
+        /// Fences the sender has entered on `window`.
+        entered: u64,
+        /// The accesses, as `(EC, access)`, in issue order.
+        accesses: Vec<(u64, RmaOp)>,
+    },
+    /// A replacement is live on `window`: accesses to it go ahead.
+    Live {
+        /// Window.
+        window: WinId,
+    },
+}
+
+/// One entry of `LP_p[q]` (003 Table 2) with its §4.1 order information.
+#[derive(Debug, Clone, PartialEq)]
+struct Logged {
+    window: WinId,
+    /// Fences entered on the window when it was issued (GNC).
+    gnc: u64,
+    /// The origin's epoch counter `E(p -> q)` (EC).
+    ec: u64,
+    op: RmaOp,
+}
+
+impl Logged {
+    fn combining(&self) -> bool {
+        matches!(self.op, RmaOp::Accumulate { .. })
+    }
+
+    fn bytes(&self) -> usize {
+        match &self.op {
+            RmaOp::Put { data, .. } | RmaOp::Accumulate { data, .. } => data.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// An access as a piece saves it: its payload is a blob of its own.
+#[derive(Debug, Serialize, Deserialize)]
+enum SavedOp {
+    Put {
+        offset: usize,
+    },
+    Accumulate {
+        offset: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedAccess {
+    window: WinId,
+    gnc: u64,
+    ec: u64,
+    op: SavedOp,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedState {
+    fences: Vec<(WinId, u64)>,
+    lp: Vec<(Rank, Vec<SavedAccess>)>,
+}
+
+/// A pull of one epoch's accesses, while its answers come in.
+#[derive(Debug)]
+struct Pull {
+    epoch: u64,
+    waiting: BTreeSet<Rank>,
+    got: Vec<(u64, Rank, RmaOp)>,
+    /// Some rank has entered more fences than this one: still behind.
+    behind: bool,
+}
+
+/// A replacement's causal recovery (Alg. 2).
+#[derive(Debug, Default)]
+struct Recovery {
+    /// Ranks whose N and M flags have not come.
+    flags_pending: BTreeSet<Rank>,
+    /// Per window, the pull under way.
+    pulls: BTreeMap<WinId, Pull>,
+    /// Windows this replacement is live on.
+    live: BTreeSet<WinId>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Counters {
+    logged: u64,
+    logged_bytes: u64,
+    replayed: u64,
+    skipped: u64,
+    fallbacks: u64,
+}
+
+/// State of the `rma` protocol on one rank.
+#[derive(Debug)]
+pub struct Rma {
+    /// Messages and collectives: pessimistic sender-based logging.
+    p2p: Pessimistic,
+    /// Fences entered per window (the GNC of accesses on it).
+    fences: BTreeMap<WinId, u64>,
+    /// LP: accesses this rank issued to each other rank, in issue order.
+    lp: BTreeMap<Rank, VecDeque<Logged>>,
+    /// Payload bytes in `lp`.
+    lp_bytes: usize,
+    /// Ranks being recovered, with the windows they are live on again.
+    recovering: BTreeMap<Rank, BTreeSet<WinId>>,
+    /// `N_q[p]` held here: origins with an epoch of combining accesses to
+    /// this rank open, per window.
+    n_flags: BTreeSet<(Rank, WinId)>,
+    /// Targets whose N flag this rank set in the open epoch, per window.
+    opened: BTreeSet<(Rank, WinId)>,
+    /// Of those, the ones not acknowledged yet (accesses wait).
+    opening: BTreeSet<(Rank, WinId)>,
+    /// Captured, not yet stored: generation → fences entered per window.
+    capturing: BTreeMap<u64, Vec<(WinId, u64)>>,
+    /// A replacement's recovery, until it is live on every window it
+    /// fences.
+    recovery: Option<Recovery>,
+    counters: Counters,
+    reported: Counters,
+}
+
+impl Rma {
+    /// Over `p2p`, the logging of messages (its checkpoint schedule, log
+    /// budget and spill).
+    pub(crate) fn with_p2p(p2p: Pessimistic) -> Self {
+        Rma {
+            p2p,
+            fences: BTreeMap::new(),
+            lp: BTreeMap::new(),
+            lp_bytes: 0,
+            recovering: BTreeMap::new(),
+            n_flags: BTreeSet::new(),
+            opened: BTreeSet::new(),
+            opening: BTreeSet::new(),
+            capturing: BTreeMap::new(),
+            recovery: None,
+            counters: Counters::default(),
+            reported: Counters::default(),
+        }
+    }
+
+    fn send(cx: &mut ProtocolCx<'_>, dest: Rank, m: AccessMsg) {
+        cx.emit(Action::Transmit {
+            dest,
+            msg: Control::Access(m),
+        });
+    }
+
+    /// Log an access before it is issued; skip it when the target has it.
+    fn on_access(
+        &mut self,
+        (window, target): (WinId, Rank),
+        op: &RmaOp,
+        ec: u64,
+        regenerating: bool,
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        if !matches!(
+            op,
+            RmaOp::Put { .. } | RmaOp::Accumulate { fetch: false, .. }
+        ) {
+            cx.emit(Action::Fail(Error::Rma {
+                window,
+                detail: "protocol rma logs puts and accumulates; accesses that read the \
+                         target (get, get_accumulate, fetch_and_op, compare_and_swap) need \
+                         003 Alg. 1's get logging, which is not implemented yet: use \
+                         pessimistic or coordinated"
+                    .into(),
+            }));
+            return;
+        }
+        let logged = Logged {
+            window,
+            gnc: self.fences.get(&window).copied().unwrap_or(0),
+            ec,
+            op: op.clone(),
+        };
+        let combining = logged.combining();
+        self.counters.logged += 1;
+        self.counters.logged_bytes += logged.bytes() as u64;
+        self.lp_bytes += logged.bytes();
+        self.lp.entry(target).or_default().push_back(logged);
+        if regenerating {
+            // The first execution applied it before messages the
+            // receivers have: logged again, not applied twice.
+            self.counters.skipped += 1;
+            cx.emit(Action::SkipAccess);
+        } else if combining && self.opened.insert((target, window)) {
+            self.opening.insert((target, window));
+            Self::send(cx, target, AccessMsg::Open { window });
+        }
+    }
+
+    fn on_fence_enter(&mut self, window: WinId, group: &[Rank], cx: &mut ProtocolCx<'_>) {
+        let entered = self.fences.entry(window).or_insert(0);
+        *entered += 1;
+        let closing = *entered - 1;
+        let Some(rec) = self.recovery.as_mut() else {
+            return;
+        };
+        if rec.live.contains(&window) {
+            return;
+        }
+        let waiting: BTreeSet<Rank> = group.iter().copied().filter(|&r| r != cx.rank).collect();
+        for &r in &waiting {
+            Self::send(
+                cx,
+                r,
+                AccessMsg::Pull {
+                    window,
+                    epoch: closing,
+                },
+            );
+        }
+        rec.pulls.insert(
+            window,
+            Pull {
+                epoch: closing,
+                waiting,
+                got: Vec::new(),
+                behind: false,
+            },
+        );
+        self.try_replay(window, cx);
+    }
+
+    /// Replay the epoch pulled on `window` once every answer is in (Alg. 2
+    /// lines 12–26: every access pulled has the minimum GNC left; by
+    /// minimum EC, then any order), and go live when no rank is ahead.
+    fn try_replay(&mut self, window: WinId, cx: &mut ProtocolCx<'_>) {
+        let Some(rec) = self.recovery.as_mut() else {
+            return;
+        };
+        if !rec.flags_pending.is_empty() {
+            return; // the fallback decision comes first
+        }
+        let done = rec.pulls.get(&window).is_some_and(|p| p.waiting.is_empty());
+        if !done {
+            return;
+        }
+        let Some(mut pull) = rec.pulls.remove(&window) else {
+            return;
+        };
+        pull.got.sort_by_key(|&(ec, origin, _)| (ec, origin));
+        for (_, _, op) in pull.got {
+            self.counters.replayed += 1;
+            cx.emit(Action::ApplyAccess { window, op });
+        }
+        if !pull.behind {
+            rec.live.insert(window);
+            cx.broadcast(&Control::Access(AccessMsg::Live { window }));
+        }
+    }
+
+    fn on_message(&mut self, src: Rank, m: AccessMsg, cx: &mut ProtocolCx<'_>) {
+        match m {
+            AccessMsg::Open { window } => {
+                self.n_flags.insert((src, window));
+                Self::send(cx, src, AccessMsg::Opened { window });
+            }
+            AccessMsg::Opened { window } => {
+                self.opening.remove(&(src, window));
+            }
+            AccessMsg::Close { window } => {
+                self.n_flags.remove(&(src, window));
+            }
+            AccessMsg::Trim { fences } => {
+                if let Some(log) = self.lp.get_mut(&src) {
+                    let before: usize = log.iter().map(Logged::bytes).sum();
+                    log.retain(|a| {
+                        !fences
+                            .iter()
+                            .any(|&(w, entered)| a.window == w && a.gnc < entered)
+                    });
+                    let after: usize = log.iter().map(Logged::bytes).sum();
+                    self.lp_bytes -= before - after;
+                }
+            }
+            AccessMsg::Gather => {
+                let n = self.n_flags.iter().any(|&(r, _)| r == src);
+                let m = (self.lp.get(&src)).is_some_and(|l| l.iter().any(Logged::combining));
+                // The replacement starts a new line of epochs.
+                self.n_flags.retain(|&(r, _)| r != src);
+                Self::send(cx, src, AccessMsg::Flags { n, m });
+            }
+            AccessMsg::Flags { n, m } => self.on_flags(src, n, m, cx),
+            AccessMsg::Pull { window, epoch } => {
+                let accesses = (self.lp.get(&src).into_iter().flatten())
+                    .filter(|a| a.window == window && a.gnc == epoch)
+                    .map(|a| (a.ec, a.op.clone()))
+                    .collect();
+                let entered = self.fences.get(&window).copied().unwrap_or(0);
+                Self::send(
+                    cx,
+                    src,
+                    AccessMsg::Pulled {
+                        window,
+                        epoch,
+                        entered,
+                        accesses,
+                    },
+                );
+            }
+            AccessMsg::Pulled {
+                window,
+                epoch,
+                entered,
+                accesses,
+            } => {
+                let mine = self.fences.get(&window).copied().unwrap_or(0);
+                if let Some(pull) = (self.recovery.as_mut())
+                    .and_then(|r| r.pulls.get_mut(&window))
+                    .filter(|p| p.epoch == epoch && p.waiting.contains(&src))
+                {
+                    pull.waiting.remove(&src);
+                    pull.behind |= entered > mine;
+                    pull.got
+                        .extend(accesses.into_iter().map(|(ec, op)| (ec, src, op)));
+                    self.try_replay(window, cx);
+                }
+            }
+            AccessMsg::Live { window } => {
+                if let Some(live) = self.recovering.get_mut(&src) {
+                    live.insert(window);
+                }
+            }
+        }
+    }
+
+    fn on_flags(&mut self, src: Rank, n: bool, m: bool, cx: &mut ProtocolCx<'_>) {
+        let Some(rec) = self.recovery.as_mut() else {
+            return;
+        };
+        if !rec.flags_pending.remove(&src) {
+            return;
+        }
+        if n || m {
+            let which = match (n, m) {
+                (true, true) => "N and M flags",
+                (true, false) => {
+                    "N flag (an epoch of its combining accesses to this rank was open)"
+                }
+                _ => "M flag (its log holds a combining access this rank's checkpoint may include)",
+            };
+            self.counters.fallbacks += 1;
+            self.report(cx);
+            cx.emit(Action::Fail(Error::Unrecoverable(
+                format!(
+                    "rank {src} has the {which} set for rank {} (003 §3.2.3, §4.2): replaying its \
+                     accesses is unsafe, so the job falls back to the last coordinated \
+                     checkpoint, which under rma is the start",
+                    cx.rank
+                )
+                .into(),
+            )));
+            return;
+        }
+        if rec.flags_pending.is_empty() {
+            let windows: Vec<WinId> = rec.pulls.keys().copied().collect();
+            for w in windows {
+                self.try_replay(w, cx);
+            }
+        }
+    }
+
+    fn report(&mut self, cx: &mut ProtocolCx<'_>) {
+        let (c, r) = (self.counters, self.reported);
+        if c == r {
+            return;
+        }
+        cx.emit(Action::Record(Stat::Accesses {
+            logged: c.logged - r.logged,
+            logged_bytes: c.logged_bytes - r.logged_bytes,
+            replayed: c.replayed - r.replayed,
+            skipped: c.skipped - r.skipped,
+            fallbacks: c.fallbacks - r.fallbacks,
+            log_bytes: self.lp_bytes,
+        }));
+        self.reported = c;
+    }
+}
+
+impl Protocol for Rma {
+    fn name(&self) -> &'static str {
+        "rma"
+    }
+
+    fn rolls_back_survivors(&self) -> bool {
+        false
+    }
+
+    fn send_ready(&self) -> bool {
+        self.p2p.send_ready()
+    }
+
+    fn send_wait(&self) -> Option<String> {
+        self.p2p.send_wait()
+    }
+
+    fn send_stalled(&self) -> Option<String> {
+        self.p2p.send_stalled()
+    }
+
+    fn regenerating(&self, ssn_out: &SsnOut) -> bool {
+        self.p2p.regenerating(ssn_out)
+    }
+
+    fn access_ready(&self, target: Rank, window: WinId) -> bool {
+        // A replacement knows which accesses it regenerates only once every
+        // rank told it what it has (`Hsr`).
+        self.p2p.hsr_known()
+            && !self.opening.contains(&(target, window))
+            && (self.recovering.get(&target)).is_none_or(|live| live.contains(&window))
+    }
+
+    fn fence_ready(&self, window: WinId) -> bool {
+        self.recovery
+            .as_ref()
+            .is_none_or(|r| r.flags_pending.is_empty() && !r.pulls.contains_key(&window))
+    }
+
+    fn exposure_ready(&self) -> bool {
+        self.p2p.hsr_known()
+    }
+
+    fn passive_target(&self) -> bool {
+        false
+    }
+
+    fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
+        self.p2p.save_state(piece)?;
+        let mut blobs: Vec<&Bytes> = Vec::new();
+        let lp = (self.lp.iter())
+            .map(|(&t, log)| {
+                let saved = log.iter().filter_map(|a| {
+                    let op = match &a.op {
+                        RmaOp::Put { offset, data } => {
+                            blobs.push(data);
+                            SavedOp::Put { offset: *offset }
+                        }
+                        RmaOp::Accumulate {
+                            offset,
+                            data,
+                            dtype,
+                            op,
+                            ..
+                        } => {
+                            blobs.push(data);
+                            SavedOp::Accumulate {
+                                offset: *offset,
+                                dtype: *dtype,
+                                op: *op,
+                            }
+                        }
+                        _ => return None,
+                    };
+                    Some(SavedAccess {
+                        window: a.window,
+                        gnc: a.gnc,
+                        ec: a.ec,
+                        op,
+                    })
+                });
+                (t, saved.collect())
+            })
+            .collect();
+        let st = SavedState {
+            fences: self.fences.iter().map(|(&w, &n)| (w, n)).collect(),
+            lp,
+        };
+        append_with_blobs(&st, &blobs, piece)
+    }
+
+    fn load_state(&mut self, state: Bytes) -> Result<()> {
+        let rest = self.p2p.load_prefix(&state)?;
+        let (st, blobs, _): (SavedState, Vec<Bytes>, _) = take_with_blobs(&rest)?;
+        let listed: usize = st.lp.iter().map(|(_, l)| l.len()).sum();
+        if listed != blobs.len() {
+            return Err(Error::Codec {
+                what: "a checkpoint piece's access log".into(),
+                detail: format!("{listed} accesses listed, {} payloads saved", blobs.len()),
+            });
+        }
+        let mut blobs = blobs.into_iter();
+        self.lp.clear();
+        self.lp_bytes = 0;
+        for (t, saved) in st.lp {
+            let log = self.lp.entry(t).or_default();
+            for (a, data) in saved.into_iter().zip(blobs.by_ref()) {
+                self.lp_bytes += data.len();
+                let op = match a.op {
+                    SavedOp::Put { offset } => RmaOp::Put { offset, data },
+                    SavedOp::Accumulate { offset, dtype, op } => RmaOp::Accumulate {
+                        offset,
+                        data,
+                        dtype,
+                        op,
+                        fetch: false,
+                    },
+                };
+                log.push_back(Logged {
+                    window: a.window,
+                    gnc: a.gnc,
+                    ec: a.ec,
+                    op,
+                });
+            }
+        }
+        self.fences = st.fences.into_iter().collect();
+        Ok(())
+    }
+
+    fn state_size_hint(&self) -> usize {
+        self.p2p.state_size_hint() + 64 * self.lp.values().map(VecDeque::len).sum::<usize>() + 64
+    }
+
+    fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        match event {
+            Event::Access {
+                window,
+                target,
+                op,
+                ec,
+                regenerating,
+            } => self.on_access((window, target), op, ec, regenerating, cx),
+            Event::FenceEnter { window, group } => self.on_fence_enter(window, group, cx),
+            Event::FenceDone { window } => {
+                // Alg. 1 line 8: the epoch is closed.
+                let closed: Vec<(Rank, WinId)> = (self.opened.iter())
+                    .filter(|&&(_, w)| w == window)
+                    .copied()
+                    .collect();
+                for (t, w) in closed {
+                    self.opened.remove(&(t, w));
+                    Self::send(cx, t, AccessMsg::Close { window: w });
+                }
+            }
+            Event::Control {
+                src,
+                msg: Control::Access(m),
+            } => self.on_message(src, m, cx),
+            Event::SafePoint { index } => {
+                // The epoch condition (§3.2.2): right after a GSYNC, before
+                // any communication, or no window fenced at all.
+                let condition = cx.after_gsync || self.fences.is_empty();
+                self.p2p
+                    .hold_schedule(!condition || self.recovery_pending());
+                let before = cx.actions.len();
+                self.p2p.handle(Event::SafePoint { index }, cx);
+                let captured = cx.actions[before..].iter().find_map(|a| match a {
+                    Action::Capture { generation } => Some(*generation),
+                    _ => None,
+                });
+                if let Some(generation) = captured {
+                    let fences = self.fences.iter().map(|(&w, &n)| (w, n)).collect();
+                    self.capturing.insert(generation, fences);
+                }
+                self.report(cx);
+            }
+            Event::PieceStored { generation } => {
+                self.p2p.handle(Event::PieceStored { generation }, cx);
+                if let Some(fences) = self.capturing.remove(&generation) {
+                    self.capturing.retain(|&g, _| g > generation);
+                    if !fences.is_empty() {
+                        cx.broadcast(&Control::Access(AccessMsg::Trim { fences }));
+                    }
+                }
+            }
+            Event::PeerFailed { epoch, dead } => {
+                // A rank this replacement still pulls from died: the
+                // accesses it logged are gone with it until its own
+                // re-execution logs them again, so the replay cannot go on
+                // (003 assumes one failure at a time).
+                let cut_off = self.recovery.as_ref().and_then(|r| {
+                    dead.iter().copied().find(|d| {
+                        r.flags_pending.contains(d)
+                            || r.pulls.values().any(|p| p.waiting.contains(d))
+                    })
+                });
+                if let Some(d) = cut_off {
+                    self.counters.fallbacks += 1;
+                    self.report(cx);
+                    cx.emit(Action::Fail(Error::Unrecoverable(
+                        format!(
+                            "rank {d} died while rank {} replayed the accesses it logged: the job \
+                             falls back to the last coordinated checkpoint, which under rma is the \
+                             start",
+                            cx.rank
+                        )
+                        .into(),
+                    )));
+                }
+                for &d in dead {
+                    self.recovering.insert(d, BTreeSet::new());
+                    self.opened.retain(|&(t, _)| t != d);
+                    self.opening.retain(|&(t, _)| t != d);
+                }
+                self.p2p.handle(Event::PeerFailed { epoch, dead }, cx);
+            }
+            Event::Recover { epoch, replacement } => {
+                self.recovery = Some(Recovery::default());
+                self.opened.clear();
+                self.opening.clear();
+                self.p2p.handle(Event::Recover { epoch, replacement }, cx);
+            }
+            Event::Restored { generation } => {
+                self.p2p.handle(Event::Restored { generation }, cx);
+                if generation.is_none() {
+                    self.lp.clear();
+                    self.lp_bytes = 0;
+                    self.fences.clear();
+                }
+                let others: BTreeSet<Rank> = (0..cx.size).filter(|&r| r != cx.rank).collect();
+                for &r in &others {
+                    Self::send(cx, r, AccessMsg::Gather);
+                }
+                self.recovery = Some(Recovery {
+                    flags_pending: others,
+                    ..Recovery::default()
+                });
+            }
+            Event::Finish => {
+                self.p2p.handle(Event::Finish, cx);
+                self.report(cx);
+            }
+            other => self.p2p.handle(other, cx),
+        }
+    }
+}
+
+impl Rma {
+    /// Whether this replacement has not yet heard every rank's flags.
+    fn recovery_pending(&self) -> bool {
+        self.recovery
+            .as_ref()
+            .is_some_and(|r| !r.flags_pending.is_empty())
+    }
+}
