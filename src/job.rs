@@ -171,6 +171,10 @@ pub struct JobStats {
     /// `rma`: accesses a re-executing rank did not issue again.
     #[serde(default)]
     pub accesses_skipped: u64,
+    /// `rma`: accesses to a rank being recovered, held in the log for it
+    /// to pull.
+    #[serde(default)]
+    pub accesses_held: u64,
     /// `rma`: recoveries that fell back to the last coordinated checkpoint
     /// because an N or M flag was set (003 §3.2.3, §4.2).
     #[serde(default)]
@@ -258,6 +262,7 @@ impl JobStats {
         self.peak_access_log_bytes = self.peak_access_log_bytes.max(e.peak_access_log_bytes);
         self.accesses_replayed += e.accesses_replayed;
         self.accesses_skipped += e.accesses_skipped;
+        self.accesses_held += e.accesses_held;
         self.access_fallbacks += e.access_fallbacks;
         let syncs = self.set_syncs + e.set_syncs;
         if syncs > 0 {

@@ -229,6 +229,9 @@ pub enum Stat {
         /// Accesses a re-execution did not issue again (their targets had
         /// them).
         skipped: u64,
+        /// Accesses to a rank being recovered, held in the log for it to
+        /// pull instead of issued.
+        held: u64,
         /// Recoveries that fell back because an N or M flag was set.
         fallbacks: u64,
         /// Payload bytes the access log holds now.

@@ -660,9 +660,11 @@ impl StatsBook {
                 logged_bytes,
                 replayed,
                 skipped,
+                held,
                 fallbacks,
                 log_bytes,
             } => {
+                st.accesses_held += held;
                 st.accesses_logged += logged;
                 st.access_log_bytes += logged_bytes;
                 st.accesses_replayed += replayed;

@@ -3023,17 +3023,20 @@ impl Engine {
         }
         match self.ep.rma(self.window_epoch(), target, id, op.clone()) {
             Ok(r) => Ok(r),
-            Err(Error::Driver(_)) if self.direct_logged => {
-                // The target died: its accesses are logged, and its
-                // replacement pulls them (`rma`). Wait until the protocol
-                // knows, then until the replacement is live, and issue it
-                // to the replacement.
-                while self.proto.access_ready(target, id) {
+            Err(Error::Driver(why)) if self.direct_logged => {
+                // The target died: the access is logged, and its
+                // replacement pulls it (`rma`) once the protocol knows.
+                let deadline = self.ep.now() + Duration::from_secs(30);
+                while self.ep.now() < deadline {
                     self.check()?;
-                    self.progress(None)?;
+                    if self.proto.access_held(target, id) {
+                        return Ok(RmaReply::Done);
+                    }
+                    self.progress(Some(Duration::from_millis(50)))?;
                 }
-                self.await_access(id, target)?;
-                self.rma_raw(id, target, op)
+                Err(Error::Driver(format!(
+                    "RMA target {target} unavailable and no failure notice came: {why}"
+                )))
             }
             Err(Error::Driver(why)) => {
                 let deadline = self.ep.now() + Duration::from_secs(30);

@@ -879,11 +879,18 @@ pub trait Protocol: Send {
         false
     }
     /// Whether an access to `target` may be issued now (the engine waits,
-    /// handling arrivals, until it may): `rma` holds accesses to a rank
-    /// being recovered until it says it is live, and a combining access
-    /// until its target acknowledged the flag that says it is pending.
+    /// handling arrivals, until it may): under `rma`, a replacement's until
+    /// every rank told it what it has (so it knows what it regenerates),
+    /// and a combining access until its target acknowledged the flag that
+    /// says it is pending.
     fn access_ready(&self, _target: Rank, _window: crate::driver::WinId) -> bool {
         true
+    }
+    /// Whether an access to `target` on `window` is held in the protocol's
+    /// log instead of issued (`rma`: `target` is being recovered and pulls
+    /// it at its fences); the engine then completes it without the driver.
+    fn access_held(&self, _target: Rank, _window: crate::driver::WinId) -> bool {
+        false
     }
     /// Whether the fence entered on `window` may go on to its barrier
     /// (`rma`: a recovering rank first applies the epoch's logged accesses).

@@ -122,10 +122,19 @@ pub enum AccessMsg {
         /// The accesses, as `(EC, access)`, in issue order.
         accesses: Vec<(u64, RmaOp)>,
     },
-    /// A replacement is live on `window`: accesses to it go ahead.
+    /// A replacement is live on `window`: accesses to it go ahead through
+    /// the driver from now on; answered by `LiveAck`.
     Live {
         /// Window.
         window: WinId,
+    },
+    /// The sender holds no more accesses for the replacement on `window`;
+    /// those it held have at most the GNC `entered` (its fences entered).
+    LiveAck {
+        /// Window.
+        window: WinId,
+        /// Fences the sender had entered on `window`.
+        entered: u64,
     },
 }
 
@@ -138,6 +147,10 @@ struct Logged {
     /// The origin's epoch counter `E(p -> q)` (EC).
     ec: u64,
     op: RmaOp,
+    /// May be pulled by a replacement of the target: every access but
+    /// those issued to a replacement after it said it is live (which has
+    /// them). An access held for a recovering target has it too.
+    held: bool,
 }
 
 impl Logged {
@@ -197,8 +210,19 @@ struct Recovery {
     flags_pending: BTreeSet<Rank>,
     /// Per window, the pull under way.
     pulls: BTreeMap<WinId, Pull>,
-    /// Windows this replacement is live on.
-    live: BTreeSet<WinId>,
+    /// Windows this replacement is live on: the ranks that have not
+    /// acknowledged it yet, and the most fences entered by one that did
+    /// (epochs up to there may still hold accesses for it).
+    live: BTreeMap<WinId, (BTreeSet<Rank>, u64)>,
+}
+
+impl Recovery {
+    /// Whether the epoch `closing` on `window` must be pulled.
+    fn pulls_epoch(&self, window: WinId, closing: u64) -> bool {
+        self.live
+            .get(&window)
+            .is_none_or(|(unacked, last)| !unacked.is_empty() || closing <= *last)
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -207,6 +231,7 @@ struct Counters {
     logged_bytes: u64,
     replayed: u64,
     skipped: u64,
+    held: u64,
     fallbacks: u64,
 }
 
@@ -221,8 +246,13 @@ pub struct Rma {
     lp: BTreeMap<Rank, VecDeque<Logged>>,
     /// Payload bytes in `lp`.
     lp_bytes: usize,
-    /// Ranks being recovered, with the windows they are live on again.
+    /// Ranks being recovered, with the windows they are live on again
+    /// (accesses to them on other windows are held in the log, not
+    /// issued, and pulled by them).
     recovering: BTreeMap<Rank, BTreeSet<WinId>>,
+    /// Pulls that wait until this rank closes the epoch they ask for:
+    /// `(replacement, window, epoch)`.
+    deferred_pulls: Vec<(Rank, WinId, u64)>,
     /// `N_q[p]` held here: origins with an epoch of combining accesses to
     /// this rank open, per window.
     n_flags: BTreeSet<(Rank, WinId)>,
@@ -249,6 +279,7 @@ impl Rma {
             lp: BTreeMap::new(),
             lp_bytes: 0,
             recovering: BTreeMap::new(),
+            deferred_pulls: Vec::new(),
             n_flags: BTreeSet::new(),
             opened: BTreeSet::new(),
             opening: BTreeSet::new(),
@@ -289,18 +320,26 @@ impl Rma {
             }));
             return;
         }
+        // A rank being recovered pulls what is held for it at its fences;
+        // an access issued to it once it is live must not be pulled again.
+        let live = self.recovering.get(&target).map(|live| live.contains(&window));
+        let held = live == Some(false);
         let logged = Logged {
             window,
             gnc: self.fences.get(&window).copied().unwrap_or(0),
             ec,
             op: op.clone(),
+            held: live != Some(true),
         };
         let combining = logged.combining();
         self.counters.logged += 1;
         self.counters.logged_bytes += logged.bytes() as u64;
         self.lp_bytes += logged.bytes();
         self.lp.entry(target).or_default().push_back(logged);
-        if regenerating {
+        if held {
+            self.counters.held += 1;
+            cx.emit(Action::SkipAccess);
+        } else if regenerating {
             // The first execution applied it before messages the
             // receivers have: logged again, not applied twice.
             self.counters.skipped += 1;
@@ -314,11 +353,22 @@ impl Rma {
     fn on_fence_enter(&mut self, window: WinId, group: &[Rank], cx: &mut ProtocolCx<'_>) {
         let entered = self.fences.entry(window).or_insert(0);
         *entered += 1;
-        let closing = *entered - 1;
+        let (entered, closing) = (*entered, *entered - 1);
+        // Pulls of the epoch that closes here can be answered now: every
+        // access of it was logged.
+        let due: Vec<(Rank, WinId, u64)> = (self.deferred_pulls.iter())
+            .filter(|&&(_, w, e)| w == window && e < entered)
+            .copied()
+            .collect();
+        self.deferred_pulls
+            .retain(|&(_, w, e)| !(w == window && e < entered));
+        for (r, w, e) in due {
+            self.answer_pull(r, w, e, cx);
+        }
         let Some(rec) = self.recovery.as_mut() else {
             return;
         };
-        if rec.live.contains(&window) {
+        if !rec.pulls_epoch(window, closing) {
             return;
         }
         let waiting: BTreeSet<Rank> = group.iter().copied().filter(|&r| r != cx.rank).collect();
@@ -366,10 +416,34 @@ impl Rma {
             self.counters.replayed += 1;
             cx.emit(Action::ApplyAccess { window, op });
         }
-        if !pull.behind {
-            rec.live.insert(window);
+        // No rank has passed this fence: this rank is at the front, its
+        // window as it would have been. Until every rank acknowledges, some
+        // may still hold accesses for it, which later pulls fetch.
+        if !pull.behind && !rec.live.contains_key(&window) {
+            let others = (0..cx.size).filter(|&r| r != cx.rank).collect();
+            rec.live.insert(window, (others, 0));
             cx.broadcast(&Control::Access(AccessMsg::Live { window }));
         }
+    }
+
+    /// Answer a replacement's pull of `epoch` on `window` (this rank has
+    /// closed that epoch).
+    fn answer_pull(&self, r: Rank, window: WinId, epoch: u64, cx: &mut ProtocolCx<'_>) {
+        let accesses = (self.lp.get(&r).into_iter().flatten())
+            .filter(|a| a.held && a.window == window && a.gnc == epoch)
+            .map(|a| (a.ec, a.op.clone()))
+            .collect();
+        let entered = self.fences.get(&window).copied().unwrap_or(0);
+        Self::send(
+            cx,
+            r,
+            AccessMsg::Pulled {
+                window,
+                epoch,
+                entered,
+                accesses,
+            },
+        );
     }
 
     fn on_message(&mut self, src: Rank, m: AccessMsg, cx: &mut ProtocolCx<'_>) {
@@ -397,29 +471,38 @@ impl Rma {
                 }
             }
             AccessMsg::Gather => {
+                // `src` is a replacement: its windows get no access of ours
+                // until it is live on them (it exposes them only once every
+                // rank has answered this).
+                if !self.recovering.contains_key(&src) {
+                    self.recovering.insert(src, BTreeSet::new());
+                    for a in self.lp.get_mut(&src).into_iter().flatten() {
+                        a.held = true;
+                    }
+                }
+                self.ask_again(src, cx);
                 let n = self.n_flags.iter().any(|&(r, _)| r == src);
-                let m = (self.lp.get(&src)).is_some_and(|l| l.iter().any(Logged::combining));
+                // A replacement recovering too lost its N flags and has not
+                // regenerated its log yet: any combining access it logged
+                // may have been meant for the asker.
+                let m = if self.recovery.is_some() && !self.flags_known() {
+                    self.lp.values().flatten().any(Logged::combining)
+                } else {
+                    (self.lp.get(&src)).is_some_and(|l| l.iter().any(Logged::combining))
+                };
                 // The replacement starts a new line of epochs.
                 self.n_flags.retain(|&(r, _)| r != src);
                 Self::send(cx, src, AccessMsg::Flags { n, m });
             }
             AccessMsg::Flags { n, m } => self.on_flags(src, n, m, cx),
             AccessMsg::Pull { window, epoch } => {
-                let accesses = (self.lp.get(&src).into_iter().flatten())
-                    .filter(|a| a.window == window && a.gnc == epoch)
-                    .map(|a| (a.ec, a.op.clone()))
-                    .collect();
-                let entered = self.fences.get(&window).copied().unwrap_or(0);
-                Self::send(
-                    cx,
-                    src,
-                    AccessMsg::Pulled {
-                        window,
-                        epoch,
-                        entered,
-                        accesses,
-                    },
-                );
+                if self.fences.get(&window).copied().unwrap_or(0) > epoch {
+                    self.answer_pull(src, window, epoch, cx);
+                } else {
+                    // Still in that epoch (or a replacement behind): its
+                    // accesses are not all logged yet.
+                    self.deferred_pulls.push((src, window, epoch));
+                }
             }
             AccessMsg::Pulled {
                 window,
@@ -443,7 +526,36 @@ impl Rma {
                 if let Some(live) = self.recovering.get_mut(&src) {
                     live.insert(window);
                 }
+                let entered = self.fences.get(&window).copied().unwrap_or(0);
+                Self::send(cx, src, AccessMsg::LiveAck { window, entered });
             }
+            AccessMsg::LiveAck { window, entered } => {
+                if let Some((unacked, last)) =
+                    (self.recovery.as_mut()).and_then(|r| r.live.get_mut(&window))
+                    && unacked.remove(&src)
+                {
+                    *last = (*last).max(entered);
+                }
+            }
+        }
+    }
+
+    /// `r` was replaced while this rank's recovery waited for it: ask its
+    /// replacement again (its log is restored and regenerated; it answers
+    /// a pull once it has closed that epoch).
+    fn ask_again(&mut self, r: Rank, cx: &mut ProtocolCx<'_>) {
+        let Some(rec) = self.recovery.as_ref() else {
+            return;
+        };
+        if rec.flags_pending.contains(&r) {
+            Self::send(cx, r, AccessMsg::Gather);
+        }
+        let pulls: Vec<(WinId, u64)> = (rec.pulls.iter())
+            .filter(|(_, p)| p.waiting.contains(&r))
+            .map(|(&w, p)| (w, p.epoch))
+            .collect();
+        for (window, epoch) in pulls {
+            Self::send(cx, r, AccessMsg::Pull { window, epoch });
         }
     }
 
@@ -493,6 +605,7 @@ impl Rma {
             logged_bytes: c.logged_bytes - r.logged_bytes,
             replayed: c.replayed - r.replayed,
             skipped: c.skipped - r.skipped,
+            held: c.held - r.held,
             fallbacks: c.fallbacks - r.fallbacks,
             log_bytes: self.lp_bytes,
         }));
@@ -528,9 +641,11 @@ impl Protocol for Rma {
     fn access_ready(&self, target: Rank, window: WinId) -> bool {
         // A replacement knows which accesses it regenerates only once every
         // rank told it what it has (`Hsr`).
-        self.p2p.hsr_known()
-            && !self.opening.contains(&(target, window))
-            && (self.recovering.get(&target)).is_none_or(|live| live.contains(&window))
+        self.p2p.hsr_known() && !self.opening.contains(&(target, window))
+    }
+
+    fn access_held(&self, target: Rank, window: WinId) -> bool {
+        (self.recovering.get(&target)).is_some_and(|live| !live.contains(&window))
     }
 
     fn fence_ready(&self, window: WinId) -> bool {
@@ -540,7 +655,8 @@ impl Protocol for Rma {
     }
 
     fn exposure_ready(&self) -> bool {
-        self.p2p.hsr_known()
+        // Every rank has heard this rank is recovering (`Gather` answered).
+        self.p2p.hsr_known() && self.flags_known()
     }
 
     fn passive_target(&self) -> bool {
@@ -623,6 +739,8 @@ impl Protocol for Rma {
                     gnc: a.gnc,
                     ec: a.ec,
                     op,
+                    // Restored: the targets may have died with this rank.
+                    held: true,
                 });
             }
         }
@@ -687,33 +805,23 @@ impl Protocol for Rma {
                 }
             }
             Event::PeerFailed { epoch, dead } => {
-                // A rank this replacement still pulls from died: the
-                // accesses it logged are gone with it until its own
-                // re-execution logs them again, so the replay cannot go on
-                // (003 assumes one failure at a time).
-                let cut_off = self.recovery.as_ref().and_then(|r| {
-                    dead.iter().copied().find(|d| {
-                        r.flags_pending.contains(d)
-                            || r.pulls.values().any(|p| p.waiting.contains(d))
-                    })
-                });
-                if let Some(d) = cut_off {
-                    self.counters.fallbacks += 1;
-                    self.report(cx);
-                    cx.emit(Action::Fail(Error::Unrecoverable(
-                        format!(
-                            "rank {d} died while rank {} replayed the accesses it logged: the job \
-                             falls back to the last coordinated checkpoint, which under rma is the \
-                             start",
-                            cx.rank
-                        )
-                        .into(),
-                    )));
-                }
+                // A rank this replacement still waits for died: its
+                // replacement is asked again when it announces itself
+                // (`Gather`, `ask_again`).
                 for &d in dead {
                     self.recovering.insert(d, BTreeSet::new());
                     self.opened.retain(|&(t, _)| t != d);
                     self.opening.retain(|&(t, _)| t != d);
+                    self.deferred_pulls.retain(|&(r, _, _)| r != d);
+                    // What its window had is gone with it.
+                    for a in self.lp.get_mut(&d).into_iter().flatten() {
+                        a.held = true;
+                    }
+                    if let Some(rec) = self.recovery.as_mut() {
+                        for (unacked, _) in rec.live.values_mut() {
+                            unacked.remove(&d);
+                        }
+                    }
                 }
                 self.p2p.handle(Event::PeerFailed { epoch, dead }, cx);
             }
@@ -751,8 +859,13 @@ impl Protocol for Rma {
 impl Rma {
     /// Whether this replacement has not yet heard every rank's flags.
     fn recovery_pending(&self) -> bool {
+        !self.flags_known()
+    }
+
+    /// Whether no recovery of this rank waits for flags.
+    fn flags_known(&self) -> bool {
         self.recovery
             .as_ref()
-            .is_some_and(|r| !r.flags_pending.is_empty())
+            .is_none_or(|r| r.flags_pending.is_empty())
     }
 }
