@@ -20,13 +20,20 @@ const NODES: usize = 2;
 const ITERATIONS: u64 = 8;
 
 /// Protocols that recover (`none` gives the failure-free reference).
-const RECOVERING: [ProtocolKind; 5] = [
+const RECOVERING: [ProtocolKind; 6] = [
     ProtocolKind::Coordinated,
     ProtocolKind::ChandyLamport,
     ProtocolKind::Pessimistic,
     ProtocolKind::Ulml,
     ProtocolKind::Correlated,
+    ProtocolKind::Rma,
 ];
+
+/// `rma` protects fence epochs with puts and accumulates only (003 Alg. 2;
+/// gets and lock epochs are refused with a clear error).
+fn protects_all_epochs(p: &ProtocolKind) -> bool {
+    *p != ProtocolKind::Rma
+}
 
 /// Kills that land after a checkpoint taken inside a fence epoch (the
 /// checkpoint of every second safe point, `checkpoint_every(2)`).
@@ -169,13 +176,16 @@ const ULML_NODE_KILL_ON_PROCESSES: (Backend, ProtocolKind, &str) =
 /// Every recovering protocol, every backend, every kill: the
 /// values are those of the failure-free run. Every case runs, and the test
 /// fails listing each one that did not.
-fn survives_kills(program: Program, name: &str) {
+fn survives_kills(program: Program, name: &str, protocols: &[ProtocolKind]) {
     let cases = Backend::RECOVERING.into_iter().flat_map(|b| {
-        RECOVERING
-            .into_iter()
-            .flat_map(move |p| KILLS.into_iter().map(move |k| (b, p, k)))
+        (protocols.iter()).flat_map(move |&p| KILLS.into_iter().map(move |k| (b, p, k)))
     });
     survives(program, name, cases.collect());
+}
+
+/// The recovering protocols that protect every kind of epoch.
+fn all_epochs() -> Vec<ProtocolKind> {
+    RECOVERING.into_iter().filter(protects_all_epochs).collect()
 }
 
 /// Each case `(backend, protocol, kill)` gives the failure-free run's
@@ -222,7 +232,7 @@ fn survives(program: Program, name: &str, cases: Vec<(Backend, ProtocolKind, &st
 
 #[test]
 fn fence_epochs_survive_a_kill_under_every_protocol() {
-    survives_kills(fence_program, "fence epochs");
+    survives_kills(fence_program, "fence epochs", &RECOVERING);
 }
 
 /// See [`ULML_NODE_KILL_ON_PROCESSES`]: eight more runs of the case.
@@ -237,12 +247,12 @@ fn fence_epochs_under_ulml_on_processes_survive_a_node_kill() {
 
 #[test]
 fn closed_lock_epochs_survive_a_kill_under_every_protocol() {
-    survives_kills(lock_program, "lock epochs");
+    survives_kills(lock_program, "lock epochs", &all_epochs());
 }
 
 #[test]
 fn request_based_operations_survive_a_kill_under_every_protocol() {
-    survives_kills(request_program, "request-based operations");
+    survives_kills(request_program, "request-based operations", &all_epochs());
 }
 
 /// A GET whose response has not arrived is observable (`test` gives
@@ -350,8 +360,94 @@ fn a_safe_point_inside_a_lock_epoch_is_refused_under_every_protocol() {
                     msg.contains("passive-target") && msg.contains("unlock"),
                     "{what}: unclear message: {msg}"
                 ),
+                // `rma` refuses the lock itself, naming what it protects.
+                Err(Error::Rma { detail, .. }) if protocol == ProtocolKind::Rma => assert!(
+                    detail.contains("passive-target") && detail.contains("fences"),
+                    "{what}: unclear message: {detail}"
+                ),
                 other => panic!("{what}: expected NotSafePoint, got {other:?}"),
             }
         }
     }
+}
+
+/// `fence; loop { put (or accumulate) into the right neighbour; fence;
+/// read; fence; checkpoint }`, the program of 003 §4.2's question.
+fn combining_program(ctx: &mut Ctx, combining: bool) -> Result<u64> {
+    let world = ctx.world();
+    let (me, n) = (world.rank(), world.size());
+    let right = (me + 1) % n;
+    let win = world.allocate_window::<u64>(n)?;
+    let mut st: (u64, u64) = ctx.restore_or_else(|| (0, 0))?;
+    if st.0 == 0 {
+        win.fence()?;
+    }
+    while st.0 < ITERATIONS {
+        let v = st.1.wrapping_add(st.0 * 7 + me as u64) % 1_000_000;
+        if combining {
+            win.accumulate(right, me, &[v], lazarus::ReduceOp::Sum)?;
+        } else {
+            win.put(right, me, &[v])?;
+        }
+        win.fence()?;
+        let seen = win.with_local(digest)?;
+        let round = st.0;
+        mix(&mut st, seen, round);
+        // Nobody writes before everyone has read.
+        win.fence()?;
+        st.0 += 1;
+        ctx.set_progress(st.0 as f64 / ITERATIONS as f64);
+        ctx.checkpoint(&st)?;
+    }
+    Ok(st.1)
+}
+
+/// 003 §4.2 and §3.2.3 under `rma`: a recovery falls back to the last
+/// coordinated checkpoint (the start, under `rma` today) exactly when an
+/// origin's log holds a combining access to the dead rank (its M flag) or
+/// one of its epochs of combining accesses was open (N), and never for
+/// puts alone, on every backend. Both give the failure-free values.
+#[test]
+fn rma_falls_back_exactly_when_a_combining_access_may_replay_twice() {
+    let mut failed = Vec::new();
+    for backend in Backend::RECOVERING {
+        for combining in [false, true] {
+            let program = move |ctx: &mut Ctx| combining_program(ctx, combining);
+            let base = common::config(backend, RANKS).nodes(NODES);
+            let what = format!("{backend}, combining {combining}");
+            let reference = common::within(common::HANG_S, &what.clone(), {
+                let base = base.clone();
+                move || lazarus::run(&base, program)
+            })
+            .outcome
+            .unwrap_or_else(|e| panic!("{what}, failure-free: {e}"));
+            let cfg = base
+                .protocol(ProtocolKind::Rma)
+                .checkpoint_every(2)
+                .kill("1@i5".parse().expect("valid kill"));
+            let report = common::within(common::HANG_S, &what.clone(), move || {
+                lazarus::run(&cfg, program)
+            });
+            let st = &report.stats;
+            match report.outcome {
+                Err(e) => failed.push(format!("{what}: {e}")),
+                Ok(v) if v != reference => failed.push(format!(
+                    "{what}: {v:?} differs from the failure-free {reference:?}"
+                )),
+                Ok(_) => {
+                    let fell_back = st.access_fallbacks > 0 && st.job_restarts > 0;
+                    if fell_back != combining {
+                        failed.push(format!(
+                            "{what}: {} fallbacks, {} job restarts",
+                            st.access_fallbacks, st.job_restarts
+                        ));
+                    }
+                    if !combining && st.accesses_replayed == 0 {
+                        failed.push(format!("{what}: nothing replayed: {st:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

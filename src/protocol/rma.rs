@@ -322,7 +322,10 @@ impl Rma {
         }
         // A rank being recovered pulls what is held for it at its fences;
         // an access issued to it once it is live must not be pulled again.
-        let live = self.recovering.get(&target).map(|live| live.contains(&window));
+        let live = self
+            .recovering
+            .get(&target)
+            .map(|live| live.contains(&window));
         let held = live == Some(false);
         let logged = Logged {
             window,
@@ -867,5 +870,352 @@ impl Rma {
         self.recovery
             .as_ref()
             .is_none_or(|r| r.flags_pending.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::testing::Harness;
+
+    const W: WinId = 7;
+
+    fn rma() -> Rma {
+        Rma::with_p2p(Pessimistic::new(0, None))
+    }
+
+    fn put(offset: usize) -> RmaOp {
+        RmaOp::Put {
+            offset,
+            data: Bytes::from(vec![1u8; 8]),
+        }
+    }
+
+    fn accumulate() -> RmaOp {
+        RmaOp::Accumulate {
+            offset: 0,
+            data: Bytes::from(vec![1u8; 8]),
+            dtype: DType::U64,
+            op: ReduceOp::Sum,
+            fetch: false,
+        }
+    }
+
+    fn access(
+        h: &Harness,
+        p: &mut Rma,
+        target: Rank,
+        op: &RmaOp,
+        regenerating: bool,
+    ) -> Vec<Action> {
+        h.run(
+            p,
+            Event::Access {
+                window: W,
+                target,
+                op,
+                ec: 1,
+                regenerating,
+            },
+        )
+    }
+
+    fn fence(h: &Harness, p: &mut Rma) -> Vec<Action> {
+        h.run(
+            p,
+            Event::FenceEnter {
+                window: W,
+                group: &[0, 1, 2, 3],
+            },
+        )
+    }
+
+    /// The flags rank `asker` gets when it asks `p` (003 Alg. 2 lines 4–11).
+    fn flags(h: &Harness, p: &mut Rma, asker: Rank) -> (bool, bool) {
+        let a = h.control(p, asker, AccessMsg::Gather);
+        a.iter()
+            .find_map(|a| match a {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Access(AccessMsg::Flags { n, m }),
+                } if *dest == asker => Some((*n, *m)),
+                _ => None,
+            })
+            .expect("flags answered")
+    }
+
+    fn sent(actions: &[Action]) -> Vec<(Rank, AccessMsg)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Access(m),
+                } => Some((*dest, m.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// M (§4.2): set exactly while the origin's log to a rank holds a
+    /// combining access, cleared by the trim of that rank's checkpoint;
+    /// puts never set it. (Asking for the flags is a recovery, so each
+    /// case starts afresh.)
+    #[test]
+    fn m_is_set_exactly_while_a_combining_access_is_logged() {
+        let h = Harness::new(0, 4, 2);
+        let origin = |combining: bool, trim: Option<u64>| {
+            let mut p = rma();
+            fence(&h, &mut p); // GNC 1
+            access(&h, &mut p, 1, &put(0), false);
+            if combining {
+                let a = access(&h, &mut p, 1, &accumulate(), false);
+                // N first (Alg. 1 line 1): the access waits for the
+                // acknowledgement.
+                assert_eq!(sent(&a), vec![(1, AccessMsg::Open { window: W })]);
+                assert!(!p.access_ready(1, W));
+                h.control(&mut p, 1, AccessMsg::Opened { window: W });
+                assert!(p.access_ready(1, W));
+            }
+            if let Some(entered) = trim {
+                h.control(
+                    &mut p,
+                    1,
+                    AccessMsg::Trim {
+                        fences: vec![(W, entered)],
+                    },
+                );
+            }
+            p
+        };
+        assert_eq!(
+            flags(&h, &mut origin(false, None), 1),
+            (false, false),
+            "puts only"
+        );
+        assert_eq!(
+            flags(&h, &mut origin(true, None), 1),
+            (false, true),
+            "combining"
+        );
+        assert_eq!(
+            flags(&h, &mut origin(true, None), 2),
+            (false, false),
+            "its target only"
+        );
+        // Rank 1 checkpointed having entered one fence: GNC 1 may be in
+        // its piece or not, so the access stays.
+        assert_eq!(flags(&h, &mut origin(true, Some(1)), 1), (false, true));
+        let mut trimmed = origin(true, Some(2));
+        assert_eq!(trimmed.lp_bytes, 0);
+        assert_eq!(flags(&h, &mut trimmed, 1), (false, false), "trimmed");
+    }
+
+    /// N (§3.2.3): held by the target from `Open` to `Close`; the origin
+    /// closes when the fence that ends the epoch returns, once per epoch.
+    #[test]
+    fn n_is_held_by_the_target_while_the_epoch_is_open() {
+        let h = Harness::new(1, 4, 2);
+        let mut target = rma();
+        let a = h.control(&mut target, 0, AccessMsg::Open { window: W });
+        assert_eq!(sent(&a), vec![(0, AccessMsg::Opened { window: W })]);
+        h.control(&mut target, 0, AccessMsg::Close { window: W });
+        assert_eq!(flags(&h, &mut target, 0), (false, false));
+        h.control(&mut target, 0, AccessMsg::Open { window: W });
+        assert_eq!(flags(&h, &mut target, 0), (true, false));
+
+        let o = Harness::new(0, 4, 2);
+        let mut origin = rma();
+        fence(&o, &mut origin);
+        access(&o, &mut origin, 1, &accumulate(), false);
+        o.control(&mut origin, 1, AccessMsg::Opened { window: W });
+        let again = access(&o, &mut origin, 1, &accumulate(), false);
+        assert!(sent(&again).is_empty(), "one Open per epoch");
+        let closed = o.run(&mut origin, Event::FenceDone { window: W });
+        assert_eq!(sent(&closed), vec![(1, AccessMsg::Close { window: W })]);
+    }
+
+    /// A replacement falls back exactly when some rank reports N or M,
+    /// and otherwise replays: fences wait for the flags.
+    #[test]
+    fn a_replacement_falls_back_exactly_when_a_flag_is_set() {
+        for (bad, n, m) in [
+            (None, false, false),
+            (Some(3), false, true),
+            (Some(1), true, false),
+        ] {
+            let h = Harness::new(2, 4, 2);
+            let mut p = rma();
+            h.run(
+                &mut p,
+                Event::Recover {
+                    epoch: 1,
+                    replacement: true,
+                },
+            );
+            let a = h.run(&mut p, Event::Restored { generation: None });
+            let asked: Vec<Rank> = (sent(&a).into_iter())
+                .filter(|(_, m)| *m == AccessMsg::Gather)
+                .map(|(d, _)| d)
+                .collect();
+            assert_eq!(asked, vec![0, 1, 3]);
+            fence(&h, &mut p);
+            assert!(!p.fence_ready(W), "waits for the flags");
+            let mut failed = false;
+            for r in [0, 1, 3] {
+                let (n, m) = if Some(r) == bad {
+                    (n, m)
+                } else {
+                    (false, false)
+                };
+                let a = h.control(&mut p, r, AccessMsg::Flags { n, m });
+                failed |= a
+                    .iter()
+                    .any(|a| matches!(a, Action::Fail(Error::Unrecoverable(_))));
+            }
+            assert_eq!(failed, bad.is_some(), "{bad:?}");
+            assert_eq!(p.counters.fallbacks, u64::from(bad.is_some()));
+        }
+    }
+
+    /// Alg. 2's replay at a replacement's fence: the pulled accesses are
+    /// applied by EC, then origin, before the barrier; the replacement goes
+    /// live once no rank is past that fence, and pulls again until every
+    /// rank has acknowledged.
+    #[test]
+    fn a_replacement_replays_each_epoch_in_order_and_goes_live_at_the_front() {
+        let h = Harness::new(2, 4, 2);
+        let mut p = rma();
+        h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: true,
+            },
+        );
+        h.run(&mut p, Event::Restored { generation: None });
+        for r in [0, 1, 3] {
+            h.control(&mut p, r, AccessMsg::Flags { n: false, m: false });
+        }
+        let a = fence(&h, &mut p); // entered 1: pulls GNC 0
+        let pulls: Vec<Rank> = (sent(&a).into_iter())
+            .filter(|(_, m)| {
+                *m == AccessMsg::Pull {
+                    window: W,
+                    epoch: 0,
+                }
+            })
+            .map(|(d, _)| d)
+            .collect();
+        assert_eq!(pulls, vec![0, 1, 3]);
+        let pulled = |entered, accesses| AccessMsg::Pulled {
+            window: W,
+            epoch: 0,
+            entered,
+            accesses,
+        };
+        h.control(&mut p, 3, pulled(1, vec![(2, put(30)), (1, put(31))]));
+        h.control(&mut p, 0, pulled(2, vec![(1, put(0))]));
+        assert!(!p.fence_ready(W));
+        let a = h.control(&mut p, 1, pulled(1, vec![]));
+        let applied: Vec<usize> = (a.iter())
+            .filter_map(|a| match a {
+                Action::ApplyAccess {
+                    op: RmaOp::Put { offset, .. },
+                    ..
+                } => Some(*offset),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(applied, vec![0, 31, 30], "by EC, then origin");
+        assert!(p.fence_ready(W));
+        assert!(sent(&a).is_empty(), "rank 0 is past this fence: not live");
+        // Next fence: nobody is ahead any more.
+        fence(&h, &mut p);
+        let mut live = Vec::new();
+        for r in [0, 1, 3] {
+            let a = h.control(
+                &mut p,
+                r,
+                AccessMsg::Pulled {
+                    window: W,
+                    epoch: 1,
+                    entered: 2,
+                    accesses: vec![],
+                },
+            );
+            live.extend(sent(&a));
+        }
+        assert_eq!(live.len(), 3);
+        assert!(
+            live.iter()
+                .all(|(_, m)| *m == AccessMsg::Live { window: W })
+        );
+        // Until every rank acknowledged, it still pulls.
+        h.control(
+            &mut p,
+            0,
+            AccessMsg::LiveAck {
+                window: W,
+                entered: 2,
+            },
+        );
+        assert!(!sent(&fence(&h, &mut p)).is_empty(), "pulls GNC 2");
+    }
+
+    /// An origin holds an access to a rank being recovered in its log (the
+    /// replacement pulls it), answers a pull only once it has closed the
+    /// epoch, and issues directly once the replacement is live; a
+    /// re-executing origin skips what its targets already have.
+    #[test]
+    fn an_origin_holds_accesses_for_a_rank_being_recovered() {
+        let h = Harness::new(0, 4, 2);
+        let mut p = rma();
+        fence(&h, &mut p); // entered 1
+        access(&h, &mut p, 1, &put(8), false);
+        h.run(
+            &mut p,
+            Event::PeerFailed {
+                epoch: 1,
+                dead: &[1],
+            },
+        );
+        let a = access(&h, &mut p, 1, &put(16), false);
+        assert!(a.contains(&Action::SkipAccess), "held for the replacement");
+        assert!(p.access_held(1, W));
+        let a = h.control(
+            &mut p,
+            1,
+            AccessMsg::Pull {
+                window: W,
+                epoch: 1,
+            },
+        );
+        assert!(sent(&a).is_empty(), "epoch 1 is still open here");
+        let a = fence(&h, &mut p); // closes epoch 1
+        match sent(&a).as_slice() {
+            [(1, AccessMsg::Pulled { accesses, .. })] => {
+                let offsets: Vec<usize> = (accesses.iter())
+                    .filter_map(|(_, op)| match op {
+                        RmaOp::Put { offset, .. } => Some(*offset),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(
+                    offsets,
+                    vec![8, 16],
+                    "both: the first went to the dead rank"
+                );
+            }
+            other => panic!("expected the pull answered, got {other:?}"),
+        }
+        h.control(&mut p, 1, AccessMsg::Live { window: W });
+        let a = access(&h, &mut p, 1, &put(24), false);
+        assert!(!a.contains(&Action::SkipAccess), "live: issued");
+        let a = access(&h, &mut p, 2, &put(0), true);
+        assert!(
+            a.contains(&Action::SkipAccess),
+            "regenerated: the target has it"
+        );
     }
 }
