@@ -477,8 +477,8 @@ impl Rma {
                 // `src` is a replacement: its windows get no access of ours
                 // until it is live on them (it exposes them only once every
                 // rank has answered this).
-                if !self.recovering.contains_key(&src) {
-                    self.recovering.insert(src, BTreeSet::new());
+                if let std::collections::btree_map::Entry::Vacant(e) = self.recovering.entry(src) {
+                    e.insert(BTreeSet::new());
                     for a in self.lp.get_mut(&src).into_iter().flatten() {
                         a.held = true;
                     }
