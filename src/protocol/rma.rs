@@ -547,11 +547,22 @@ impl Rma {
     /// replacement again (its log is restored and regenerated; it answers
     /// a pull once it has closed that epoch).
     fn ask_again(&mut self, r: Rank, cx: &mut ProtocolCx<'_>) {
-        let Some(rec) = self.recovery.as_ref() else {
+        let unfinished = !self.recovered();
+        let Some(rec) = self.recovery.as_mut() else {
             return;
         };
-        if rec.flags_pending.contains(&r) {
+        // Until this rank is live and acknowledged on every window, `r`'s
+        // replacement must hold its accesses to it too: it learns so from
+        // a `Gather` (whose answer is ignored unless still awaited), and
+        // where this rank is live already, from `Live`, acknowledged again
+        // (both before its answer to `r`'s own `Gather`, for which `r`
+        // waits before any access).
+        if rec.flags_pending.contains(&r) || unfinished {
             Self::send(cx, r, AccessMsg::Gather);
+            for (&window, (unacked, _)) in rec.live.iter_mut() {
+                Self::send(cx, r, AccessMsg::Live { window });
+                unacked.insert(r);
+            }
         }
         let pulls: Vec<(WinId, u64)> = (rec.pulls.iter())
             .filter(|(_, p)| p.waiting.contains(&r))
@@ -643,8 +654,10 @@ impl Protocol for Rma {
 
     fn access_ready(&self, target: Rank, window: WinId) -> bool {
         // A replacement knows which accesses it regenerates only once every
-        // rank told it what it has (`Hsr`).
-        self.p2p.hsr_known() && !self.opening.contains(&(target, window))
+        // rank told it what it has (`Hsr`), and which ranks recover with it
+        // once every rank answered its `Gather` (a rank recovering too
+        // says so first, `ask_again`).
+        self.p2p.hsr_known() && self.flags_known() && !self.opening.contains(&(target, window))
     }
 
     fn access_held(&self, target: Rank, window: WinId) -> bool {
@@ -863,6 +876,18 @@ impl Rma {
     /// Whether this replacement has not yet heard every rank's flags.
     fn recovery_pending(&self) -> bool {
         !self.flags_known()
+    }
+
+    /// Whether this rank's recovery, if any, is over: flags heard, live on
+    /// every window it fenced (at least one) and acknowledged by all.
+    fn recovered(&self) -> bool {
+        self.recovery.as_ref().is_none_or(|r| {
+            r.flags_pending.is_empty()
+                && r.pulls.is_empty()
+                && !r.live.is_empty()
+                && r.live.values().all(|(unacked, _)| unacked.is_empty())
+                && self.fences.keys().all(|w| r.live.contains_key(w))
+        })
     }
 
     /// Whether no recovery of this rank waits for flags.
