@@ -321,6 +321,8 @@ struct ProcessEndpoint {
     replies_tx: Sender<Reply>,
     /// Notices and aborts decoded from control messages, not yet returned.
     ready: VecDeque<Incoming>,
+    /// The launcher said the job is complete (`JobComplete`).
+    job_completed: bool,
     /// Control messages that arrived while waiting for something else.
     stashed: VecDeque<WireMsg>,
     plan: FaultPlan,
@@ -543,7 +545,13 @@ impl ProcessEndpoint {
             WireMsg::Abort { rank, reason } => {
                 self.ready.push_back(Incoming::Abort { rank, reason })
             }
-            WireMsg::JobComplete => self.ready.push_back(Incoming::JobComplete),
+            WireMsg::JobComplete => {
+                // Remembered too: the engine may take it in before `flush`
+                // looks for it, and a receiver that died after the end
+                // never copies out what it was sent.
+                self.job_completed = true;
+                self.ready.push_back(Incoming::JobComplete)
+            }
             // A stale kill answer, or nothing a rank expects from the launcher.
             _ => {}
         }
@@ -1330,11 +1338,7 @@ impl Endpoint for ProcessEndpoint {
             if let Some(e) = self.aborted() {
                 return Err(e);
             }
-            if self
-                .ready
-                .iter()
-                .any(|i| matches!(i, Incoming::JobComplete))
-            {
+            if self.job_completed {
                 return Ok(());
             }
             let queued = self
@@ -1813,6 +1817,7 @@ pub(crate) fn run_worker<T: Serialize>(
         replies,
         replies_tx,
         ready: VecDeque::new(),
+        job_completed: false,
         stashed,
         armed: plan.armed_for(rank),
         plan,
