@@ -175,6 +175,10 @@ pub struct JobStats {
     /// to pull.
     #[serde(default)]
     pub accesses_held: u64,
+    /// `rma`: demand checkpoints asked for because an access log passed
+    /// half of `--log-budget` (003 §6.2).
+    #[serde(default)]
+    pub demand_checkpoints: u64,
     /// `rma`: recoveries that fell back to the last coordinated checkpoint
     /// because an N or M flag was set (003 §3.2.3, §4.2).
     #[serde(default)]
@@ -263,6 +267,7 @@ impl JobStats {
         self.accesses_replayed += e.accesses_replayed;
         self.accesses_skipped += e.accesses_skipped;
         self.accesses_held += e.accesses_held;
+        self.demand_checkpoints += e.demand_checkpoints;
         self.access_fallbacks += e.access_fallbacks;
         let syncs = self.set_syncs + e.set_syncs;
         if syncs > 0 {

@@ -1425,13 +1425,14 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     if st.accesses_logged + st.access_fallbacks > 0 {
         println!(
-            "access log (003 §3.2): {} accesses ({}) logged at their origin, peak {} on one rank; {} replayed into recovering windows ({} held for them), {} not issued again by a re-execution; {} recoveries fell back (N or M flag set)",
+            "access log (003 §3.2): {} accesses ({}) logged at their origin, peak {} on one rank; {} replayed into recovering windows ({} held for them), {} not issued again by a re-execution; {} demand checkpoints asked for; {} recoveries fell back (N or M flag set)",
             st.accesses_logged,
             human_bytes(st.access_log_bytes),
             human_bytes(st.peak_access_log_bytes),
             st.accesses_replayed,
             st.accesses_held,
             st.accesses_skipped,
+            st.demand_checkpoints,
             st.access_fallbacks
         );
     }

@@ -232,6 +232,8 @@ pub enum Stat {
         /// Accesses to a rank being recovered, held in the log for it to
         /// pull instead of issued.
         held: u64,
+        /// Demand checkpoints asked for (003 §6.2, `--log-budget`).
+        demanded: u64,
         /// Recoveries that fell back because an N or M flag was set.
         fallbacks: u64,
         /// Payload bytes the access log holds now.

@@ -661,9 +661,11 @@ impl StatsBook {
                 replayed,
                 skipped,
                 held,
+                demanded,
                 fallbacks,
                 log_bytes,
             } => {
+                st.demand_checkpoints += demanded;
                 st.accesses_held += held;
                 st.accesses_logged += logged;
                 st.access_log_bytes += logged_bytes;

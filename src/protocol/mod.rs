@@ -163,9 +163,13 @@ impl ProtocolKind {
                 sets,
                 placement,
             )),
-            ProtocolKind::Rma => Box::new(rma::Rma::with_p2p(bounded(
-                pessimistic::Pessimistic::new(checkpoint_every, log_budget),
-            ))),
+            ProtocolKind::Rma => Box::new(
+                rma::Rma::with_p2p(bounded(pessimistic::Pessimistic::new(
+                    checkpoint_every,
+                    log_budget,
+                )))
+                .with_log_budget(log_budget),
+            ),
         }
     }
 

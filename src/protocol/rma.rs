@@ -59,7 +59,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::pessimistic::Pessimistic;
+use super::pessimistic::{LogMsg, Pessimistic};
 use super::{Action, Control, Event, Protocol, ProtocolCx, SsnOut};
 use crate::api::datatype::{DType, ReduceOp};
 use crate::driver::{RmaOp, Stat, WinId};
@@ -233,6 +233,7 @@ struct Counters {
     skipped: u64,
     held: u64,
     fallbacks: u64,
+    demanded: u64,
 }
 
 /// State of the `rma` protocol on one rank.
@@ -265,6 +266,11 @@ pub struct Rma {
     /// A replacement's recovery, until it is live on every window it
     /// fences.
     recovery: Option<Recovery>,
+    /// `--log-budget`: past half of it, the target with the most logged
+    /// bytes is asked for a checkpoint (003 §6.2's demand checkpoint).
+    log_budget: Option<usize>,
+    /// Targets asked for a demand checkpoint that have not trimmed since.
+    asked: BTreeSet<Rank>,
     counters: Counters,
     reported: Counters,
 }
@@ -285,6 +291,8 @@ impl Rma {
             opening: BTreeSet::new(),
             capturing: BTreeMap::new(),
             recovery: None,
+            log_budget: None,
+            asked: BTreeSet::new(),
             counters: Counters::default(),
             reported: Counters::default(),
         }
@@ -295,6 +303,39 @@ impl Rma {
             dest,
             msg: Control::Access(m),
         });
+    }
+
+    /// Ask targets for demand checkpoints once the access log passes half
+    /// of `log_budget` (003 §6.2: "the target checkpoints, sources trim").
+    pub(crate) fn with_log_budget(mut self, log_budget: Option<usize>) -> Self {
+        self.log_budget = log_budget;
+        self
+    }
+
+    /// Past half the budget: the target with the most logged bytes, not
+    /// asked yet, checkpoints at its next safe point that meets the epoch
+    /// condition; its `Trim` shrinks this log.
+    fn demand_checkpoint(&mut self, cx: &mut ProtocolCx<'_>) {
+        let Some(budget) = self.log_budget else {
+            return;
+        };
+        if self.lp_bytes <= budget / 2 {
+            return;
+        }
+        let largest = (self.lp.iter())
+            .filter(|(t, _)| !self.asked.contains(t))
+            .map(|(&t, log)| (log.iter().map(Logged::bytes).sum::<usize>(), t))
+            .max();
+        if let Some((bytes, t)) = largest
+            && bytes > 0
+        {
+            self.asked.insert(t);
+            self.counters.demanded += 1;
+            cx.emit(Action::Transmit {
+                dest: t,
+                msg: Control::Log(LogMsg::CheckpointRequest),
+            });
+        }
     }
 
     /// Log an access before it is issued; skip it when the target has it.
@@ -339,6 +380,7 @@ impl Rma {
         self.counters.logged_bytes += logged.bytes() as u64;
         self.lp_bytes += logged.bytes();
         self.lp.entry(target).or_default().push_back(logged);
+        self.demand_checkpoint(cx);
         if held {
             self.counters.held += 1;
             cx.emit(Action::SkipAccess);
@@ -462,6 +504,7 @@ impl Rma {
                 self.n_flags.remove(&(src, window));
             }
             AccessMsg::Trim { fences } => {
+                self.asked.remove(&src);
                 if let Some(log) = self.lp.get_mut(&src) {
                     let before: usize = log.iter().map(Logged::bytes).sum();
                     log.retain(|a| {
@@ -620,6 +663,7 @@ impl Rma {
             replayed: c.replayed - r.replayed,
             skipped: c.skipped - r.skipped,
             held: c.held - r.held,
+            demanded: c.demanded - r.demanded,
             fallbacks: c.fallbacks - r.fallbacks,
             log_bytes: self.lp_bytes,
         }));
@@ -829,6 +873,7 @@ impl Protocol for Rma {
                     self.opened.retain(|&(t, _)| t != d);
                     self.opening.retain(|&(t, _)| t != d);
                     self.deferred_pulls.retain(|&(r, _, _)| r != d);
+                    self.asked.remove(&d);
                     // What its window had is gone with it.
                     for a in self.lp.get_mut(&d).into_iter().flatten() {
                         a.held = true;
