@@ -95,12 +95,15 @@ pub enum AccessMsg {
     /// A replacement asks every rank for its flags about it (Alg. 2 lines
     /// 4–11).
     Gather,
-    /// The answer: `N_q[p_f]` (any window) and `M_q[p_f]`.
+    /// The answer: `N_q[p_f]` (any window) and `M_q[p_f]`, with the
+    /// fences the sender has completed per window.
     Flags {
         /// An origin-side epoch with combining accesses was open.
         n: bool,
         /// The log holds a combining access to the replacement's rank.
         m: bool,
+        /// `(window, fences completed)`.
+        done: Vec<(WinId, u64)>,
     },
     /// A replacement entering a fence on `window`: the accesses logged for
     /// it with GNC `epoch` (the epoch that closes).
@@ -119,6 +122,8 @@ pub enum AccessMsg {
         epoch: u64,
         /// Fences the sender has entered on `window`.
         entered: u64,
+        /// Fences the sender has completed on `window`.
+        done: u64,
         /// The accesses, as `(EC, access)`, in issue order.
         accesses: Vec<(u64, RmaOp)>,
     },
@@ -243,6 +248,11 @@ pub struct Rma {
     p2p: Pessimistic,
     /// Fences entered per window (the GNC of accesses on it).
     fences: BTreeMap<WinId, u64>,
+    /// Fences completed per window (their barriers returned).
+    done: BTreeMap<WinId, u64>,
+    /// The most fences each other rank said it had completed per window:
+    /// an access of an epoch it has closed for good reached it already.
+    peer_done: BTreeMap<(Rank, WinId), u64>,
     /// LP: accesses this rank issued to each other rank, in issue order.
     lp: BTreeMap<Rank, VecDeque<Logged>>,
     /// Payload bytes in `lp`.
@@ -282,6 +292,8 @@ impl Rma {
         Rma {
             p2p,
             fences: BTreeMap::new(),
+            done: BTreeMap::new(),
+            peer_done: BTreeMap::new(),
             lp: BTreeMap::new(),
             lp_bytes: 0,
             recovering: BTreeMap::new(),
@@ -376,17 +388,27 @@ impl Rma {
             held: live != Some(true),
         };
         let combining = logged.combining();
+        let logged_gnc = logged.gnc;
         self.counters.logged += 1;
         self.counters.logged_bytes += logged.bytes() as u64;
         self.lp_bytes += logged.bytes();
         self.lp.entry(target).or_default().push_back(logged);
         self.demand_checkpoint(cx);
+        // The first execution applied it already when it came before
+        // messages a receiver has (`regenerating`), or when the target has
+        // completed the fence that closes its epoch (all its origins had
+        // entered that fence, so completed the epoch's accesses). Neither
+        // holds only where the target cannot have completed that fence
+        // yet: no later message of the first execution reached a live
+        // rank, so it waits for this re-execution's, and nobody writes the
+        // accessed memory before (MPI's epoch rule): issuing it again is
+        // harmless for a put; an accumulate's epoch has its N flag.
+        let closed = (self.peer_done.get(&(target, window))).is_some_and(|&d| d > logged_gnc);
         if held {
             self.counters.held += 1;
             cx.emit(Action::SkipAccess);
-        } else if regenerating {
-            // The first execution applied it before messages the
-            // receivers have: logged again, not applied twice.
+        } else if regenerating || closed {
+            // Logged again, not applied twice.
             self.counters.skipped += 1;
             cx.emit(Action::SkipAccess);
         } else if combining && self.opened.insert((target, window)) {
@@ -479,6 +501,7 @@ impl Rma {
             .map(|a| (a.ec, a.op.clone()))
             .collect();
         let entered = self.fences.get(&window).copied().unwrap_or(0);
+        let done = self.done.get(&window).copied().unwrap_or(0);
         Self::send(
             cx,
             r,
@@ -486,6 +509,7 @@ impl Rma {
                 window,
                 epoch,
                 entered,
+                done,
                 accesses,
             },
         );
@@ -538,9 +562,15 @@ impl Rma {
                 };
                 // The replacement starts a new line of epochs.
                 self.n_flags.retain(|&(r, _)| r != src);
-                Self::send(cx, src, AccessMsg::Flags { n, m });
+                let done = self.done.iter().map(|(&w, &d)| (w, d)).collect();
+                Self::send(cx, src, AccessMsg::Flags { n, m, done });
             }
-            AccessMsg::Flags { n, m } => self.on_flags(src, n, m, cx),
+            AccessMsg::Flags { n, m, done } => {
+                for (w, d) in done {
+                    self.learn_done(src, w, d);
+                }
+                self.on_flags(src, n, m, cx)
+            }
             AccessMsg::Pull { window, epoch } => {
                 if self.fences.get(&window).copied().unwrap_or(0) > epoch {
                     self.answer_pull(src, window, epoch, cx);
@@ -554,8 +584,10 @@ impl Rma {
                 window,
                 epoch,
                 entered,
+                done,
                 accesses,
             } => {
+                self.learn_done(src, window, done);
                 let mine = self.fences.get(&window).copied().unwrap_or(0);
                 if let Some(pull) = (self.recovery.as_mut())
                     .and_then(|r| r.pulls.get_mut(&window))
@@ -584,6 +616,12 @@ impl Rma {
                 }
             }
         }
+    }
+
+    /// `r` said it has completed `done` fences on `window`.
+    fn learn_done(&mut self, r: Rank, window: WinId, done: u64) {
+        let d = self.peer_done.entry((r, window)).or_insert(0);
+        *d = (*d).max(done);
     }
 
     /// `r` was replaced while this rank's recovery waited for it: ask its
@@ -805,6 +843,8 @@ impl Protocol for Rma {
             }
         }
         self.fences = st.fences.into_iter().collect();
+        // A piece is captured right after a fence completed.
+        self.done = self.fences.clone();
         Ok(())
     }
 
@@ -823,6 +863,7 @@ impl Protocol for Rma {
             } => self.on_access((window, target), op, ec, regenerating, cx),
             Event::FenceEnter { window, group } => self.on_fence_enter(window, group, cx),
             Event::FenceDone { window } => {
+                *self.done.entry(window).or_insert(0) += 1;
                 // Alg. 1 line 8: the epoch is closed.
                 let closed: Vec<(Rank, WinId)> = (self.opened.iter())
                     .filter(|&&(_, w)| w == window)
@@ -869,6 +910,8 @@ impl Protocol for Rma {
                 // replacement is asked again when it announces itself
                 // (`Gather`, `ask_again`).
                 for &d in dead {
+                    // Its replacement starts again from its checkpoint.
+                    self.peer_done.retain(|&(r, _), _| r != d);
                     self.recovering.insert(d, BTreeSet::new());
                     self.opened.retain(|&(t, _)| t != d);
                     self.opening.retain(|&(t, _)| t != d);
@@ -898,6 +941,7 @@ impl Protocol for Rma {
                     self.lp.clear();
                     self.lp_bytes = 0;
                     self.fences.clear();
+                    self.done.clear();
                 }
                 let others: BTreeSet<Rank> = (0..cx.size).filter(|&r| r != cx.rank).collect();
                 for &r in &others {
@@ -1007,7 +1051,7 @@ mod tests {
             .find_map(|a| match a {
                 Action::Transmit {
                     dest,
-                    msg: Control::Access(AccessMsg::Flags { n, m }),
+                    msg: Control::Access(AccessMsg::Flags { n, m, .. }),
                 } if *dest == asker => Some((*n, *m)),
                 _ => None,
             })
@@ -1138,7 +1182,7 @@ mod tests {
                 } else {
                     (false, false)
                 };
-                let a = h.control(&mut p, r, AccessMsg::Flags { n, m });
+                let a = h.control(&mut p, r, AccessMsg::Flags { n, m, done: vec![] });
                 failed |= a
                     .iter()
                     .any(|a| matches!(a, Action::Fail(Error::Unrecoverable(_))));
@@ -1165,7 +1209,15 @@ mod tests {
         );
         h.run(&mut p, Event::Restored { generation: None });
         for r in [0, 1, 3] {
-            h.control(&mut p, r, AccessMsg::Flags { n: false, m: false });
+            h.control(
+                &mut p,
+                r,
+                AccessMsg::Flags {
+                    n: false,
+                    m: false,
+                    done: vec![],
+                },
+            );
         }
         let a = fence(&h, &mut p); // entered 1: pulls GNC 0
         let pulls: Vec<Rank> = (sent(&a).into_iter())
@@ -1182,6 +1234,7 @@ mod tests {
             window: W,
             epoch: 0,
             entered,
+            done: entered - 1,
             accesses,
         };
         h.control(&mut p, 3, pulled(1, vec![(2, put(30)), (1, put(31))]));
@@ -1211,6 +1264,7 @@ mod tests {
                     window: W,
                     epoch: 1,
                     entered: 2,
+                    done: 1,
                     accesses: vec![],
                 },
             );
@@ -1287,5 +1341,20 @@ mod tests {
             a.contains(&Action::SkipAccess),
             "regenerated: the target has it"
         );
+        // A target that completed the fence closing this epoch (GNC 2) has
+        // it too, regenerating or not; one still before that fence not.
+        let done = |d| AccessMsg::Flags {
+            n: false,
+            m: false,
+            done: vec![(W, d)],
+        };
+        let a = access(&h, &mut p, 3, &put(0), false);
+        assert!(!a.contains(&Action::SkipAccess));
+        h.control(&mut p, 3, done(2));
+        let a = access(&h, &mut p, 3, &put(0), false);
+        assert!(!a.contains(&Action::SkipAccess), "fence 2 closed epoch 1");
+        h.control(&mut p, 3, done(3));
+        let a = access(&h, &mut p, 3, &put(0), false);
+        assert!(a.contains(&Action::SkipAccess), "fence 3 closed epoch 2");
     }
 }
