@@ -207,11 +207,16 @@ fn ft_survives_every_scenario() {
     // checkpointed, and under message logging each put is a logged
     // request. Then by a two-sided all-to-all, under the protocol of each
     // kind.
+    // `rma` (003 §3.2–§4) logs the puts at their origin instead and
+    // replays them into a recovering rank's window at its fences.
     let put = AppParams {
         transpose: Some(Exchange::Put),
         ..common::class('S')
     };
-    check_app(AppKind::Ft, put, 4, 1, MESSAGE_PASSING);
+    let with_rma: Vec<ProtocolKind> = (MESSAGE_PASSING.iter().copied())
+        .chain([ProtocolKind::Rma])
+        .collect();
+    check_app(AppKind::Ft, put, 4, 1, &with_rma);
     let all_to_all = AppParams {
         transpose: Some(Exchange::AllToAll),
         ..common::class('S')
