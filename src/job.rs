@@ -639,6 +639,11 @@ fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
         call,
         protocol: cfg.protocol.name().into(),
         protocol_override: Some(cfg.protocol),
+        protocol_settings: launcher::ProtocolSettings {
+            log_budget: cfg.log_budget,
+            sets: cfg.sets,
+            checkpoint_scheme: cfg.checkpoint_scheme,
+        },
         quiet_stdout: cfg.worker_args.is_some(),
         progress_bar: cfg.progress_bar,
         earlier,
@@ -664,10 +669,15 @@ where
     T: Serialize + DeserializeOwned + Send + 'static,
     F: Fn(&mut Ctx) -> Result<T> + Send + Sync + 'static,
 {
-    // The launcher decides the job's shape and failures.
+    // The launcher decides the job's shape and failures, and the protocol
+    // with its settings when it imposes one.
+    let imposed = env.protocol.map(|_| env.protocol_settings);
     let cfg = Config {
         backend: Backend::Processes,
         protocol: env.protocol.unwrap_or(cfg.protocol),
+        log_budget: imposed.map_or(cfg.log_budget, |s| s.log_budget),
+        sets: imposed.map_or(cfg.sets, |s| s.sets),
+        checkpoint_scheme: imposed.map_or(cfg.checkpoint_scheme, |s| s.checkpoint_scheme),
         ranks: env.size,
         nodes: env.nodes,
         kills: env.kills.clone(),

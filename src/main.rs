@@ -311,6 +311,7 @@ fn cmd_launch(args: &LaunchArgs) -> anyhow::Result<bool> {
         call: None,
         protocol: "(the program's)".into(),
         protocol_override: None,
+        protocol_settings: Default::default(),
         trace: args
             .trace
             .as_ref()

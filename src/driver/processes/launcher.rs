@@ -56,6 +56,18 @@ use crate::job::{FailureDetection, JobStats};
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
+/// The settings of `Config` that go with its protocol, imposed on rank
+/// processes with it (see [`LaunchSpec::protocol_settings`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProtocolSettings {
+    /// `Config::log_budget`.
+    pub log_budget: Option<usize>,
+    /// `Config::sets`.
+    pub sets: crate::protocol::correlated::SetRule,
+    /// `Config::checkpoint_scheme`.
+    pub checkpoint_scheme: crate::protocol::coordinated::CheckpointScheme,
+}
+
 /// How to start a job's rank processes.
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -98,6 +110,11 @@ pub struct LaunchSpec {
     /// Impose this protocol on the ranks (the launching `run` call's), or
     /// leave it to the program (`lazarus launch`).
     pub protocol_override: Option<crate::protocol::ProtocolKind>,
+    /// With `protocol_override`: the settings that go with the protocol
+    /// (`Config::compared_under` clears them for others), imposed too: a
+    /// rank process of `lazarus bench` runs the program's first `run`
+    /// call, made for the first protocol compared.
+    pub protocol_settings: ProtocolSettings,
     /// Record the ranks' timeline (`Config::trace`), into `JobStats::trace`.
     pub trace: Option<Duration>,
     /// Where the rank processes run.
@@ -789,6 +806,18 @@ impl<'a> Launcher<'a> {
         }
         if let Some(p) = s.protocol_override {
             env.push((var::PROTOCOL, p.name().into()));
+            let ProtocolSettings {
+                log_budget,
+                sets,
+                checkpoint_scheme,
+            } = s.protocol_settings;
+            if let Some(b) = log_budget {
+                env.push((var::LOG_BUDGET, b.to_string()));
+            }
+            if let crate::protocol::correlated::SetRule::Consecutive(n) = sets {
+                env.push((var::SETS, n.to_string()));
+            }
+            env.push((var::CHECKPOINT_SCHEME, checkpoint_scheme.name().into()));
         }
         // Ranks sharing this rank's host: every rank here, or those of its
         // failure domain when an agent per node starts them (a rank moved
@@ -2132,6 +2161,7 @@ mod tests {
             progress_bar: false,
             quiet_stdout: true,
             protocol_override: Some(crate::ProtocolKind::Coordinated),
+            protocol_settings: ProtocolSettings::default(),
             trace: None,
             hosts: Hosts::Local,
             sets: Default::default(),

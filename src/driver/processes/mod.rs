@@ -77,6 +77,9 @@ pub(crate) mod var {
     pub const SELF_LAUNCH: &str = "LAZARUS_SELF_LAUNCH";
     pub const CALL: &str = "LAZARUS_CALL";
     pub const PROTOCOL: &str = "LAZARUS_PROTOCOL";
+    pub const LOG_BUDGET: &str = "LAZARUS_LOG_BUDGET";
+    pub const SETS: &str = "LAZARUS_SETS";
+    pub const CHECKPOINT_SCHEME: &str = "LAZARUS_CHECKPOINT_SCHEME";
     pub const EARLIER: &str = "LAZARUS_EARLIER";
     pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
     pub const HOST_RANKS: &str = "LAZARUS_HOST_RANKS";
@@ -120,8 +123,10 @@ pub(crate) struct LaunchEnv {
     /// the first; `Some(k)` (a test harness), the `k`-th of the calls whose
     /// configuration names `worker_args` (the launcher counts only those).
     pub call: Option<usize>,
-    /// The protocol the launcher imposes, if any.
+    /// The protocol the launcher imposes, if any, with its settings.
     pub protocol: Option<crate::protocol::ProtocolKind>,
+    /// The settings imposed with `protocol`.
+    pub protocol_settings: launcher::ProtocolSettings,
     /// File with the results of the program's earlier `run` calls.
     pub earlier: Option<PathBuf>,
     /// The job's shared-memory directory (rings between ranks on this
@@ -207,6 +212,19 @@ impl LaunchEnv {
             protocol: match std::env::var(var::PROTOCOL) {
                 Ok(p) => Some(p.parse()?),
                 Err(_) => None,
+            },
+            protocol_settings: launcher::ProtocolSettings {
+                log_budget: num(var::LOG_BUDGET).ok(),
+                sets: match num(var::SETS) {
+                    Ok(n) => crate::protocol::correlated::SetRule::Consecutive(n),
+                    Err(_) => Default::default(),
+                },
+                checkpoint_scheme: match std::env::var(var::CHECKPOINT_SCHEME) {
+                    Ok(s) => s
+                        .parse()
+                        .map_err(|e| Error::config(var::CHECKPOINT_SCHEME, e))?,
+                    Err(_) => Default::default(),
+                },
             },
         })
     }
