@@ -687,9 +687,7 @@ impl Protocol for Correlated {
         "correlated"
     }
 
-    fn rolls_back_survivors(&self) -> bool {
-        false
-    }
+    over_p2p!();
 
     fn one_sided_as_messages(&self) -> bool {
         true // logged as messages (`engine/rma_messages.rs`)
@@ -697,22 +695,6 @@ impl Protocol for Correlated {
 
     fn rolled_back_with(&self, dead: &[Rank]) -> Vec<Rank> {
         rolled_back_with(self.rule, &self.placement, dead)
-    }
-
-    fn send_ready(&self) -> bool {
-        self.p2p.send_ready()
-    }
-
-    fn send_wait(&self) -> Option<String> {
-        self.p2p.send_wait()
-    }
-
-    fn send_stalled(&self) -> Option<String> {
-        self.p2p.send_stalled()
-    }
-
-    fn regenerating(&self, ssn_out: &super::SsnOut) -> bool {
-        self.p2p.regenerating(ssn_out)
     }
 
     fn state_size_hint(&self) -> usize {

@@ -21,6 +21,34 @@
 //! | [`rma`] | 003 §3–§4 | fence epochs (puts, accumulates); gets and lock epochs planned |
 //! | `proactive` | 001 | planned |
 
+/// The `Protocol` methods of a protocol built over
+/// [`pessimistic::Pessimistic`] (its field `p2p`) that it hands on: only the
+/// dead roll back, sends leave when the point-to-point log says, and the
+/// re-execution regenerates what it says.
+macro_rules! over_p2p {
+    () => {
+        fn rolls_back_survivors(&self) -> bool {
+            false
+        }
+
+        fn send_ready(&self) -> bool {
+            self.p2p.send_ready()
+        }
+
+        fn send_wait(&self) -> Option<String> {
+            self.p2p.send_wait()
+        }
+
+        fn send_stalled(&self) -> Option<String> {
+            self.p2p.send_stalled()
+        }
+
+        fn regenerating(&self, ssn_out: &$crate::protocol::SsnOut) -> bool {
+            self.p2p.regenerating(ssn_out)
+        }
+    };
+}
+
 pub mod chandy_lamport;
 pub mod coordinated;
 pub mod correlated;

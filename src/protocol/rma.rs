@@ -60,7 +60,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::pessimistic::{LogMsg, Pessimistic};
-use super::{Action, Control, Event, Protocol, ProtocolCx, SsnOut};
+use super::{Action, Control, Event, Protocol, ProtocolCx};
 use crate::api::datatype::{DType, ReduceOp};
 use crate::driver::{RmaOp, Stat, WinId};
 use crate::engine::frame::{append_with_blobs, take_with_blobs};
@@ -714,25 +714,7 @@ impl Protocol for Rma {
         "rma"
     }
 
-    fn rolls_back_survivors(&self) -> bool {
-        false
-    }
-
-    fn send_ready(&self) -> bool {
-        self.p2p.send_ready()
-    }
-
-    fn send_wait(&self) -> Option<String> {
-        self.p2p.send_wait()
-    }
-
-    fn send_stalled(&self) -> Option<String> {
-        self.p2p.send_stalled()
-    }
-
-    fn regenerating(&self, ssn_out: &SsnOut) -> bool {
-        self.p2p.regenerating(ssn_out)
-    }
+    over_p2p!();
 
     fn access_ready(&self, target: Rank, window: WinId) -> bool {
         // A replacement knows which accesses it regenerates only once every
@@ -1044,6 +1026,21 @@ mod tests {
         )
     }
 
+    /// A replacement of `h`'s rank, restored from the beginning; what it
+    /// emitted at the restore.
+    fn replacement(h: &Harness) -> (Rma, Vec<Action>) {
+        let mut p = rma();
+        h.run(
+            &mut p,
+            Event::Recover {
+                epoch: 1,
+                replacement: true,
+            },
+        );
+        let a = h.run(&mut p, Event::Restored { generation: None });
+        (p, a)
+    }
+
     /// The flags rank `asker` gets when it asks `p` (003 Alg. 2 lines 4–11).
     fn flags(h: &Harness, p: &mut Rma, asker: Rank) -> (bool, bool) {
         let a = h.control(p, asker, AccessMsg::Gather);
@@ -1159,15 +1156,7 @@ mod tests {
             (Some(1), true, false),
         ] {
             let h = Harness::new(2, 4, 2);
-            let mut p = rma();
-            h.run(
-                &mut p,
-                Event::Recover {
-                    epoch: 1,
-                    replacement: true,
-                },
-            );
-            let a = h.run(&mut p, Event::Restored { generation: None });
+            let (mut p, a) = replacement(&h);
             let asked: Vec<Rank> = (sent(&a).into_iter())
                 .filter(|(_, m)| *m == AccessMsg::Gather)
                 .map(|(d, _)| d)
@@ -1199,15 +1188,7 @@ mod tests {
     #[test]
     fn a_replacement_replays_each_epoch_in_order_and_goes_live_at_the_front() {
         let h = Harness::new(2, 4, 2);
-        let mut p = rma();
-        h.run(
-            &mut p,
-            Event::Recover {
-                epoch: 1,
-                replacement: true,
-            },
-        );
-        h.run(&mut p, Event::Restored { generation: None });
+        let (mut p, _) = replacement(&h);
         for r in [0, 1, 3] {
             h.control(
                 &mut p,

@@ -799,28 +799,10 @@ impl Protocol for Ulml {
         "ulml"
     }
 
-    fn rolls_back_survivors(&self) -> bool {
-        false
-    }
+    over_p2p!();
 
     fn one_sided_as_messages(&self) -> bool {
         true // logged as messages (`engine/rma_messages.rs`)
-    }
-
-    fn send_ready(&self) -> bool {
-        self.p2p.send_ready()
-    }
-
-    fn send_wait(&self) -> Option<String> {
-        self.p2p.send_wait()
-    }
-
-    fn send_stalled(&self) -> Option<String> {
-        self.p2p.send_stalled()
-    }
-
-    fn regenerating(&self, ssn_out: &super::SsnOut) -> bool {
-        self.p2p.regenerating(ssn_out)
     }
 
     fn logs_collective_results(&self) -> bool {
