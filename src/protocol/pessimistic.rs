@@ -435,6 +435,21 @@ impl Pessimistic {
             .collect()
     }
 
+    /// Hand a safe point on; the generation it captured, if it did (a
+    /// protocol built over this one records what goes with it).
+    pub(crate) fn safe_point_captures(
+        &mut self,
+        index: u64,
+        cx: &mut ProtocolCx<'_>,
+    ) -> Option<u64> {
+        let before = cx.actions.len();
+        self.handle(Event::SafePoint { index }, cx);
+        cx.actions[before..].iter().find_map(|a| match a {
+            Action::Capture { generation } => Some(*generation),
+            _ => None,
+        })
+    }
+
     /// Whether every rank asked for its HSR after this rank's restore has
     /// answered: each has then heard of this rank's failure.
     pub(crate) fn hsr_known(&self) -> bool {

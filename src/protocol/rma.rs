@@ -866,13 +866,7 @@ impl Protocol for Rma {
                 let condition = cx.after_gsync || self.fences.is_empty();
                 self.p2p
                     .hold_schedule(!condition || self.recovery_pending());
-                let before = cx.actions.len();
-                self.p2p.handle(Event::SafePoint { index }, cx);
-                let captured = cx.actions[before..].iter().find_map(|a| match a {
-                    Action::Capture { generation } => Some(*generation),
-                    _ => None,
-                });
-                if let Some(generation) = captured {
+                if let Some(generation) = self.p2p.safe_point_captures(index, cx) {
                     let fences = self.fences.iter().map(|(&w, &n)| (w, n)).collect();
                     self.capturing.insert(generation, fences);
                 }

@@ -980,13 +980,7 @@ impl Protocol for Ulml {
                 }
             }
             Event::SafePoint { index } => {
-                let before = cx.actions.len();
-                self.p2p.handle(Event::SafePoint { index }, cx);
-                let captured = cx.actions[before..].iter().find_map(|a| match a {
-                    Action::Capture { generation } => Some(*generation),
-                    _ => None,
-                });
-                if let Some(generation) = captured {
+                if let Some(generation) = self.p2p.safe_point_captures(index, cx) {
                     self.capturing.insert(generation, self.counts());
                 }
             }
