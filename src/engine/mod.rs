@@ -1418,9 +1418,11 @@ impl Engine {
                 }
                 Action::SkipAccess => self.skip_access = true,
                 Action::ApplyAccess { window, op } => {
-                    let mut outcome = Ok(RmaReply::Done);
+                    let (mut op, mut outcome) = (Some(op), Ok(RmaReply::Done));
                     self.ep.with_local_window(window, &mut |m| {
-                        outcome = apply_to_memory(m, window, op.clone());
+                        if let Some(op) = op.take() {
+                            outcome = apply_to_memory(m, window, op);
+                        }
                     })?;
                     outcome?;
                 }
@@ -3021,7 +3023,7 @@ impl Engine {
         if self.rma_messages {
             return self.rma_by_message(id, target, op);
         }
-        match self.ep.rma(self.window_epoch(), target, id, op.clone()) {
+        match self.ep.rma(self.window_epoch(), target, id, op) {
             Ok(r) => Ok(r),
             Err(Error::Driver(why)) if self.direct_logged => {
                 // The target died: the access is logged, and its
