@@ -171,6 +171,17 @@ pub struct JobStats {
     /// `rma`: accesses a re-executing rank did not issue again.
     #[serde(default)]
     pub accesses_skipped: u64,
+    /// `rma`: gets and fetching accesses logged at their target (LG, 003
+    /// Alg. 1).
+    #[serde(default)]
+    pub gets_logged: u64,
+    /// `rma`: their data bytes (sent back to the target once the epoch
+    /// closed).
+    #[serde(default)]
+    pub get_log_bytes: u64,
+    /// `rma`: gets of a re-executing rank answered from its target's log.
+    #[serde(default)]
+    pub gets_replayed: u64,
     /// `rma`: accesses to a rank being recovered, held in the log for it
     /// to pull.
     #[serde(default)]
@@ -266,6 +277,9 @@ impl JobStats {
         self.peak_access_log_bytes = self.peak_access_log_bytes.max(e.peak_access_log_bytes);
         self.accesses_replayed += e.accesses_replayed;
         self.accesses_skipped += e.accesses_skipped;
+        self.gets_logged += e.gets_logged;
+        self.get_log_bytes += e.get_log_bytes;
+        self.gets_replayed += e.gets_replayed;
         self.accesses_held += e.accesses_held;
         self.demand_checkpoints += e.demand_checkpoints;
         self.access_fallbacks += e.access_fallbacks;

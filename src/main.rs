@@ -1424,14 +1424,17 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.gsync_checkpoints, st.locks_checkpoints, st.abandoned_cuts
         );
     }
-    if st.accesses_logged + st.access_fallbacks > 0 {
+    if st.accesses_logged + st.gets_logged + st.access_fallbacks > 0 {
         println!(
-            "access log (003 §3.2): {} accesses ({}) logged at their origin, peak {} on one rank; {} replayed into recovering windows ({} held for them), {} not issued again by a re-execution; {} demand checkpoints asked for; {} recoveries fell back (N or M flag set)",
+            "access log (003 §3.2): {} accesses ({}) logged at their origin, {} gets ({}) at their target, peak {} on one rank; {} replayed into recovering windows ({} held for them), {} gets answered from the log, {} not issued again by a re-execution; {} demand checkpoints asked for; {} recoveries fell back (N or M flag set, or get logs lost)",
             st.accesses_logged,
             human_bytes(st.access_log_bytes),
+            st.gets_logged,
+            human_bytes(st.get_log_bytes),
             human_bytes(st.peak_access_log_bytes),
             st.accesses_replayed,
             st.accesses_held,
+            st.gets_replayed,
             st.accesses_skipped,
             st.demand_checkpoints,
             st.access_fallbacks

@@ -94,6 +94,29 @@ pub enum RmaOp {
     Unlock(LockType),
 }
 
+impl RmaOp {
+    /// Whether the access returns the target's memory (a get, a fetching
+    /// accumulate, a compare-and-swap): 003's GET, logged by Alg. 1.
+    pub fn reads_target(&self) -> bool {
+        matches!(
+            self,
+            RmaOp::Get { .. }
+                | RmaOp::Accumulate { fetch: true, .. }
+                | RmaOp::CompareAndSwap { .. }
+        )
+    }
+
+    /// Whether the access changes the target's memory depending on what is
+    /// there (an accumulate, a compare-and-swap): applying it twice is
+    /// wrong (003 §4.2's `combine`).
+    pub fn combines(&self) -> bool {
+        matches!(
+            self,
+            RmaOp::Accumulate { .. } | RmaOp::CompareAndSwap { .. }
+        )
+    }
+}
+
 /// The reply to an [`RmaOp`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RmaReply {
@@ -236,8 +259,15 @@ pub enum Stat {
         demanded: u64,
         /// Recoveries that fell back because an N or M flag was set.
         fallbacks: u64,
-        /// Payload bytes the access log holds now.
+        /// Payload bytes the access log holds now (LP and LG).
         log_bytes: usize,
+        /// Gets (and fetching accesses) logged at their target (LG, 003
+        /// Alg. 1), counted at the origin.
+        gets_logged: u64,
+        /// Their data bytes.
+        get_bytes: u64,
+        /// Gets of a re-execution answered from the target's log.
+        gets_replayed: u64,
     },
     /// Resource use of the process that ran this rank incarnation, measured
     /// when its rank function returned (`getrusage`): what message logs,

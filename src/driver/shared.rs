@@ -664,7 +664,13 @@ impl StatsBook {
                 demanded,
                 fallbacks,
                 log_bytes,
+                gets_logged,
+                get_bytes,
+                gets_replayed,
             } => {
+                st.gets_logged += gets_logged;
+                st.get_log_bytes += get_bytes;
+                st.gets_replayed += gets_replayed;
                 st.demand_checkpoints += demanded;
                 st.accesses_held += held;
                 st.accesses_logged += logged;

@@ -276,6 +276,18 @@ struct RmaRequest {
 /// results (002 §3.2); under any logging protocol a survivor is.
 type RmaAfter = Vec<(ContextId, u64)>;
 
+/// What the protocol decided about an access (`rma`), other than "issue
+/// it".
+#[derive(Debug)]
+enum AccessVerdict {
+    /// Its target has it already: complete it without the driver.
+    Skip,
+    /// Complete it with this data, read in the first execution.
+    Answer(Bytes),
+    /// Handle it again once the protocol says it is ready.
+    Defer,
+}
+
 /// A request-based one-sided operation in flight: the receive of its
 /// reply, on `window` to `target`.
 #[derive(Debug, Clone)]
@@ -426,8 +438,9 @@ pub struct Engine {
     /// reached in the window epoch 0, and the protocol, not the world
     /// epoch, keeps accesses away from a rank being recovered.
     direct_logged: bool,
-    /// The protocol asked not to issue the access being handled.
-    skip_access: bool,
+    /// What the protocol said about the access being handled, if it said
+    /// not to issue it as it is.
+    access_verdict: Option<AccessVerdict>,
     /// Request-based operations of this origin whose reply has not been
     /// taken in (completed by `wait`, `test`, a flush, an unlock or a
     /// fence).
@@ -667,7 +680,7 @@ impl Engine {
             rma_inbox: VecDeque::new(),
             rma_messages,
             direct_logged,
-            skip_access: false,
+            access_verdict: None,
             rma_pending: Vec::new(),
             rma_finished: Vec::new(),
             serving_rma: false,
@@ -1416,7 +1429,11 @@ impl Engine {
                         self.coll_outcome = Some(CollOutcome::Result(result));
                     }
                 }
-                Action::SkipAccess => self.skip_access = true,
+                Action::SkipAccess => self.access_verdict = Some(AccessVerdict::Skip),
+                Action::AnswerAccess(data) => {
+                    self.access_verdict = Some(AccessVerdict::Answer(data));
+                }
+                Action::DeferAccess => self.access_verdict = Some(AccessVerdict::Defer),
                 Action::ApplyAccess { window, op } => {
                     let (mut op, mut outcome) = (Some(op), Ok(RmaReply::Done));
                     self.ep.with_local_window(window, &mut |m| {
@@ -2851,11 +2868,17 @@ impl Engine {
     fn rma_here(&mut self, id: WinId, target: Rank, op: RmaOp) -> Result<RmaReply> {
         self.enter()?;
         self.check_access(id, target)?;
-        if self.direct_logged && target != self.rank {
+        if !(self.direct_logged && target != self.rank) {
+            // Bounds are checked by the driver against the target's own
+            // size (windows may differ in size per rank).
+            return self.rma_raw(id, target, op);
+        }
+        let reads = op.reads_target();
+        loop {
             self.await_access(id, target)?;
             let ec = self.window_epoch_of(id, target)?;
             let regenerating = self.proto.regenerating(&self.ssn_out);
-            self.skip_access = false;
+            self.access_verdict = None;
             self.handle(Event::Access {
                 window: id,
                 target,
@@ -2864,15 +2887,36 @@ impl Engine {
                 regenerating,
             })?;
             self.check()?;
-            if std::mem::take(&mut self.skip_access) {
-                return Ok(RmaReply::Done);
+            match self.access_verdict.take() {
+                Some(AccessVerdict::Skip) => return Ok(RmaReply::Done),
+                Some(AccessVerdict::Answer(data)) => return Ok(RmaReply::Data(data)),
+                Some(AccessVerdict::Defer) => continue,
+                None => {}
             }
-            // A combining access waits for its target's N flag (003 Alg. 1).
+            // An access that reads, or combines, waits for its target's N
+            // flag (003 Alg. 1 line 1).
             self.await_access(id, target)?;
+            if !reads {
+                return self.rma_raw(id, target, op);
+            }
+            match self.ep.rma(self.window_epoch(), target, id, op.clone()) {
+                Ok(reply) => {
+                    if let RmaReply::Data(data) = &reply {
+                        self.handle(Event::Fetched {
+                            window: id,
+                            target,
+                            data,
+                        })?;
+                    }
+                    return Ok(reply);
+                }
+                // The target died: a read needs its replacement's memory,
+                // so the access is handled again once the failure is known
+                // (the protocol defers it until the replacement is live).
+                Err(Error::Driver(why)) => self.await_failure_of(id, target, &why)?,
+                Err(e) => return Err(e),
+            }
         }
-        // Bounds are checked by the driver against the target's own size
-        // (windows may differ in size per rank).
-        self.rma_raw(id, target, op)
     }
 
     /// Wait until the protocol lets an access to `target` go (`rma`).
@@ -2882,6 +2926,23 @@ impl Engine {
             self.progress(None)?;
         }
         Ok(())
+    }
+
+    /// An access to `target` failed in the driver (`why`): wait until the
+    /// protocol knows the target failed ([`Protocol::access_held`]), or
+    /// give up after 30 s of driver time with no failure notice.
+    fn await_failure_of(&mut self, id: WinId, target: Rank, why: &str) -> Result<()> {
+        let deadline = self.ep.now() + Duration::from_secs(30);
+        while self.ep.now() < deadline {
+            self.check()?;
+            if self.proto.access_held(target, id) {
+                return Ok(());
+            }
+            self.progress(Some(Duration::from_millis(50)))?;
+        }
+        Err(Error::Driver(format!(
+            "RMA target {target} unavailable and no failure notice came: {why}"
+        )))
     }
 
     /// The window epoch in which windows are exposed and reached: the
@@ -2930,6 +2991,17 @@ impl Engine {
                 let ticket = e.next_req;
                 e.next_req += 1;
                 e.rma_finished.push((ticket, outcome));
+                return Ok(ticket);
+            }
+            if e.direct_logged {
+                // Under `rma` an access is logged as the blocking form logs
+                // it (003 §3.2.3: "if the PUT is blocking then we log it
+                // before issuing"), and completes at issue, which MPI
+                // allows a request-based operation.
+                let reply = e.rma_here(id, target, op)?;
+                let ticket = e.next_req;
+                e.next_req += 1;
+                e.rma_finished.push((ticket, Ok(reply)));
                 return Ok(ticket);
             }
             let reply = e.send_request(id, target, op.clone())?;
@@ -3028,17 +3100,8 @@ impl Engine {
             Err(Error::Driver(why)) if self.direct_logged => {
                 // The target died: the access is logged, and its
                 // replacement pulls it (`rma`) once the protocol knows.
-                let deadline = self.ep.now() + Duration::from_secs(30);
-                while self.ep.now() < deadline {
-                    self.check()?;
-                    if self.proto.access_held(target, id) {
-                        return Ok(RmaReply::Done);
-                    }
-                    self.progress(Some(Duration::from_millis(50)))?;
-                }
-                Err(Error::Driver(format!(
-                    "RMA target {target} unavailable and no failure notice came: {why}"
-                )))
+                self.await_failure_of(id, target, &why)?;
+                Ok(RmaReply::Done)
             }
             Err(Error::Driver(why)) => {
                 let deadline = self.ep.now() + Duration::from_secs(30);

@@ -731,6 +731,7 @@ impl Protocol for Coordinated {
             | Event::CollectiveEnd { .. }
             | Event::Access { .. }
             | Event::FenceEnter { .. }
+            | Event::Fetched { .. }
             | Event::FenceDone { .. }
             | Event::Finish => {}
         }

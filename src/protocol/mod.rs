@@ -646,6 +646,18 @@ pub enum Event<'a> {
         /// Window.
         window: crate::driver::WinId,
     },
+    /// An access of the `Access` event just handled read `data` from
+    /// `target` (a get, or the old contents a fetching accumulate or a
+    /// compare-and-swap returned): 003 Alg. 1's `#get`, whose data is
+    /// valid once the epoch ends.
+    Fetched {
+        /// Window.
+        window: crate::driver::WinId,
+        /// Target (world rank).
+        target: Rank,
+        /// What the access returned.
+        data: &'a bytes::Bytes,
+    },
 }
 
 /// What the protocol asks the engine to do.
@@ -786,6 +798,15 @@ pub enum Action {
     /// Do not issue the access of the `Access` event being handled: its
     /// target already has it (a re-execution regenerating it).
     SkipAccess,
+    /// Do not issue the access of the `Access` event being handled; it
+    /// returns `data`, what the first execution read (a re-execution's get
+    /// answered from the target's log, 003 Alg. 2's get replay).
+    AnswerAccess(bytes::Bytes),
+    /// Do not issue the access of the `Access` event being handled yet:
+    /// once [`Protocol::access_ready`] says so, it is handled again (a
+    /// re-execution waiting for its logged gets, or a get to a target
+    /// being recovered).
+    DeferAccess,
     /// Apply a logged access to this rank's own window (a replay, 003
     /// Alg. 2's `replayEachAction`).
     ApplyAccess {

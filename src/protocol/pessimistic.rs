@@ -1646,6 +1646,7 @@ impl Protocol for Pessimistic {
             | Event::Recorded { .. }
             | Event::Access { .. }
             | Event::FenceEnter { .. }
+            | Event::Fetched { .. }
             | Event::FenceDone { .. } => {}
         }
     }

@@ -133,6 +133,38 @@ pub enum AccessMsg {
         /// Window.
         window: WinId,
     },
+    /// Origin to target, once the epoch `epoch` on `window` closed: the
+    /// data of the gets (and fetching accesses) it made to the target in
+    /// it, in issue order, for `LG_q[p]` (003 Alg. 1 lines 4–7).
+    LogGets {
+        /// Window.
+        window: WinId,
+        /// GNC of the epoch.
+        epoch: u64,
+        /// What each returned.
+        gets: Vec<Bytes>,
+    },
+    /// A replacement re-executing epoch `epoch` on `window` asks a target
+    /// for the gets its predecessor logged there (`LG_q[p_f]`).
+    PullGets {
+        /// Window.
+        window: WinId,
+        /// GNC asked for.
+        epoch: u64,
+    },
+    /// The answer to `PullGets`, in issue order; `lost`: the target is a
+    /// replacement itself whose log of that epoch may have been lost with
+    /// its predecessor (received after its checkpoint).
+    PulledGets {
+        /// Window.
+        window: WinId,
+        /// GNC.
+        epoch: u64,
+        /// The logged data.
+        gets: Vec<Bytes>,
+        /// The log of this epoch may be incomplete.
+        lost: bool,
+    },
     /// The sender holds no more accesses for the replacement on `window`;
     /// those it held have at most the GNC `entered` (its fences entered).
     LiveAck {
@@ -160,18 +192,30 @@ struct Logged {
 
 impl Logged {
     fn combining(&self) -> bool {
-        matches!(self.op, RmaOp::Accumulate { .. })
+        self.op.combines()
     }
 
     fn bytes(&self) -> usize {
         match &self.op {
             RmaOp::Put { data, .. } | RmaOp::Accumulate { data, .. } => data.len(),
+            RmaOp::CompareAndSwap { compare, swap, .. } => compare.len() + swap.len(),
             _ => 0,
         }
     }
 }
 
-/// An access as a piece saves it: its payload is a blob of its own.
+/// One entry of `LG_q[p]` (003 Table 2), kept at the target: what a get
+/// of `p` returned, logged once its epoch closed.
+#[derive(Debug, Clone, PartialEq)]
+struct LoggedGet {
+    window: WinId,
+    /// The epoch's GNC.
+    gnc: u64,
+    data: Bytes,
+}
+
+/// An access as a piece saves it: its payload is a blob of its own (two
+/// for a compare-and-swap: compare, then swap).
 #[derive(Debug, Serialize, Deserialize)]
 enum SavedOp {
     Put {
@@ -181,6 +225,11 @@ enum SavedOp {
         offset: usize,
         dtype: DType,
         op: ReduceOp,
+        fetch: bool,
+    },
+    CompareAndSwap {
+        offset: usize,
+        dtype: DType,
     },
 }
 
@@ -196,6 +245,9 @@ struct SavedAccess {
 struct SavedState {
     fences: Vec<(WinId, u64)>,
     lp: Vec<(Rank, Vec<SavedAccess>)>,
+    /// LG: per origin, `(window, GNC)` of each logged get, whose data are
+    /// the blobs after LP's.
+    lg: Vec<(Rank, Vec<(WinId, u64)>)>,
 }
 
 /// A pull of one epoch's accesses, while its answers come in.
@@ -219,6 +271,11 @@ struct Recovery {
     /// acknowledged it yet, and the most fences entered by one that did
     /// (epochs up to there may still hold accesses for it).
     live: BTreeMap<WinId, (BTreeSet<Rank>, u64)>,
+    /// Gets of the predecessor per `(target, window, epoch)`, as the
+    /// target logged them, taken in issue order by the re-execution.
+    gets: BTreeMap<(Rank, WinId, u64), VecDeque<Bytes>>,
+    /// `PullGets` sent, not answered.
+    asking: BTreeSet<(Rank, WinId, u64)>,
 }
 
 impl Recovery {
@@ -239,6 +296,9 @@ struct Counters {
     held: u64,
     fallbacks: u64,
     demanded: u64,
+    gets_logged: u64,
+    get_bytes: u64,
+    gets_replayed: u64,
 }
 
 /// State of the `rma` protocol on one rank.
@@ -279,8 +339,24 @@ pub struct Rma {
     /// `--log-budget`: past half of it, the target with the most logged
     /// bytes is asked for a checkpoint (003 §6.2's demand checkpoint).
     log_budget: Option<usize>,
-    /// Targets asked for a demand checkpoint that have not trimmed since.
+    /// Ranks asked for a demand checkpoint that have not trimmed since.
     asked: BTreeSet<Rank>,
+    /// Q: what this rank's gets returned in the open epochs, by target
+    /// and window, in issue order (003 Alg. 1 line 3), sent to the targets'
+    /// LG when the epoch closes.
+    q: Vec<(Rank, WinId, Bytes)>,
+    /// LG: the gets other ranks made to this one, by origin.
+    lg: BTreeMap<Rank, VecDeque<LoggedGet>>,
+    /// Data bytes in `lg`.
+    lg_bytes: usize,
+    /// A replacement's fences at its checkpoint, per window: gets logged
+    /// here from the epoch before on, until it went live (`live_at`), may
+    /// have been lost with its predecessor.
+    lg_lost_from: Option<BTreeMap<WinId, u64>>,
+    /// The fences at which this replacement went live, per window.
+    live_at: BTreeMap<WinId, u64>,
+    /// A get deferred until its target is live, or its log pulled.
+    waiting_get: Option<(Rank, WinId)>,
     counters: Counters,
     reported: Counters,
 }
@@ -305,6 +381,12 @@ impl Rma {
             recovery: None,
             log_budget: None,
             asked: BTreeSet::new(),
+            q: Vec::new(),
+            lg: BTreeMap::new(),
+            lg_bytes: 0,
+            lg_lost_from: None,
+            live_at: BTreeMap::new(),
+            waiting_get: None,
             counters: Counters::default(),
             reported: Counters::default(),
         }
@@ -324,19 +406,27 @@ impl Rma {
         self
     }
 
-    /// Past half the budget: the target with the most logged bytes, not
-    /// asked yet, checkpoints at its next safe point that meets the epoch
-    /// condition; its `Trim` shrinks this log.
+    /// Past half the budget: the rank with the most bytes logged for it,
+    /// not asked yet, checkpoints at its next safe point that meets the
+    /// epoch condition; its `Trim` shrinks this log (LP for a target's
+    /// checkpoint, LG for an origin's).
     fn demand_checkpoint(&mut self, cx: &mut ProtocolCx<'_>) {
         let Some(budget) = self.log_budget else {
             return;
         };
-        if self.lp_bytes <= budget / 2 {
+        if self.lp_bytes + self.lg_bytes <= budget / 2 {
             return;
         }
-        let largest = (self.lp.iter())
-            .filter(|(t, _)| !self.asked.contains(t))
-            .map(|(&t, log)| (log.iter().map(Logged::bytes).sum::<usize>(), t))
+        let mut per_rank: BTreeMap<Rank, usize> = BTreeMap::new();
+        for (&t, log) in &self.lp {
+            *per_rank.entry(t).or_default() += log.iter().map(Logged::bytes).sum::<usize>();
+        }
+        for (&o, log) in &self.lg {
+            *per_rank.entry(o).or_default() += log.iter().map(|g| g.data.len()).sum::<usize>();
+        }
+        let largest = (per_rank.into_iter())
+            .filter(|(r, _)| !self.asked.contains(r))
+            .map(|(r, bytes)| (bytes, r))
             .max();
         if let Some((bytes, t)) = largest
             && bytes > 0
@@ -350,7 +440,8 @@ impl Rma {
         }
     }
 
-    /// Log an access before it is issued; skip it when the target has it.
+    /// Log an access before it is issued; skip it when the target has it,
+    /// answer a re-executed get from the target's log.
     fn on_access(
         &mut self,
         (window, target): (WinId, Rank),
@@ -359,18 +450,9 @@ impl Rma {
         regenerating: bool,
         cx: &mut ProtocolCx<'_>,
     ) {
-        if !matches!(
-            op,
-            RmaOp::Put { .. } | RmaOp::Accumulate { fetch: false, .. }
-        ) {
-            cx.emit(Action::Fail(Error::Rma {
-                window,
-                detail: "protocol rma logs puts and accumulates; accesses that read the \
-                         target (get, get_accumulate, fetch_and_op, compare_and_swap) need \
-                         003 Alg. 1's get logging, which is not implemented yet: use \
-                         pessimistic or coordinated"
-                    .into(),
-            }));
+        self.waiting_get = None;
+        let gnc = self.fences.get(&window).copied().unwrap_or(0);
+        if op.reads_target() && self.read_replayed((window, target), op, gnc, ec, cx) {
             return;
         }
         // A rank being recovered pulls what is held for it at its fences;
@@ -380,20 +462,33 @@ impl Rma {
             .get(&target)
             .map(|live| live.contains(&window));
         let held = live == Some(false);
+        if op.reads_target() {
+            if held {
+                // A read needs the window as it is: it waits until the
+                // target is live.
+                self.waiting_get = Some((target, window));
+                cx.emit(Action::DeferAccess);
+                return;
+            }
+            // Alg. 1 line 1: N_q[p] before the first get of the epoch. The
+            // data is logged once it is read (`Event::Fetched`).
+            self.open_epoch(target, window, cx);
+            if !op.combines() {
+                return;
+            }
+        }
         let logged = Logged {
             window,
-            gnc: self.fences.get(&window).copied().unwrap_or(0),
+            gnc,
             ec,
             op: op.clone(),
             held: live != Some(true),
         };
         let combining = logged.combining();
-        let logged_gnc = logged.gnc;
-        self.counters.logged += 1;
-        self.counters.logged_bytes += logged.bytes() as u64;
-        self.lp_bytes += logged.bytes();
-        self.lp.entry(target).or_default().push_back(logged);
-        self.demand_checkpoint(cx);
+        self.log_access(target, logged, cx);
+        if op.reads_target() {
+            return; // issued: the first execution did not make it
+        }
         // The first execution applied it already when it came before
         // messages a receiver has (`regenerating`), or when the target has
         // completed the fence that closes its epoch (all its origins had
@@ -403,7 +498,7 @@ impl Rma {
         // rank, so it waits for this re-execution's, and nobody writes the
         // accessed memory before (MPI's epoch rule): issuing it again is
         // harmless for a put; an accumulate's epoch has its N flag.
-        let closed = (self.peer_done.get(&(target, window))).is_some_and(|&d| d > logged_gnc);
+        let closed = (self.peer_done.get(&(target, window))).is_some_and(|&d| d > gnc);
         if held {
             self.counters.held += 1;
             cx.emit(Action::SkipAccess);
@@ -411,10 +506,154 @@ impl Rma {
             // Logged again, not applied twice.
             self.counters.skipped += 1;
             cx.emit(Action::SkipAccess);
-        } else if combining && self.opened.insert((target, window)) {
+        } else if combining {
+            self.open_epoch(target, window, cx);
+        }
+    }
+
+    /// Append `a` to `LP_p[target]`.
+    fn log_access(&mut self, target: Rank, a: Logged, cx: &mut ProtocolCx<'_>) {
+        self.counters.logged += 1;
+        self.counters.logged_bytes += a.bytes() as u64;
+        self.lp_bytes += a.bytes();
+        self.lp.entry(target).or_default().push_back(a);
+        self.demand_checkpoint(cx);
+    }
+
+    /// Set `N_q[p]` at `target` for this epoch on `window`, once (accesses
+    /// wait for the acknowledgement: [`Protocol::access_ready`]).
+    fn open_epoch(&mut self, target: Rank, window: WinId, cx: &mut ProtocolCx<'_>) {
+        if self.opened.insert((target, window)) {
             self.opening.insert((target, window));
             Self::send(cx, target, AccessMsg::Open { window });
         }
+    }
+
+    /// A re-execution's read of an epoch its predecessor may have closed:
+    /// answered from `LG_q[p_f]` (pulled from the target first: deferred)
+    /// when the predecessor made it; then a fetching access is logged
+    /// again, not applied twice (the epoch closed, so the target has it).
+    /// Returns whether the access is answered or deferred.
+    fn read_replayed(
+        &mut self,
+        (window, target): (WinId, Rank),
+        op: &RmaOp,
+        gnc: u64,
+        ec: u64,
+        cx: &mut ProtocolCx<'_>,
+    ) -> bool {
+        // Once live on the window, no rank has closed the epoch this
+        // replacement is in: its predecessor logged no get of it.
+        let Some(rec) = self
+            .recovery
+            .as_mut()
+            .filter(|r| !r.live.contains_key(&window))
+        else {
+            return false;
+        };
+        let key = (target, window, gnc);
+        let Some(logged) = rec.gets.get_mut(&key) else {
+            if rec.asking.insert(key) {
+                Self::send(cx, target, AccessMsg::PullGets { window, epoch: gnc });
+            }
+            self.waiting_get = Some((target, window));
+            cx.emit(Action::DeferAccess);
+            return true;
+        };
+        // None left: the predecessor died before this read.
+        let Some(data) = logged.pop_front() else {
+            return false;
+        };
+        let expected = match op {
+            RmaOp::Get { len, .. } => *len,
+            RmaOp::Accumulate { data, .. } => data.len(),
+            RmaOp::CompareAndSwap { compare, .. } => compare.len(),
+            _ => data.len(),
+        };
+        if data.len() != expected {
+            cx.emit(Action::Fail(Error::Rma {
+                window,
+                detail: format!(
+                    "a re-executed read of rank {target} asks {expected} bytes where the first \
+                     execution read {}: the rank function is not deterministic",
+                    data.len()
+                ),
+            }));
+            return true;
+        }
+        self.counters.gets_replayed += 1;
+        if op.combines() {
+            self.counters.skipped += 1;
+            let held = self.recovering.get(&target).map(|l| l.contains(&window)) != Some(true);
+            let logged = Logged {
+                window,
+                gnc,
+                ec,
+                op: op.clone(),
+                held,
+            };
+            self.log_access(target, logged, cx);
+        }
+        cx.emit(Action::AnswerAccess(data));
+        true
+    }
+
+    /// A read returned `data`: `Q_p := Q_p ∪ #get` (Alg. 1 line 3).
+    fn on_fetched(&mut self, window: WinId, target: Rank, data: &Bytes) {
+        self.counters.gets_logged += 1;
+        self.counters.get_bytes += data.len() as u64;
+        self.q.push((target, window, data.clone()));
+    }
+
+    /// The fence closing an epoch on `window` returned: its gets go to
+    /// their targets' LG, then their N flags are cleared (Alg. 1 lines
+    /// 4–8; one channel, so in that order).
+    fn close_epoch(&mut self, window: WinId, cx: &mut ProtocolCx<'_>) {
+        let epoch = self
+            .fences
+            .get(&window)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(1);
+        let mut gets: BTreeMap<Rank, Vec<Bytes>> = BTreeMap::new();
+        self.q.retain(|(t, w, data)| {
+            if *w != window {
+                return true;
+            }
+            gets.entry(*t).or_default().push(data.clone());
+            false
+        });
+        for (t, gets) in gets {
+            Self::send(
+                cx,
+                t,
+                AccessMsg::LogGets {
+                    window,
+                    epoch,
+                    gets,
+                },
+            );
+        }
+        let closed: Vec<(Rank, WinId)> = (self.opened.iter())
+            .filter(|&&(_, w)| w == window)
+            .copied()
+            .collect();
+        for (t, w) in closed {
+            self.opened.remove(&(t, w));
+            Self::send(cx, t, AccessMsg::Close { window: w });
+        }
+    }
+
+    /// Whether gets of `epoch` on `window` logged here may have been lost
+    /// with this rank's predecessor: received after its checkpoint (the
+    /// epoch before it on: they arrive after the fence closing their
+    /// epoch) and before it went live (from then on, no rank had closed
+    /// an epoch it had not).
+    fn lg_lost(&self, window: WinId, epoch: u64) -> bool {
+        self.lg_lost_from.as_ref().is_some_and(|from| {
+            epoch + 1 >= from.get(&window).copied().unwrap_or(0)
+                && self.live_at.get(&window).is_none_or(|&at| epoch < at)
+        })
     }
 
     fn on_fence_enter(&mut self, window: WinId, group: &[Rank], cx: &mut ProtocolCx<'_>) {
@@ -489,6 +728,8 @@ impl Rma {
         if !pull.behind && !rec.live.contains_key(&window) {
             let others = (0..cx.size).filter(|&r| r != cx.rank).collect();
             rec.live.insert(window, (others, 0));
+            let entered = self.fences.get(&window).copied().unwrap_or(0);
+            self.live_at.insert(window, entered);
             cx.broadcast(&Control::Access(AccessMsg::Live { window }));
         }
     }
@@ -529,17 +770,65 @@ impl Rma {
             }
             AccessMsg::Trim { fences } => {
                 self.asked.remove(&src);
+                let captured = |w: WinId, gnc: u64| {
+                    (fences.iter()).any(|&(fw, entered)| fw == w && gnc < entered)
+                };
                 if let Some(log) = self.lp.get_mut(&src) {
                     let before: usize = log.iter().map(Logged::bytes).sum();
-                    log.retain(|a| {
-                        !fences
-                            .iter()
-                            .any(|&(w, entered)| a.window == w && a.gnc < entered)
-                    });
+                    log.retain(|a| !captured(a.window, a.gnc));
                     let after: usize = log.iter().map(Logged::bytes).sum();
                     self.lp_bytes -= before - after;
                 }
+                // LG_q[p] too: `src` re-executes none of those gets.
+                if let Some(log) = self.lg.get_mut(&src) {
+                    let before: usize = log.iter().map(|g| g.data.len()).sum();
+                    log.retain(|g| !captured(g.window, g.gnc));
+                    let after: usize = log.iter().map(|g| g.data.len()).sum();
+                    self.lg_bytes -= before - after;
+                }
             }
+            AccessMsg::LogGets {
+                window,
+                epoch,
+                gets,
+            } => {
+                let log = self.lg.entry(src).or_default();
+                for data in gets {
+                    self.lg_bytes += data.len();
+                    log.push_back(LoggedGet {
+                        window,
+                        gnc: epoch,
+                        data,
+                    });
+                }
+                self.demand_checkpoint(cx);
+            }
+            AccessMsg::PullGets { window, epoch } => {
+                // Every get of that epoch is here, or none was made: the
+                // replacement pulls only after its `Gather` found no N
+                // flag, and frames of its predecessor are dropped.
+                let gets = (self.lg.get(&src).into_iter().flatten())
+                    .filter(|g| g.window == window && g.gnc == epoch)
+                    .map(|g| g.data.clone())
+                    .collect();
+                let lost = self.lg_lost(window, epoch);
+                Self::send(
+                    cx,
+                    src,
+                    AccessMsg::PulledGets {
+                        window,
+                        epoch,
+                        gets,
+                        lost,
+                    },
+                );
+            }
+            AccessMsg::PulledGets {
+                window,
+                epoch,
+                gets,
+                lost,
+            } => self.on_pulled_gets(src, (window, epoch), gets, lost, cx),
             AccessMsg::Gather => {
                 // `src` is a replacement: its windows get no access of ours
                 // until it is live on them (it exposes them only once every
@@ -652,6 +941,48 @@ impl Rma {
         for (window, epoch) in pulls {
             Self::send(cx, r, AccessMsg::Pull { window, epoch });
         }
+        let asking: Vec<(WinId, u64)> = (rec.asking.iter())
+            .filter(|&&(t, _, _)| t == r)
+            .map(|&(_, w, e)| (w, e))
+            .collect();
+        for (window, epoch) in asking {
+            Self::send(cx, r, AccessMsg::PullGets { window, epoch });
+        }
+    }
+
+    /// `src` answered a `PullGets` of `(window, epoch)`.
+    fn on_pulled_gets(
+        &mut self,
+        src: Rank,
+        (window, epoch): (WinId, u64),
+        gets: Vec<Bytes>,
+        lost: bool,
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        let Some(rec) = self.recovery.as_mut() else {
+            return;
+        };
+        if !rec.asking.remove(&(src, window, epoch)) {
+            return;
+        }
+        if lost {
+            // The predecessor may have read there in that epoch, and what
+            // it read is gone: the re-execution cannot read it again.
+            self.counters.fallbacks += 1;
+            self.report(cx);
+            cx.emit(Action::Fail(Error::Unrecoverable(
+                format!(
+                    "rank {src} failed too after rank {} logged gets there in epoch {epoch} \
+                     of window {window} (003 Alg. 1's LG lives at the target): the \
+                     re-execution cannot read them again, so the job falls back to the \
+                     last coordinated checkpoint, which under rma is the start",
+                    cx.rank
+                )
+                .into(),
+            )));
+            return;
+        }
+        rec.gets.insert((src, window, epoch), gets.into());
     }
 
     fn on_flags(&mut self, src: Rank, n: bool, m: bool, cx: &mut ProtocolCx<'_>) {
@@ -703,7 +1034,10 @@ impl Rma {
             held: c.held - r.held,
             demanded: c.demanded - r.demanded,
             fallbacks: c.fallbacks - r.fallbacks,
-            log_bytes: self.lp_bytes,
+            log_bytes: self.lp_bytes + self.lg_bytes,
+            gets_logged: c.gets_logged - r.gets_logged,
+            get_bytes: c.get_bytes - r.get_bytes,
+            gets_replayed: c.gets_replayed - r.gets_replayed,
         }));
         self.reported = c;
     }
@@ -721,7 +1055,10 @@ impl Protocol for Rma {
         // rank told it what it has (`Hsr`), and which ranks recover with it
         // once every rank answered its `Gather` (a rank recovering too
         // says so first, `ask_again`).
-        self.p2p.hsr_known() && self.flags_known() && !self.opening.contains(&(target, window))
+        self.p2p.hsr_known()
+            && self.flags_known()
+            && !self.opening.contains(&(target, window))
+            && !self.get_waits(target, window)
     }
 
     fn access_held(&self, target: Rank, window: WinId) -> bool {
@@ -759,13 +1096,27 @@ impl Protocol for Rma {
                             data,
                             dtype,
                             op,
-                            ..
+                            fetch,
                         } => {
                             blobs.push(data);
                             SavedOp::Accumulate {
                                 offset: *offset,
                                 dtype: *dtype,
                                 op: *op,
+                                fetch: *fetch,
+                            }
+                        }
+                        RmaOp::CompareAndSwap {
+                            offset,
+                            compare,
+                            swap,
+                            dtype,
+                        } => {
+                            blobs.push(compare);
+                            blobs.push(swap);
+                            SavedOp::CompareAndSwap {
+                                offset: *offset,
+                                dtype: *dtype,
                             }
                         }
                         _ => return None,
@@ -780,9 +1131,19 @@ impl Protocol for Rma {
                 (t, saved.collect())
             })
             .collect();
+        let lg = (self.lg.iter())
+            .map(|(&o, log)| {
+                let saved = log.iter().map(|g| {
+                    blobs.push(&g.data);
+                    (g.window, g.gnc)
+                });
+                (o, saved.collect())
+            })
+            .collect();
         let st = SavedState {
             fences: self.fences.iter().map(|(&w, &n)| (w, n)).collect(),
             lp,
+            lg,
         };
         append_with_blobs(&st, &blobs, piece)
     }
@@ -790,38 +1151,70 @@ impl Protocol for Rma {
     fn load_state(&mut self, state: Bytes) -> Result<()> {
         let rest = self.p2p.load_prefix(&state)?;
         let (st, blobs, _): (SavedState, Vec<Bytes>, _) = take_with_blobs(&rest)?;
-        let listed: usize = st.lp.iter().map(|(_, l)| l.len()).sum();
+        let listed: usize = (st.lp.iter().flat_map(|(_, l)| l))
+            .map(|a| match a.op {
+                SavedOp::CompareAndSwap { .. } => 2,
+                _ => 1,
+            })
+            .sum::<usize>()
+            + st.lg.iter().map(|(_, l)| l.len()).sum::<usize>();
         if listed != blobs.len() {
             return Err(Error::Codec {
                 what: "a checkpoint piece's access log".into(),
-                detail: format!("{listed} accesses listed, {} payloads saved", blobs.len()),
+                detail: format!("{listed} payloads listed, {} saved", blobs.len()),
             });
         }
         let mut blobs = blobs.into_iter();
+        let mut next = || blobs.next().unwrap_or_default();
         self.lp.clear();
         self.lp_bytes = 0;
         for (t, saved) in st.lp {
             let log = self.lp.entry(t).or_default();
-            for (a, data) in saved.into_iter().zip(blobs.by_ref()) {
-                self.lp_bytes += data.len();
+            for a in saved {
                 let op = match a.op {
-                    SavedOp::Put { offset } => RmaOp::Put { offset, data },
-                    SavedOp::Accumulate { offset, dtype, op } => RmaOp::Accumulate {
+                    SavedOp::Put { offset } => RmaOp::Put {
                         offset,
-                        data,
+                        data: next(),
+                    },
+                    SavedOp::Accumulate {
+                        offset,
                         dtype,
                         op,
-                        fetch: false,
+                        fetch,
+                    } => RmaOp::Accumulate {
+                        offset,
+                        data: next(),
+                        dtype,
+                        op,
+                        fetch,
+                    },
+                    SavedOp::CompareAndSwap { offset, dtype } => RmaOp::CompareAndSwap {
+                        offset,
+                        compare: next(),
+                        swap: next(),
+                        dtype,
                     },
                 };
-                log.push_back(Logged {
+                let logged = Logged {
                     window: a.window,
                     gnc: a.gnc,
                     ec: a.ec,
                     op,
                     // Restored: the targets may have died with this rank.
                     held: true,
-                });
+                };
+                self.lp_bytes += logged.bytes();
+                log.push_back(logged);
+            }
+        }
+        self.lg.clear();
+        self.lg_bytes = 0;
+        for (o, saved) in st.lg {
+            let log = self.lg.entry(o).or_default();
+            for (window, gnc) in saved {
+                let data = next();
+                self.lg_bytes += data.len();
+                log.push_back(LoggedGet { window, gnc, data });
             }
         }
         self.fences = st.fences.into_iter().collect();
@@ -831,7 +1224,10 @@ impl Protocol for Rma {
     }
 
     fn state_size_hint(&self) -> usize {
-        self.p2p.state_size_hint() + 64 * self.lp.values().map(VecDeque::len).sum::<usize>() + 64
+        self.p2p.state_size_hint()
+            + 64 * self.lp.values().map(VecDeque::len).sum::<usize>()
+            + 32 * self.lg.values().map(VecDeque::len).sum::<usize>()
+            + 64
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
@@ -846,16 +1242,13 @@ impl Protocol for Rma {
             Event::FenceEnter { window, group } => self.on_fence_enter(window, group, cx),
             Event::FenceDone { window } => {
                 *self.done.entry(window).or_insert(0) += 1;
-                // Alg. 1 line 8: the epoch is closed.
-                let closed: Vec<(Rank, WinId)> = (self.opened.iter())
-                    .filter(|&&(_, w)| w == window)
-                    .copied()
-                    .collect();
-                for (t, w) in closed {
-                    self.opened.remove(&(t, w));
-                    Self::send(cx, t, AccessMsg::Close { window: w });
-                }
+                self.close_epoch(window, cx);
             }
+            Event::Fetched {
+                window,
+                target,
+                data,
+            } => self.on_fetched(window, target, data),
             Event::Control {
                 src,
                 msg: Control::Access(m),
@@ -916,9 +1309,16 @@ impl Protocol for Rma {
                 if generation.is_none() {
                     self.lp.clear();
                     self.lp_bytes = 0;
+                    self.lg.clear();
+                    self.lg_bytes = 0;
                     self.fences.clear();
                     self.done.clear();
                 }
+                // Gets logged here after the checkpoint are gone; what
+                // this incarnation read is not logged yet.
+                self.q.clear();
+                self.lg_lost_from = Some(self.fences.clone());
+                self.live_at.clear();
                 let others: BTreeSet<Rank> = (0..cx.size).filter(|&r| r != cx.rank).collect();
                 for &r in &others {
                     Self::send(cx, r, AccessMsg::Gather);
@@ -938,6 +1338,16 @@ impl Protocol for Rma {
 }
 
 impl Rma {
+    /// Whether a deferred read of `target` on `window` still waits: for
+    /// the target to be live, or for its logged gets.
+    fn get_waits(&self, target: Rank, window: WinId) -> bool {
+        self.waiting_get == Some((target, window))
+            && (self.access_held(target, window)
+                || (self.recovery.as_ref()).is_some_and(|r| {
+                    (r.asking.iter()).any(|&(t, w, _)| t == target && w == window)
+                }))
+    }
+
     /// Whether this replacement has not yet heard every rank's flags.
     fn recovery_pending(&self) -> bool {
         !self.flags_known()

@@ -41,6 +41,10 @@ pub enum Exchange {
     /// Puts into the members' window between two fences.
     #[default]
     Put,
+    /// Gets from the members' windows between two fences: each rank packs
+    /// its chunks into its own window, and each member reads its chunk
+    /// (the origin reads; 003 Alg. 1 logs each get at its target).
+    Get,
     /// A two-sided all-to-all within the row or column communicator.
     AllToAll,
 }
@@ -50,6 +54,7 @@ impl Exchange {
     pub fn name(self) -> &'static str {
         match self {
             Exchange::Put => "put",
+            Exchange::Get => "get",
             Exchange::AllToAll => "alltoall",
         }
     }
@@ -64,13 +69,13 @@ impl fmt::Display for Exchange {
 impl FromStr for Exchange {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        [Exchange::Put, Exchange::AllToAll]
+        [Exchange::Put, Exchange::Get, Exchange::AllToAll]
             .into_iter()
             .find(|e| e.name() == s)
             .ok_or_else(|| {
                 Error::config(
                     "transpose",
-                    format!("unknown transpose `{s}` (known: put, alltoall)"),
+                    format!("unknown transpose `{s}` (known: put, get, alltoall)"),
                 )
             })
     }
@@ -172,6 +177,8 @@ impl Lines {
 enum Exchanger {
     /// One window on the world, as large as this rank's largest layout.
     Put(Window<f64>),
+    /// The same window, read by the members.
+    Get(Window<f64>),
     /// The row and column communicators.
     AllToAll {
         row: Communicator,
@@ -251,6 +258,22 @@ impl Solver {
                             t.unpack(&g, m, &memory[received(m)], dst);
                         }
                     })?;
+                }
+                Exchanger::Get(window) => {
+                    // The members have read what this rank exposed last.
+                    window.fence()?;
+                    window.with_local_mut(|memory| {
+                        let packed: &[f64] = bytemuck::cast_slice(&self.send[..at]);
+                        memory[..packed.len()].copy_from_slice(packed);
+                    })?;
+                    // Every rank's chunks are exposed.
+                    window.fence()?;
+                    for m in (0..members).filter(|&m| m != me) {
+                        let n = received(m).len();
+                        let got =
+                            window.get(t.world_rank(&g, m), 2 * t.source_offset(&g, m), 2 * n)?;
+                        t.unpack(&g, m, bytemuck::cast_slice(&got), dst);
+                    }
                 }
                 Exchanger::AllToAll { row, column } => {
                     let comm = match t {
@@ -342,6 +365,8 @@ struct ChecksumPlan {
     mine: Vec<(usize, usize)>,
     /// Where this rank's values start among all.
     start: usize,
+    /// Per rank, where its values start among all and how many it has.
+    regions: Vec<(usize, usize)>,
 }
 
 impl ChecksumPlan {
@@ -383,6 +408,7 @@ impl ChecksumPlan {
             slot,
             mine,
             start: starts[rank],
+            regions: starts.into_iter().zip(count).collect(),
         }
     }
 }
@@ -390,9 +416,10 @@ impl ChecksumPlan {
 /// NPB's checksum of `x` (x-pencils): each sample point is taken by the
 /// rank that holds it and summed in NPB's order on every rank, so the sum
 /// does not depend on the grid. Under [`Exchange::Put`] the values travel
-/// as puts into every rank's window (`base` on) between two fences, so an
-/// iteration synchronises only with GSYNCs and its checkpoint needs no
-/// barrier (003 §3.1.2); otherwise by an all-reduce.
+/// as puts into every rank's window (`base` on) between two fences, under
+/// [`Exchange::Get`] as gets from every rank's window, between fences too,
+/// so an iteration synchronises only with GSYNCs and its checkpoint needs
+/// no barrier (003 §3.1.2); otherwise by an all-reduce.
 fn checksum(
     world: &Communicator,
     exchanger: Option<&Exchanger>,
@@ -426,6 +453,31 @@ fn checksum(
                 }
             })?;
         }
+        Some(Exchanger::Get(window)) => {
+            let values: Vec<f64> = (plan.mine.iter())
+                .flat_map(|&(_, i)| [x[i].re, x[i].im])
+                .collect();
+            // Members read only the transposes' region in this epoch.
+            window.with_local_mut(|memory| {
+                let at = base + 2 * plan.start;
+                memory[at..at + values.len()].copy_from_slice(&values);
+            })?;
+            window.fence()?;
+            let mut region = vec![0.0; 2 * npb::CHECKSUM_POINTS];
+            for t in (0..world.size()).filter(|&t| t != world.rank()) {
+                let (start, count) = plan.regions[t];
+                let got = window.get(t, base + 2 * start, 2 * count)?;
+                region[2 * start..2 * (start + count)].copy_from_slice(&got);
+            }
+            // A GSYNC closes the reads, so the safe point after it may
+            // checkpoint without a barrier (003 §3.1.2's epoch condition).
+            window.fence()?;
+            for (p, (&o, &k)) in plan.owner.iter().zip(&plan.slot).enumerate() {
+                if o != world.rank() {
+                    all[2 * p..2 * p + 2].copy_from_slice(&region[2 * k..2 * k + 2]);
+                }
+            }
+        }
         Some(Exchanger::AllToAll { .. }) => {
             // One rank holds each point: the others add exact zeros.
             let mine = all.clone();
@@ -456,6 +508,9 @@ pub fn rank_main(ctx: &mut Ctx, p: &Params) -> Result<Verification> {
         Exchange::Put if !alone => Some(Exchanger::Put(
             // The checksum's values go after the largest rank's region, at
             // the same place in every rank's window.
+            world.allocate_window::<f64>(2 * grid.largest_len() + 2 * npb::CHECKSUM_POINTS)?,
+        )),
+        Exchange::Get if !alone => Some(Exchanger::Get(
             world.allocate_window::<f64>(2 * grid.largest_len() + 2 * npb::CHECKSUM_POINTS)?,
         )),
         Exchange::AllToAll if !alone => {

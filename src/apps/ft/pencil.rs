@@ -273,12 +273,31 @@ impl Transpose {
     /// target offset of a put): `m`'s [`Transpose::recv_offset`] for this
     /// rank, from the shape `m` will have.
     pub fn target_offset(self, g: &Grid, m: usize) -> usize {
-        let there = Grid {
+        self.recv_offset(&self.member_grid(g, m), self.me(g))
+    }
+
+    /// Where this rank's chunk starts in member `m`'s send buffer (the
+    /// source offset of a get): `m` packs the chunks of its other members
+    /// one after another in member order, each as large as the member
+    /// receives from it.
+    pub fn source_offset(self, g: &Grid, m: usize) -> usize {
+        (0..self.me(g))
+            .filter(|&k| k != m)
+            .map(|k| {
+                let there = self.member_grid(g, k);
+                let [s, mid, _] = there.shape(self.to());
+                s * mid * self.recv_range(&there, m).len()
+            })
+            .sum()
+    }
+
+    /// Member `m`'s grid coordinates (this rank's row or column).
+    fn member_grid(self, g: &Grid, m: usize) -> Grid {
+        Grid {
             a: if self.within_row() { m } else { g.a },
             b: if self.within_row() { g.b } else { m },
             ..*g
-        };
-        self.recv_offset(&there, self.me(g))
+        }
     }
 
     /// Pack what goes to member `m` from `src` (this rank's array in
