@@ -217,6 +217,23 @@ fn ft_survives_every_scenario() {
         .chain([ProtocolKind::Rma])
         .collect();
     check_app(AppKind::Ft, put, 4, 1, &with_rma);
+    // By gets from the members' windows: `rma` logs each at its target
+    // once the epoch closes (003 Alg. 1).
+    let get = AppParams {
+        transpose: Some(Exchange::Get),
+        ..common::class('S')
+    };
+    check_app(
+        AppKind::Ft,
+        get,
+        4,
+        1,
+        &[
+            ProtocolKind::Coordinated,
+            ProtocolKind::Pessimistic,
+            ProtocolKind::Rma,
+        ],
+    );
     let all_to_all = AppParams {
         transpose: Some(Exchange::AllToAll),
         ..common::class('S')
@@ -228,6 +245,36 @@ fn ft_survives_every_scenario() {
         1,
         &[ProtocolKind::Coordinated, ProtocolKind::Ulml],
     );
+}
+
+/// 003 Alg. 1 and Alg. 2 under `rma`: FT with get transposes, a rank
+/// killed between epochs, on every backend: the replacement's re-executed
+/// gets are answered from the logs at their targets (the members' memory
+/// has moved on), nothing falls back, and the checksums are NPB's.
+#[test]
+fn rma_answers_a_re_execution_s_gets_from_the_targets_logs() {
+    let get = AppParams {
+        transpose: Some(Exchange::Get),
+        ..common::class('S')
+    };
+    for backend in Backend::RECOVERING {
+        let base = common::config(backend, 4);
+        let (reference, _) = common::run(AppKind::Ft, &get, &base);
+        let cfg = base
+            .protocol(ProtocolKind::Rma)
+            .checkpoint_every(3)
+            .kill("2@62%".parse().expect("valid kill"));
+        let (v, st) = common::run(AppKind::Ft, &get, &cfg);
+        let what = format!("ft get on {backend} under rma, kill 2@62%");
+        assert!(v.verified, "{what}: not verified: {}", v.detail);
+        assert_eq!(v.value, reference.value, "{what}: value differs");
+        assert_eq!(st.access_fallbacks, 0, "{what}: fell back: {st:?}");
+        assert!(st.gets_logged > 0, "{what}: no get logged: {st:?}");
+        assert!(
+            st.gets_replayed > 0,
+            "{what}: no get answered from a log: {st:?}"
+        );
+    }
 }
 
 /// 003 §3.1.2 under `coordinated`: FT with puts synchronises only with

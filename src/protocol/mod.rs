@@ -18,7 +18,7 @@
 //! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (messages and RMA windows) |
 //! | [`ulml`] | 002 | implemented (messages and RMA windows) |
 //! | [`correlated`] | 004 §3 | implemented (messages and RMA windows) |
-//! | [`rma`] | 003 §3–§4 | fence epochs (puts, accumulates); gets and lock epochs planned |
+//! | [`rma`] | 003 §3–§4 | fence epochs (puts, accumulates, gets, fetching atomics); lock epochs planned |
 //! | `proactive` | 001 | planned |
 
 /// The `Protocol` methods of a protocol built over

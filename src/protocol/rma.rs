@@ -50,9 +50,24 @@
 //!   ([`Protocol::exposure_ready`]), so nothing meant for its predecessor
 //!   lands in them.
 //!
-//! Not yet here (issue 35): GETs (LG at the target, Q), lock epochs (SC,
-//! Alg. 3), coordinated checkpoints to fall back to, demand checkpoints.
-//! The engine refuses what is not protected with a clear error.
+//! - **Gets** (§3.2.3, Alg. 1): a read of the target (a get, a fetching
+//!   accumulate, a compare-and-swap) sets `N_q[p]` at the target before
+//!   the first of its epoch (acknowledged before it is issued); what it
+//!   returned goes into Q at the origin, and once the fence closing the
+//!   epoch returns, to the target's LG (`LogGets`), then `Close` clears N
+//!   (one channel, in that order). A fetching access is also combining,
+//!   logged in LP with M. A replacement re-executing an epoch its
+//!   predecessor may have closed pulls that epoch's LG from the target
+//!   (`PullGets`, Alg. 2's `get_logs`) and answers its reads from it in
+//!   issue order (per origin and target that is the GC order of §4.1 B);
+//!   a read the predecessor never made is issued. LG lives at the target,
+//!   so a target that failed too lost what it logged after its checkpoint
+//!   until it went live again: a re-execution that needs such an epoch
+//!   falls back. Reads of a target being recovered wait until it is live.
+//!
+//! Not yet here (issue 35): lock epochs (SC, Alg. 3) and coordinated
+//! checkpoints to fall back to. The engine refuses lock epochs with a
+//! clear error.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -126,6 +141,15 @@ pub enum AccessMsg {
         done: u64,
         /// The accesses, as `(EC, access)`, in issue order.
         accesses: Vec<(u64, RmaOp)>,
+    },
+    /// A replacement not yet live on `window` has replayed the epochs
+    /// before `epoch`: its window is as the fence opening `epoch` left it,
+    /// so reads of that epoch may go ahead (writes are still held).
+    Readable {
+        /// Window.
+        window: WinId,
+        /// Fences the replacement has entered on it.
+        epoch: u64,
     },
     /// A replacement is live on `window`: accesses to it go ahead through
     /// the driver from now on; answered by `LiveAck`.
@@ -357,6 +381,9 @@ pub struct Rma {
     live_at: BTreeMap<WinId, u64>,
     /// A get deferred until its target is live, or its log pulled.
     waiting_get: Option<(Rank, WinId)>,
+    /// Replacements not yet live, per window: the epoch their window is
+    /// in (`Readable`).
+    readable: BTreeMap<(Rank, WinId), u64>,
     counters: Counters,
     reported: Counters,
 }
@@ -387,6 +414,7 @@ impl Rma {
             lg_lost_from: None,
             live_at: BTreeMap::new(),
             waiting_get: None,
+            readable: BTreeMap::new(),
             counters: Counters::default(),
             reported: Counters::default(),
         }
@@ -463,9 +491,9 @@ impl Rma {
             .map(|live| live.contains(&window));
         let held = live == Some(false);
         if op.reads_target() {
-            if held {
-                // A read needs the window as it is: it waits until the
-                // target is live.
+            if held && !self.readable_in(target, window, gnc) {
+                // A read needs the window as this epoch has it: it waits
+                // until the target has replayed up to here.
                 self.waiting_get = Some((target, window));
                 cx.emit(Action::DeferAccess);
                 return;
@@ -722,13 +750,22 @@ impl Rma {
             self.counters.replayed += 1;
             cx.emit(Action::ApplyAccess { window, op });
         }
+        let entered = self.fences.get(&window).copied().unwrap_or(0);
+        if pull.behind {
+            // A rank ahead may be reading this epoch of the window, which
+            // is as it was now (the next fence's pull waits for every
+            // reader to close the epoch).
+            cx.broadcast(&Control::Access(AccessMsg::Readable {
+                window,
+                epoch: entered,
+            }));
+        }
         // No rank has passed this fence: this rank is at the front, its
         // window as it would have been. Until every rank acknowledges, some
         // may still hold accesses for it, which later pulls fetch.
         if !pull.behind && !rec.live.contains_key(&window) {
             let others = (0..cx.size).filter(|&r| r != cx.rank).collect();
             rec.live.insert(window, (others, 0));
-            let entered = self.fences.get(&window).copied().unwrap_or(0);
             self.live_at.insert(window, entered);
             cx.broadcast(&Control::Access(AccessMsg::Live { window }));
         }
@@ -887,6 +924,11 @@ impl Rma {
                     pull.got
                         .extend(accesses.into_iter().map(|(ec, op)| (ec, src, op)));
                     self.try_replay(window, cx);
+                }
+            }
+            AccessMsg::Readable { window, epoch } => {
+                if self.recovering.contains_key(&src) {
+                    self.readable.insert((src, window), epoch);
                 }
             }
             AccessMsg::Live { window } => {
@@ -1281,6 +1323,7 @@ impl Protocol for Rma {
                 for &d in dead {
                     // Its replacement starts again from its checkpoint.
                     self.peer_done.retain(|&(r, _), _| r != d);
+                    self.readable.retain(|&(r, _), _| r != d);
                     self.recovering.insert(d, BTreeSet::new());
                     self.opened.retain(|&(t, _)| t != d);
                     self.opening.retain(|&(t, _)| t != d);
@@ -1341,11 +1384,20 @@ impl Rma {
     /// Whether a deferred read of `target` on `window` still waits: for
     /// the target to be live, or for its logged gets.
     fn get_waits(&self, target: Rank, window: WinId) -> bool {
+        let gnc = self.fences.get(&window).copied().unwrap_or(0);
         self.waiting_get == Some((target, window))
-            && (self.access_held(target, window)
+            && ((self.access_held(target, window) && !self.readable_in(target, window, gnc))
                 || (self.recovery.as_ref()).is_some_and(|r| {
                     (r.asking.iter()).any(|&(t, w, _)| t == target && w == window)
                 }))
+    }
+
+    /// Whether replacement `target`, not live on `window`, has replayed up
+    /// to epoch `gnc` (its window is as that epoch reads it).
+    fn readable_in(&self, target: Rank, window: WinId, gnc: u64) -> bool {
+        self.readable
+            .get(&(target, window))
+            .is_some_and(|&e| e >= gnc)
     }
 
     /// Whether this replacement has not yet heard every rank's flags.
@@ -1470,6 +1522,171 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Alg. 1 at the origin and the target: N before the first read of an
+    /// epoch, what it returned kept in Q, sent to the target's LG when the
+    /// fence closing the epoch returns and only then N cleared (one
+    /// channel: `LogGets` before `Close`); the target keeps it until the
+    /// origin's checkpoint trims it and answers a replacement's
+    /// `PullGets` with it; a replacement answers its re-executed read from
+    /// that log, in issue order, and issues a read the log does not have.
+    #[test]
+    fn gets_are_logged_at_the_target_once_the_epoch_closes_and_answer_a_re_execution() {
+        let h = Harness::new(1, 4, 2);
+        let get = RmaOp::Get { offset: 0, len: 4 };
+        let mut origin = rma();
+        fence(&h, &mut origin); // epoch 1
+        let a = access(&h, &mut origin, 0, &get, false);
+        assert_eq!(sent(&a), vec![(0, AccessMsg::Open { window: W })]);
+        assert!(!origin.access_ready(0, W), "the read waits for N");
+        h.control(&mut origin, 0, AccessMsg::Opened { window: W });
+        assert!(origin.access_ready(0, W));
+        let data = Bytes::from_static(b"abcd");
+        h.run(
+            &mut origin,
+            Event::Fetched {
+                window: W,
+                target: 0,
+                data: &data,
+            },
+        );
+        fence(&h, &mut origin);
+        let a = h.run(&mut origin, Event::FenceDone { window: W });
+        assert_eq!(
+            sent(&a),
+            vec![
+                (
+                    0,
+                    AccessMsg::LogGets {
+                        window: W,
+                        epoch: 1,
+                        gets: vec![data.clone()]
+                    }
+                ),
+                (0, AccessMsg::Close { window: W }),
+            ]
+        );
+        // The target (rank 0).
+        let t = Harness::new(0, 4, 2);
+        let mut target = rma();
+        t.control(&mut target, 1, AccessMsg::Open { window: W });
+        for (_, m) in sent(&a) {
+            t.control(&mut target, 1, m);
+        }
+        assert_eq!(target.n_flags, BTreeSet::new(), "N cleared after the log");
+        let pulled = |target: &mut Rma, epoch| {
+            let a = t.control(target, 1, AccessMsg::PullGets { window: W, epoch });
+            sent(&a).into_iter().find_map(|(d, m)| match m {
+                AccessMsg::PulledGets { gets, lost, .. } if d == 1 => Some((gets, lost)),
+                _ => None,
+            })
+        };
+        assert_eq!(pulled(&mut target, 1), Some((vec![data.clone()], false)));
+        assert_eq!(pulled(&mut target, 2), Some((vec![], false)));
+        // The origin (rank 1) dies; its replacement re-executes epoch 1.
+        let (mut rep, _) = replacement(&h);
+        for r in [0, 2, 3] {
+            h.control(
+                &mut rep,
+                r,
+                AccessMsg::Flags {
+                    n: false,
+                    m: false,
+                    done: vec![],
+                },
+            );
+        }
+        fence(&h, &mut rep);
+        let a = access(&h, &mut rep, 0, &get, false);
+        assert!(a.contains(&Action::DeferAccess), "{a:?}");
+        assert_eq!(
+            sent(&a),
+            vec![(
+                0,
+                AccessMsg::PullGets {
+                    window: W,
+                    epoch: 1
+                }
+            )]
+        );
+        assert!(!rep.access_ready(0, W), "waits for the log");
+        h.control(
+            &mut rep,
+            0,
+            AccessMsg::PulledGets {
+                window: W,
+                epoch: 1,
+                gets: vec![data.clone()],
+                lost: false,
+            },
+        );
+        let a = access(&h, &mut rep, 0, &get, false);
+        assert_eq!(a, vec![Action::AnswerAccess(data)], "from the log");
+        // A second read in that epoch: the predecessor died before it.
+        let a = access(&h, &mut rep, 0, &get, false);
+        assert_eq!(sent(&a), vec![(0, AccessMsg::Open { window: W })], "issued");
+        // The origin's checkpoint trims the target's log.
+        t.control(
+            &mut target,
+            1,
+            AccessMsg::Trim {
+                fences: vec![(W, 2)],
+            },
+        );
+        assert_eq!(pulled(&mut target, 1), Some((vec![], false)));
+        assert_eq!(target.lg_bytes, 0);
+    }
+
+    /// A target that is a replacement itself lost the gets logged with its
+    /// predecessor after its checkpoint: it answers `lost` for those
+    /// epochs until it went live, and the asking replacement falls back.
+    #[test]
+    fn a_target_that_failed_too_says_its_get_log_is_lost_and_the_reader_falls_back() {
+        let t = Harness::new(0, 4, 2);
+        let (mut target, _) = replacement(&t);
+        let a = t.control(
+            &mut target,
+            1,
+            AccessMsg::PullGets {
+                window: W,
+                epoch: 0,
+            },
+        );
+        assert!(
+            sent(&a)
+                .iter()
+                .any(|(_, m)| matches!(m, AccessMsg::PulledGets { lost: true, .. }))
+        );
+        let h = Harness::new(1, 4, 2);
+        let (mut rep, _) = replacement(&h);
+        for r in [0, 2, 3] {
+            h.control(
+                &mut rep,
+                r,
+                AccessMsg::Flags {
+                    n: false,
+                    m: false,
+                    done: vec![],
+                },
+            );
+        }
+        access(&h, &mut rep, 0, &RmaOp::Get { offset: 0, len: 4 }, false);
+        let a = h.control(
+            &mut rep,
+            0,
+            AccessMsg::PulledGets {
+                window: W,
+                epoch: 0,
+                gets: vec![],
+                lost: true,
+            },
+        );
+        assert!(
+            a.iter()
+                .any(|a| matches!(a, Action::Fail(Error::Unrecoverable(_)))),
+            "{a:?}"
+        );
     }
 
     /// M (§4.2): set exactly while the origin's log to a rank holds a
