@@ -415,14 +415,17 @@ fn run_case(
                      holder was alive",
                     run.stats.needless_restarts
                 ))
-            } else if run.stats.job_restarts > 0
+            } else if run.stats.job_restarts > run.stats.access_fallbacks
                 && cfg.protocol.logs_messages()
                 && !holders_lost(cfg, &fired)
             {
+                // `rma` falls back on purpose when an N or M flag says a
+                // replay is unsafe (003 §3.2.3, §4.2): those restarts are
+                // the protocol's, not needless.
                 Some(format!(
-                    "the job started again from the beginning {} time(s), yet no rank died \
-                     with every holder of its checkpoint",
-                    run.stats.job_restarts
+                    "the job started again from the beginning {} time(s) ({} by an access \
+                     log's N or M flag), yet no rank died with every holder of its checkpoint",
+                    run.stats.job_restarts, run.stats.access_fallbacks
                 ))
             } else {
                 None
