@@ -1524,6 +1524,21 @@ mod tests {
             .expect("flags answered")
     }
 
+    /// Every rank of `ranks` answers `p`'s `Gather`: no flag set.
+    fn no_flags(h: &Harness, p: &mut Rma, ranks: &[Rank]) {
+        for &r in ranks {
+            h.control(
+                p,
+                r,
+                AccessMsg::Flags {
+                    n: false,
+                    m: false,
+                    done: vec![],
+                },
+            );
+        }
+    }
+
     fn sent(actions: &[Action]) -> Vec<(Rank, AccessMsg)> {
         actions
             .iter()
@@ -1599,17 +1614,7 @@ mod tests {
         assert_eq!(pulled(&mut target, 2), Some((vec![], false)));
         // The origin (rank 1) dies; its replacement re-executes epoch 1.
         let (mut rep, _) = replacement(&h);
-        for r in [0, 2, 3] {
-            h.control(
-                &mut rep,
-                r,
-                AccessMsg::Flags {
-                    n: false,
-                    m: false,
-                    done: vec![],
-                },
-            );
-        }
+        no_flags(&h, &mut rep, &[0, 2, 3]);
         fence(&h, &mut rep);
         let a = access(&h, &mut rep, 0, &get, false);
         assert!(a.contains(&Action::DeferAccess), "{a:?}");
@@ -1673,17 +1678,7 @@ mod tests {
         );
         let h = Harness::new(1, 4, 2);
         let (mut rep, _) = replacement(&h);
-        for r in [0, 2, 3] {
-            h.control(
-                &mut rep,
-                r,
-                AccessMsg::Flags {
-                    n: false,
-                    m: false,
-                    done: vec![],
-                },
-            );
-        }
+        no_flags(&h, &mut rep, &[0, 2, 3]);
         access(&h, &mut rep, 0, &RmaOp::Get { offset: 0, len: 4 }, false);
         let a = h.control(
             &mut rep,
