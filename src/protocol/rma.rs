@@ -489,7 +489,7 @@ impl Rma {
         cx: &mut ProtocolCx<'_>,
     ) {
         self.waiting_get = None;
-        let gnc = self.fences.get(&window).copied().unwrap_or(0);
+        let gnc = self.entered(window);
         if op.reads_target() && self.read_replayed((window, target), op, gnc, ec, cx) {
             return;
         }
@@ -788,7 +788,7 @@ impl Rma {
             .filter(|a| a.held && a.window == window && a.gnc == epoch)
             .map(|a| (a.ec, a.op.clone()))
             .collect();
-        let entered = self.fences.get(&window).copied().unwrap_or(0);
+        let entered = self.entered(window);
         let done = self.done.get(&window).copied().unwrap_or(0);
         Self::send(
             cx,
@@ -908,7 +908,7 @@ impl Rma {
                 self.on_flags(src, n, m, cx)
             }
             AccessMsg::Pull { window, epoch } => {
-                if self.fences.get(&window).copied().unwrap_or(0) > epoch {
+                if self.entered(window) > epoch {
                     self.answer_pull(src, window, epoch, cx);
                 } else {
                     // Still in that epoch (or a replacement behind): its
@@ -924,7 +924,7 @@ impl Rma {
                 accesses,
             } => {
                 self.learn_done(src, window, done);
-                let mine = self.fences.get(&window).copied().unwrap_or(0);
+                let mine = self.entered(window);
                 if let Some(pull) = (self.recovery.as_mut())
                     .and_then(|r| r.pulls.get_mut(&window))
                     .filter(|p| p.epoch == epoch && p.waiting.contains(&src))
@@ -945,7 +945,7 @@ impl Rma {
                 if let Some(live) = self.recovering.get_mut(&src) {
                     live.insert(window);
                 }
-                let entered = self.fences.get(&window).copied().unwrap_or(0);
+                let entered = self.entered(window);
                 Self::send(cx, src, AccessMsg::LiveAck { window, entered });
             }
             AccessMsg::LiveAck { window, entered } => {
@@ -1403,6 +1403,11 @@ impl Rma {
             }
             _ => false,
         }
+    }
+
+    /// Fences this rank has entered on `window` (the GNC of its accesses).
+    fn entered(&self, window: WinId) -> u64 {
+        self.fences.get(&window).copied().unwrap_or(0)
     }
 
     /// Whether replacement `target`, not live on `window`, has replayed up
