@@ -1426,7 +1426,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
     }
     if st.accesses_logged + st.gets_logged + st.access_fallbacks > 0 {
         println!(
-            "access log (003 §3.2): {} accesses ({}) logged at their origin, {} gets ({}) at their target, peak {} on one rank; {} replayed into recovering windows ({} held for them), {} gets answered from the log, {} not issued again by a re-execution; {} demand checkpoints asked for; {} recoveries fell back (N or M flag set, or get logs lost)",
+            "access log (003 §3.2): {} accesses ({}) logged at their origin, {} gets ({}) at their target, peak {} on one rank; {} replayed into recovering windows ({} held for them), {} gets answered from the log, {} not issued again by a re-execution; {} demand checkpoints asked for; {} recoveries fell back (N or M flag set, get logs lost, or passive-target epochs to replay)",
             st.accesses_logged,
             human_bytes(st.access_log_bytes),
             st.gets_logged,

@@ -3172,6 +3172,14 @@ impl Engine {
     /// as failure notices, are handled between attempts).
     fn acquire(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
         loop {
+            if self.direct_logged && target != self.rank {
+                // `rma`: the epoch's SC and N flag first (003 §4.1 C), so a
+                // lock held by a rank that fails is seen by its target. A
+                // target that died meanwhile is opened again, at its
+                // replacement.
+                self.handle(Event::LockOpen { window: id, target })?;
+                self.await_access(id, target)?;
+            }
             if let RmaReply::Granted(true) = self.rma_raw(id, target, RmaOp::TryLock(kind))? {
                 return Ok(());
             }
@@ -3188,7 +3196,6 @@ impl Engine {
     fn window_lock_here(&mut self, id: WinId, target: Rank, kind: LockType) -> Result<()> {
         self.enter()?;
         self.comm_calls += 1;
-        self.passive_target_protected(id)?;
         let w = self.win(id)?;
         if w.locks.contains_key(&target) || w.lock_all {
             return Err(Error::Rma {
@@ -3218,6 +3225,23 @@ impl Engine {
         self.win(id)?.locks.remove(&target);
         self.rma_raw(id, target, RmaOp::Unlock(kind))?;
         *self.win(id)?.state.per_target.entry(target).or_insert(0) += 1;
+        self.epoch_closed(id, &[target], true)
+    }
+
+    /// Tell a protocol that logs accesses (`rma`) that this origin's
+    /// epochs to `targets` on window `id` closed (by an unlock: `unlock`).
+    fn epoch_closed(&mut self, id: WinId, targets: &[Rank], unlock: bool) -> Result<()> {
+        if !self.direct_logged {
+            return Ok(());
+        }
+        let me = self.rank;
+        for &target in targets.iter().filter(|&&t| t != me) {
+            self.handle(Event::EpochClosed {
+                window: id,
+                target,
+                unlock,
+            })?;
+        }
         Ok(())
     }
 
@@ -3229,7 +3253,6 @@ impl Engine {
     fn window_lock_all_here(&mut self, id: WinId) -> Result<()> {
         self.enter()?;
         self.comm_calls += 1;
-        self.passive_target_protected(id)?;
         let w = self.win(id)?;
         if w.lock_all || !w.locks.is_empty() {
             return Err(Error::Rma {
@@ -3259,13 +3282,14 @@ impl Engine {
             });
         }
         self.settle(|p| p.window == id)?;
-        for t in self.win(id)?.group.clone() {
+        let group = self.win(id)?.group.clone();
+        for &t in &group {
             self.rma_raw(id, t, RmaOp::Unlock(LockType::Shared))?;
         }
         let w = self.win(id)?;
         w.lock_all = false;
         w.state.all_targets += 1;
-        Ok(())
+        self.epoch_closed(id, &group, true)
     }
 
     /// FLUSH(p -> q) (all targets if `None`): completes outstanding
@@ -3287,26 +3311,22 @@ impl Engine {
         self.win(id)?;
         self.settle(|p| p.window == id && target.is_none_or(|t| p.target == t))?;
         let w = self.win(id)?;
-        match target {
-            Some(t) => *w.state.per_target.entry(t).or_insert(0) += 1,
-            None => w.state.all_targets += 1,
-        }
-        Ok(())
-    }
-
-    /// Refuse a passive-target epoch the protocol does not protect.
-    fn passive_target_protected(&self, id: WinId) -> Result<()> {
-        if self.proto.passive_target() {
-            return Ok(());
-        }
-        Err(Error::Rma {
-            window: id,
-            detail: format!(
-                "protocol {} does not protect passive-target (lock) epochs yet (003 Alg. 3): \
-                 use fences, or pessimistic or coordinated",
-                self.proto.name()
-            ),
-        })
+        let locked: Vec<Rank> = match target {
+            Some(t) => {
+                *w.state.per_target.entry(t).or_insert(0) += 1;
+                vec![t]
+            }
+            None => {
+                w.state.all_targets += 1;
+                w.group.clone()
+            }
+        };
+        // A flush inside a fence epoch closes no passive-target epoch.
+        let w = self.win(id)?;
+        let locked: Vec<Rank> = (locked.into_iter())
+            .filter(|t| w.lock_all || w.locks.contains_key(t))
+            .collect();
+        self.epoch_closed(id, &locked, false)
     }
 
     /// E(p -> q) of 003 §2.2 for this origin.

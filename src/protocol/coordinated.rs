@@ -733,6 +733,8 @@ impl Protocol for Coordinated {
             | Event::FenceEnter { .. }
             | Event::Fetched { .. }
             | Event::FenceDone { .. }
+            | Event::LockOpen { .. }
+            | Event::EpochClosed { .. }
             | Event::Finish => {}
         }
     }

@@ -18,7 +18,7 @@
 //! | [`pessimistic`] | 004 §2, 002 §2.1 | implemented (messages and RMA windows) |
 //! | [`ulml`] | 002 | implemented (messages and RMA windows) |
 //! | [`correlated`] | 004 §3 | implemented (messages and RMA windows) |
-//! | [`rma`] | 003 §3–§4 | fence epochs (puts, accumulates, gets, fetching atomics); lock epochs planned |
+//! | [`rma`] | 003 §3–§4 | fence epochs (puts, accumulates, gets, fetching atomics) with causal replay; lock epochs logged with SC, their replay (Alg. 3) planned |
 //! | `proactive` | 001 | planned |
 
 /// The `Protocol` methods of a protocol built over
@@ -646,6 +646,27 @@ pub enum Event<'a> {
         /// Window.
         window: crate::driver::WinId,
     },
+    /// This origin is about to take the lock of `target`'s window (LOCK,
+    /// or one of `lock_all`'s): a passive-target epoch opens. The engine
+    /// then waits until [`Protocol::access_ready`] before the lock (`rma`:
+    /// the target's SC is fetched and its N flag set, 003 §4.1 C).
+    LockOpen {
+        /// Window.
+        window: crate::driver::WinId,
+        /// Target (world rank, not this rank).
+        target: Rank,
+    },
+    /// This origin's epoch to `target` on `window` closed: by an UNLOCK
+    /// (`unlock`, the passive-target epoch ends) or a FLUSH (the lock is
+    /// still held).
+    EpochClosed {
+        /// Window.
+        window: crate::driver::WinId,
+        /// Target (world rank, not this rank).
+        target: Rank,
+        /// Whether the lock was released.
+        unlock: bool,
+    },
     /// An access of the `Access` event just handled read `data` from
     /// `target` (a get, or the old contents a fetching accumulate or a
     /// compare-and-swap returned): 003 Alg. 1's `#get`, whose data is
@@ -954,11 +975,6 @@ pub trait Protocol: Send {
     /// exposes its windows only once every rank knows it is recovering, so
     /// that no access meant for its predecessor lands in it).
     fn exposure_ready(&self) -> bool {
-        true
-    }
-    /// Whether passive-target epochs (lock, lock_all) are protected; the
-    /// engine refuses them otherwise.
-    fn passive_target(&self) -> bool {
         true
     }
     /// Whether the protocol sees every application message that arrives

@@ -1647,7 +1647,9 @@ impl Protocol for Pessimistic {
             | Event::Access { .. }
             | Event::FenceEnter { .. }
             | Event::Fetched { .. }
-            | Event::FenceDone { .. } => {}
+            | Event::FenceDone { .. }
+            | Event::LockOpen { .. }
+            | Event::EpochClosed { .. } => {}
         }
     }
 }

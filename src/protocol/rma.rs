@@ -65,9 +65,18 @@
 //!   until it went live again: a re-execution that needs such an epoch
 //!   falls back. Reads of a target being recovered wait until it is live.
 //!
-//! Not yet here (issue 35): lock epochs (SC, Alg. 3) and coordinated
-//! checkpoints to fall back to. The engine refuses lock epochs with a
-//! clear error.
+//! - **Lock epochs** (§4.1 C–D): before LOCK(p -> q) the origin fetches
+//!   and increments `SC_q` at the target (`LockOpen`; the target sets N
+//!   too), and logs the epoch's writes in LP with it; its reads go to Q,
+//!   and to the target's LG when a flush or the unlock closes the epoch
+//!   (`LogLockGets`), then the unlock clears N (`LockClose`). A target
+//!   checkpoints only once no lock epoch on it is open (§3.2.2: "locking
+//!   the application data"; new locks wait until its piece is stored), so
+//!   its `Trim` cuts LP by SC.
+//!
+//! Not yet here (issue 35): the replay of lock epochs (Alg. 3: a recovery
+//! whose rank shared one since its checkpoint falls back, `Flags::locks`)
+//! and coordinated checkpoints to fall back to.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -106,6 +115,41 @@ pub enum AccessMsg {
     Trim {
         /// `(window, fences entered)` at the capture.
         fences: Vec<(WinId, u64)>,
+        /// Where its passive-target epochs stood at the capture.
+        locks: LockCut,
+    },
+    /// Origin to target, before the lock of a passive-target epoch: fetch
+    /// and increment `SC_q` (003 §4.1 C) and set `N_q[p]` (the epoch is
+    /// open); answered by `LockOpened`.
+    LockOpen {
+        /// Window.
+        window: WinId,
+    },
+    /// Target to origin: the epoch's SC (its accesses carry it).
+    LockOpened {
+        /// Window.
+        window: WinId,
+        /// `SC_q` before the increment.
+        sc: u64,
+    },
+    /// Origin to target, after the unlock: the epoch closed (`N_q[p] :=
+    /// false`), the `closes`-th passive-target epoch the origin closed.
+    LockClose {
+        /// Window.
+        window: WinId,
+        /// The origin's count of closed passive-target epochs.
+        closes: u64,
+    },
+    /// Origin to target, when a passive-target epoch closes (unlock or
+    /// flush): the data its gets there returned, for `LG_q[p]` (003 Alg. 1
+    /// lines 4–7, §4.1 D), numbered per origin.
+    LogLockGets {
+        /// Window.
+        window: WinId,
+        /// The origin's count of such messages before this one.
+        seq: u64,
+        /// What each returned, in issue order.
+        gets: Vec<Bytes>,
     },
     /// A replacement asks every rank for its flags about it (Alg. 2 lines
     /// 4–11).
@@ -117,6 +161,11 @@ pub enum AccessMsg {
         n: bool,
         /// The log holds a combining access to the replacement's rank.
         m: bool,
+        /// The replacement's predecessor took part in a passive-target
+        /// epoch with the sender since its checkpoint (its accesses there,
+        /// or the sender's to it, would be replayed by 003 Alg. 3, which
+        /// is not implemented yet).
+        locks: bool,
         /// `(window, fences completed)`.
         done: Vec<(WinId, u64)>,
     },
@@ -199,6 +248,20 @@ pub enum AccessMsg {
     },
 }
 
+/// Where a rank's passive-target epochs stood when it captured a
+/// checkpoint (the §6.2 confirmation's counters, for lock codes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LockCut {
+    /// `SC_q` per window: accesses to it with a smaller SC are in the
+    /// checkpoint (no passive-target epoch on it was open: §3.2.2's lock
+    /// of the local data).
+    pub sc: Vec<(WinId, u64)>,
+    /// `LogLockGets` sent before: the gets they logged are not read again.
+    pub gets_sent: u64,
+    /// Passive-target epochs closed before.
+    pub closes: u64,
+}
+
 /// One entry of `LP_p[q]` (003 Table 2) with its §4.1 order information.
 #[derive(Debug, Clone, PartialEq)]
 struct Logged {
@@ -207,6 +270,9 @@ struct Logged {
     gnc: u64,
     /// The origin's epoch counter `E(p -> q)` (EC).
     ec: u64,
+    /// The target's SC of the passive-target epoch it was issued in (003
+    /// §4.1 C); `None` in a fence epoch.
+    sc: Option<u64>,
     op: RmaOp,
     /// May be pulled by a replacement of the target: every access but
     /// those issued to a replacement after it said it is live (which has
@@ -245,6 +311,8 @@ struct LoggedGet {
     window: WinId,
     /// The epoch's GNC.
     gnc: u64,
+    /// In a passive-target epoch: the `LogLockGets` it came in.
+    seq: Option<u64>,
     data: Bytes,
 }
 
@@ -272,16 +340,22 @@ struct SavedAccess {
     window: WinId,
     gnc: u64,
     ec: u64,
+    sc: Option<u64>,
     op: SavedOp,
 }
+
+/// An LG entry as a piece saves it: `(window, GNC, seq)`.
+type SavedGet = (WinId, u64, Option<u64>);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SavedState {
     fences: Vec<(WinId, u64)>,
     lp: Vec<(Rank, Vec<SavedAccess>)>,
-    /// LG: per origin, `(window, GNC)` of each logged get, whose data are
-    /// the blobs after LP's.
-    lg: Vec<(Rank, Vec<(WinId, u64)>)>,
+    /// LG: per origin, `(window, GNC, seq)` of each logged get, whose
+    /// data are the blobs after LP's.
+    lg: Vec<(Rank, Vec<SavedGet>)>,
+    /// SC, `LogLockGets` sent and passive-target epochs closed.
+    locks: LockCut,
 }
 
 /// A pull of one epoch's accesses, while its answers come in.
@@ -318,6 +392,49 @@ impl Recovery {
         self.live
             .get(&window)
             .is_none_or(|(unacked, last)| !unacked.is_empty() || closing <= *last)
+    }
+}
+
+/// The passive-target (lock) side of a rank: as an origin and as a target.
+#[derive(Debug, Default)]
+struct Locks {
+    /// Target: `SC_q` per window.
+    sc: BTreeMap<WinId, u64>,
+    /// Target: the origins' open passive-target epochs on it.
+    open_here: BTreeSet<(Rank, WinId)>,
+    /// Target: per origin, the most passive-target epochs it said it had
+    /// closed (`LockClose`), and as many as its last checkpoint had.
+    closes_from: BTreeMap<Rank, (u64, u64)>,
+    /// Target: a checkpoint waits for the epochs on it to close
+    /// (§3.2.2's lock of the local data): its capture's actions.
+    quiescing: Option<Vec<Action>>,
+    /// Target: lock requests that wait until the checkpoint is stored,
+    /// and the generation it is stored as.
+    queued: Vec<(Rank, WinId)>,
+    queued_until: Option<u64>,
+    /// Origin: the SC of each open passive-target epoch, by target.
+    open: BTreeMap<(Rank, WinId), u64>,
+    /// Origin: of those, the ones whose target died since they opened.
+    stale: BTreeSet<(Rank, WinId)>,
+    /// Origin: a lock that waits until its target's replacement announced
+    /// itself.
+    waiting: Option<(Rank, WinId)>,
+    /// Origin: `LogLockGets` sent.
+    gets_sent: u64,
+    /// Origin: passive-target epochs closed.
+    closes: u64,
+    /// Replacements that announced themselves (`Gather`).
+    announced: BTreeSet<Rank>,
+}
+
+impl Locks {
+    /// Where the epochs stand, for a checkpoint's `Trim`.
+    fn cut(&self) -> LockCut {
+        LockCut {
+            sc: self.sc.iter().map(|(&w, &n)| (w, n)).collect(),
+            gets_sent: self.gets_sent,
+            closes: self.closes,
+        }
     }
 }
 
@@ -366,7 +483,7 @@ pub struct Rma {
     /// Of those, the ones not acknowledged yet (accesses wait).
     opening: BTreeSet<(Rank, WinId)>,
     /// Captured, not yet stored: generation → fences entered per window.
-    capturing: BTreeMap<u64, Vec<(WinId, u64)>>,
+    capturing: BTreeMap<u64, (Vec<(WinId, u64)>, LockCut)>,
     /// A replacement's recovery, until it is live on every window it
     /// fences.
     recovery: Option<Recovery>,
@@ -394,6 +511,8 @@ pub struct Rma {
     /// Replacements not yet live, per window: the epoch their window is
     /// in (`Readable`).
     readable: BTreeMap<(Rank, WinId), u64>,
+    /// Passive-target epochs (003 §4.1 C–D).
+    locks: Locks,
     counters: Counters,
     reported: Counters,
 }
@@ -425,6 +544,7 @@ impl Rma {
             live_at: BTreeMap::new(),
             waiting_get: None,
             readable: BTreeMap::new(),
+            locks: Locks::default(),
             counters: Counters::default(),
             reported: Counters::default(),
         }
@@ -490,6 +610,10 @@ impl Rma {
     ) {
         self.waiting_get = None;
         let gnc = self.entered(window);
+        if let Some(&sc) = self.locks.open.get(&(target, window)) {
+            self.on_locked_access((window, target), op, (gnc, ec, sc), cx);
+            return;
+        }
         if op.reads_target() && self.read_replayed((window, target), op, gnc, ec, cx) {
             return;
         }
@@ -519,6 +643,7 @@ impl Rma {
             window,
             gnc,
             ec,
+            sc: None,
             op: op.clone(),
             held: live != Some(true),
         };
@@ -547,6 +672,143 @@ impl Rma {
         } else if combining {
             self.open_epoch(target, window, cx);
         }
+    }
+
+    /// An access in a passive-target epoch (003 §4.1 C–D): logged in LP
+    /// with its SC (a write), or in Q (a read, once it returned). None of
+    /// them was made by a predecessor this rank re-executes for (that
+    /// recovery falls back: `Flags::locks`), so each is issued, unless the
+    /// target died in the epoch: then it is held, and a read waits (the
+    /// target's replacement falls back, the epoch being open).
+    fn on_locked_access(
+        &mut self,
+        (window, target): (WinId, Rank),
+        op: &RmaOp,
+        (gnc, ec, sc): (u64, u64, u64),
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        let stale = self.locks.stale.contains(&(target, window));
+        if op.reads_target() {
+            if stale {
+                self.waiting_get = Some(ReadWait::Target(target, window, u64::MAX));
+                cx.emit(Action::DeferAccess);
+                return;
+            }
+            if !op.combines() {
+                return;
+            }
+        }
+        let logged = Logged {
+            window,
+            gnc,
+            ec,
+            sc: Some(sc),
+            op: op.clone(),
+            held: true,
+        };
+        self.log_access(target, logged, cx);
+        if stale {
+            self.counters.held += 1;
+            cx.emit(Action::SkipAccess);
+        }
+    }
+
+    /// LOCK(p -> q) is next: fetch `SC_q` and set `N_q[p]` first (accesses
+    /// wait for the answer), at the target's replacement once it announced
+    /// itself if the target died.
+    fn on_lock_open(&mut self, window: WinId, target: Rank, cx: &mut ProtocolCx<'_>) {
+        self.locks.waiting = None;
+        if self.opened.contains(&(target, window)) {
+            return;
+        }
+        if self.recovering.contains_key(&target) && !self.locks.announced.contains(&target) {
+            self.locks.waiting = Some((target, window));
+            return;
+        }
+        self.opened.insert((target, window));
+        self.opening.insert((target, window));
+        Self::send(cx, target, AccessMsg::LockOpen { window });
+    }
+
+    /// The epoch to `target` on `window` closed (an unlock if `unlock`, else
+    /// a flush): its gets go to the target's LG, then an unlock clears the
+    /// N flag (Alg. 1 lines 4–8, one channel, so in that order).
+    fn close_lock_epoch(
+        &mut self,
+        (window, target): (WinId, Rank),
+        unlock: bool,
+        cx: &mut ProtocolCx<'_>,
+    ) {
+        let mut gets = Vec::new();
+        self.q.retain(|(t, w, data)| {
+            let this = (*t, *w) == (target, window);
+            if this {
+                gets.push(data.clone());
+            }
+            !this
+        });
+        // A target that died in the epoch has no LG for it any more.
+        if !gets.is_empty() && !self.locks.stale.contains(&(target, window)) {
+            let seq = self.locks.gets_sent;
+            self.locks.gets_sent += 1;
+            Self::send(cx, target, AccessMsg::LogLockGets { window, seq, gets });
+        }
+        if !unlock {
+            return;
+        }
+        self.locks.open.remove(&(target, window));
+        self.locks.stale.remove(&(target, window));
+        self.opening.remove(&(target, window));
+        if self.opened.remove(&(target, window)) {
+            self.locks.closes += 1;
+            Self::send(
+                cx,
+                target,
+                AccessMsg::LockClose {
+                    window,
+                    closes: self.locks.closes,
+                },
+            );
+        }
+    }
+
+    /// Target: open an origin's passive-target epoch (`SC_q`, fetched and
+    /// incremented, and `N_q[p]`).
+    fn grant_lock(&mut self, origin: Rank, window: WinId, cx: &mut ProtocolCx<'_>) {
+        let sc = self.locks.sc.entry(window).or_insert(0);
+        let at = *sc;
+        *sc += 1;
+        self.n_flags.insert((origin, window));
+        self.locks.open_here.insert((origin, window));
+        Self::send(cx, origin, AccessMsg::LockOpened { window, sc: at });
+    }
+
+    /// A checkpoint that waits for the passive-target epochs on this rank
+    /// to close is captured once they have.
+    fn unquiesce(&mut self, cx: &mut ProtocolCx<'_>) {
+        if !self.locks.open_here.is_empty() {
+            return;
+        }
+        for a in self.locks.quiescing.take().into_iter().flatten() {
+            cx.emit(a);
+        }
+    }
+
+    /// Whether a lock waits for its target's replacement to announce
+    /// itself.
+    fn lock_waits(&self, target: Rank, window: WinId) -> bool {
+        self.locks.waiting == Some((target, window))
+            && self.recovering.contains_key(&target)
+            && !self.locks.announced.contains(&target)
+    }
+
+    /// Whether this rank took part in passive-target epochs (a replacement
+    /// that did cannot say what its predecessor had since its checkpoint).
+    fn any_passive(&self) -> bool {
+        !self.locks.sc.is_empty()
+            || self.locks.closes > 0
+            || !self.locks.open.is_empty()
+            || self.lp.values().flatten().any(|a| a.sc.is_some())
     }
 
     /// Append `a` to `LP_p[target]`.
@@ -627,6 +889,7 @@ impl Rma {
                 window,
                 gnc,
                 ec,
+                sc: None,
                 op: op.clone(),
                 held,
             };
@@ -785,7 +1048,7 @@ impl Rma {
     /// closed that epoch).
     fn answer_pull(&self, r: Rank, window: WinId, epoch: u64, cx: &mut ProtocolCx<'_>) {
         let accesses = (self.lp.get(&r).into_iter().flatten())
-            .filter(|a| a.held && a.window == window && a.gnc == epoch)
+            .filter(|a| a.held && a.sc.is_none() && a.window == window && a.gnc == epoch)
             .map(|a| (a.ec, a.op.clone()))
             .collect();
         let entered = self.entered(window);
@@ -815,21 +1078,36 @@ impl Rma {
             AccessMsg::Close { window } => {
                 self.n_flags.remove(&(src, window));
             }
-            AccessMsg::Trim { fences } => {
+            AccessMsg::Trim { fences, locks } => {
                 self.asked.remove(&src);
                 let captured = |w: WinId, gnc: u64| {
                     (fences.iter()).any(|&(fw, entered)| fw == w && gnc < entered)
                 };
+                // Passive-target epochs with a smaller SC were closed at
+                // the capture (§3.2.2), so their accesses are in it.
+                let sc_cut = |w: WinId| {
+                    (locks.sc.iter())
+                        .find(|&&(lw, _)| lw == w)
+                        .map_or(0, |&(_, sc)| sc)
+                };
+                let closes = self.locks.closes_from.entry(src).or_default();
+                closes.1 = closes.1.max(locks.closes);
                 if let Some(log) = self.lp.get_mut(&src) {
                     let before: usize = log.iter().map(Logged::bytes).sum();
-                    log.retain(|a| !captured(a.window, a.gnc));
+                    log.retain(|a| match a.sc {
+                        None => !captured(a.window, a.gnc),
+                        Some(sc) => sc >= sc_cut(a.window),
+                    });
                     let after: usize = log.iter().map(Logged::bytes).sum();
                     self.lp_bytes -= before - after;
                 }
                 // LG_q[p] too: `src` re-executes none of those gets.
                 if let Some(log) = self.lg.get_mut(&src) {
                     let before: usize = log.iter().map(|g| g.data.len()).sum();
-                    log.retain(|g| !captured(g.window, g.gnc));
+                    log.retain(|g| match g.seq {
+                        None => !captured(g.window, g.gnc),
+                        Some(seq) => seq >= locks.gets_sent,
+                    });
                     let after: usize = log.iter().map(|g| g.data.len()).sum();
                     self.lg_bytes -= before - after;
                 }
@@ -845,17 +1123,51 @@ impl Rma {
                     log.push_back(LoggedGet {
                         window,
                         gnc: epoch,
+                        seq: None,
                         data,
                     });
                 }
                 self.demand_checkpoint(cx);
+            }
+            AccessMsg::LogLockGets { window, seq, gets } => {
+                let log = self.lg.entry(src).or_default();
+                for data in gets {
+                    self.lg_bytes += data.len();
+                    log.push_back(LoggedGet {
+                        window,
+                        gnc: 0,
+                        seq: Some(seq),
+                        data,
+                    });
+                }
+                self.demand_checkpoint(cx);
+            }
+            AccessMsg::LockOpen { window } => {
+                if self.locks.quiescing.is_some() || self.locks.queued_until.is_some() {
+                    // This rank's checkpoint holds its local data.
+                    self.locks.queued.push((src, window));
+                } else {
+                    self.grant_lock(src, window, cx);
+                }
+            }
+            AccessMsg::LockOpened { window, sc } => {
+                self.opening.remove(&(src, window));
+                self.locks.open.insert((src, window), sc);
+                self.locks.stale.remove(&(src, window));
+            }
+            AccessMsg::LockClose { window, closes } => {
+                self.n_flags.remove(&(src, window));
+                self.locks.open_here.remove(&(src, window));
+                let c = self.locks.closes_from.entry(src).or_default();
+                c.0 = c.0.max(closes);
+                self.unquiesce(cx);
             }
             AccessMsg::PullGets { window, epoch } => {
                 // Every get of that epoch is here, or none was made: the
                 // replacement pulls only after its `Gather` found no N
                 // flag, and frames of its predecessor are dropped.
                 let gets = (self.lg.get(&src).into_iter().flatten())
-                    .filter(|g| g.window == window && g.gnc == epoch)
+                    .filter(|g| g.seq.is_none() && g.window == window && g.gnc == epoch)
                     .map(|g| g.data.clone())
                     .collect();
                 let lost = self.lg_lost(window, epoch);
@@ -880,6 +1192,7 @@ impl Rma {
                 // `src` is a replacement: its windows get no access of ours
                 // until it is live on them (it exposes them only once every
                 // rank has answered this).
+                self.locks.announced.insert(src);
                 if let std::collections::btree_map::Entry::Vacant(e) = self.recovering.entry(src) {
                     e.insert(BTreeSet::new());
                     for a in self.lp.get_mut(&src).into_iter().flatten() {
@@ -896,16 +1209,24 @@ impl Rma {
                 } else {
                     (self.lp.get(&src)).is_some_and(|l| l.iter().any(Logged::combining))
                 };
+                // Passive-target epochs of the predecessor since its
+                // checkpoint, as an origin here (closed ones, or open: the
+                // epoch held for it), or as a target (logged here).
+                let locks = (self.lp.get(&src)).is_some_and(|l| l.iter().any(|a| a.sc.is_some()))
+                    || self.locks.stale.iter().any(|&(t, _)| t == src)
+                    || (self.locks.closes_from.get(&src))
+                        .is_some_and(|&(closed, trimmed)| closed > trimmed)
+                    || (self.lg_lost_from.is_some() && self.any_passive());
                 // The replacement starts a new line of epochs.
                 self.n_flags.retain(|&(r, _)| r != src);
                 let done = self.done.iter().map(|(&w, &d)| (w, d)).collect();
-                Self::send(cx, src, AccessMsg::Flags { n, m, done });
+                Self::send(cx, src, AccessMsg::Flags { n, m, locks, done });
             }
-            AccessMsg::Flags { n, m, done } => {
+            AccessMsg::Flags { n, m, locks, done } => {
                 for (w, d) in done {
                     self.learn_done(src, w, d);
                 }
-                self.on_flags(src, n, m, cx)
+                self.on_flags(src, (n, m, locks), cx)
             }
             AccessMsg::Pull { window, epoch } => {
                 if self.entered(window) > epoch {
@@ -1037,18 +1358,34 @@ impl Rma {
         rec.gets.insert((src, window, epoch), gets.into());
     }
 
-    fn on_flags(&mut self, src: Rank, n: bool, m: bool, cx: &mut ProtocolCx<'_>) {
+    fn on_flags(&mut self, src: Rank, (n, m, locks): (bool, bool, bool), cx: &mut ProtocolCx<'_>) {
         let Some(rec) = self.recovery.as_mut() else {
             return;
         };
         if !rec.flags_pending.remove(&src) {
             return;
         }
+        if locks && !n && !m {
+            self.counters.fallbacks += 1;
+            self.report(cx);
+            cx.emit(Action::Fail(Error::Unrecoverable(
+                format!(
+                    "rank {src} shared passive-target (lock) epochs with rank {} since its \
+                     checkpoint: their causal replay (003 Alg. 3) is not implemented yet, so \
+                     the job falls back to the last coordinated checkpoint, which under rma \
+                     is the start",
+                    cx.rank
+                )
+                .into(),
+            )));
+            return;
+        }
         if n || m {
             let which = match (n, m) {
                 (true, true) => "N and M flags",
                 (true, false) => {
-                    "N flag (an epoch of its combining accesses to this rank was open)"
+                    "N flag (an epoch of its reads or combining accesses to this rank, or \
+                     its lock of it, was open)"
                 }
                 _ => "M flag (its log holds a combining access this rank's checkpoint may include)",
             };
@@ -1111,6 +1448,7 @@ impl Protocol for Rma {
             && self.flags_known()
             && !self.opening.contains(&(target, window))
             && !self.get_waits(target, window)
+            && !self.lock_waits(target, window)
     }
 
     fn access_held(&self, target: Rank, window: WinId) -> bool {
@@ -1126,10 +1464,6 @@ impl Protocol for Rma {
     fn exposure_ready(&self) -> bool {
         // Every rank has heard this rank is recovering (`Gather` answered).
         self.p2p.hsr_known() && self.flags_known()
-    }
-
-    fn passive_target(&self) -> bool {
-        false
     }
 
     fn save_state(&self, piece: &mut PieceWriter<'_>) -> Result<()> {
@@ -1177,6 +1511,7 @@ impl Protocol for Rma {
                         window: a.window,
                         gnc: a.gnc,
                         ec: a.ec,
+                        sc: a.sc,
                         op,
                     })
                 });
@@ -1187,7 +1522,7 @@ impl Protocol for Rma {
             .map(|(&o, log)| {
                 let saved = log.iter().map(|g| {
                     blobs.push(&g.data);
-                    (g.window, g.gnc)
+                    (g.window, g.gnc, g.seq)
                 });
                 (o, saved.collect())
             })
@@ -1196,6 +1531,7 @@ impl Protocol for Rma {
             fences: self.fences.iter().map(|(&w, &n)| (w, n)).collect(),
             lp,
             lg,
+            locks: self.locks.cut(),
         };
         append_with_blobs(&st, &blobs, piece)
     }
@@ -1251,6 +1587,7 @@ impl Protocol for Rma {
                     window: a.window,
                     gnc: a.gnc,
                     ec: a.ec,
+                    sc: a.sc,
                     op,
                     // Restored: the targets may have died with this rank.
                     held: true,
@@ -1263,12 +1600,20 @@ impl Protocol for Rma {
         self.lg_bytes = 0;
         for (o, saved) in st.lg {
             let log = self.lg.entry(o).or_default();
-            for (window, gnc) in saved {
+            for (window, gnc, seq) in saved {
                 let data = next();
                 self.lg_bytes += data.len();
-                log.push_back(LoggedGet { window, gnc, data });
+                log.push_back(LoggedGet {
+                    window,
+                    gnc,
+                    seq,
+                    data,
+                });
             }
         }
+        self.locks.sc = st.locks.sc.into_iter().collect();
+        self.locks.gets_sent = st.locks.gets_sent;
+        self.locks.closes = st.locks.closes;
         self.fences = st.fences.into_iter().collect();
         // A piece is captured right after a fence completed.
         self.done = self.fences.clone();
@@ -1296,6 +1641,12 @@ impl Protocol for Rma {
                 *self.done.entry(window).or_insert(0) += 1;
                 self.close_epoch(window, cx);
             }
+            Event::LockOpen { window, target } => self.on_lock_open(window, target, cx),
+            Event::EpochClosed {
+                window,
+                target,
+                unlock,
+            } => self.close_lock_epoch((window, target), unlock, cx),
             Event::Fetched {
                 window,
                 target,
@@ -1311,18 +1662,34 @@ impl Protocol for Rma {
                 let condition = cx.after_gsync || self.fences.is_empty();
                 self.p2p
                     .hold_schedule(!condition || self.recovery_pending());
+                let before = cx.actions.len();
                 if let Some(generation) = self.p2p.safe_point_captures(index, cx) {
                     let fences = self.fences.iter().map(|(&w, &n)| (w, n)).collect();
-                    self.capturing.insert(generation, fences);
+                    self.capturing
+                        .insert(generation, (fences, self.locks.cut()));
+                    if !self.locks.open_here.is_empty() {
+                        // §3.2.2 (1), "locking the application data": the
+                        // capture waits until the passive-target epochs on
+                        // this rank close, and new ones wait until the
+                        // piece is stored (SC is then the cut).
+                        self.locks.quiescing = Some(cx.actions.split_off(before));
+                        self.locks.queued_until = Some(generation);
+                    }
                 }
                 self.report(cx);
             }
             Event::PieceStored { generation } => {
                 self.p2p.handle(Event::PieceStored { generation }, cx);
-                if let Some(fences) = self.capturing.remove(&generation) {
+                if let Some((fences, locks)) = self.capturing.remove(&generation) {
                     self.capturing.retain(|&g, _| g > generation);
-                    if !fences.is_empty() {
-                        cx.broadcast(&Control::Access(AccessMsg::Trim { fences }));
+                    if !fences.is_empty() || locks != LockCut::default() {
+                        cx.broadcast(&Control::Access(AccessMsg::Trim { fences, locks }));
+                    }
+                }
+                if self.locks.queued_until.is_some_and(|g| generation >= g) {
+                    self.locks.queued_until = None;
+                    for (origin, window) in std::mem::take(&mut self.locks.queued) {
+                        self.grant_lock(origin, window, cx);
                     }
                 }
             }
@@ -1339,6 +1706,18 @@ impl Protocol for Rma {
                     self.opening.retain(|&(t, _)| t != d);
                     self.deferred_pulls.retain(|&(r, _, _)| r != d);
                     self.asked.remove(&d);
+                    // Its open passive-target epochs: those on it are held
+                    // (its replacement falls back, they being open), those
+                    // here no longer hold a checkpoint back.
+                    self.locks.announced.remove(&d);
+                    let stale: Vec<(Rank, WinId)> = (self.locks.open.keys())
+                        .filter(|&&(t, _)| t == d)
+                        .copied()
+                        .collect();
+                    self.locks.stale.extend(stale);
+                    self.locks.open_here.retain(|&(r, _)| r != d);
+                    self.locks.queued.retain(|&(r, _)| r != d);
+                    self.unquiesce(cx);
                     // What its window had is gone with it.
                     for a in self.lp.get_mut(&d).into_iter().flatten() {
                         a.held = true;
@@ -1355,6 +1734,8 @@ impl Protocol for Rma {
                 self.recovery = Some(Recovery::default());
                 self.opened.clear();
                 self.opening.clear();
+                self.locks.open.clear();
+                self.locks.stale.clear();
                 self.p2p.handle(Event::Recover { epoch, replacement }, cx);
             }
             Event::Restored { generation } => {
@@ -1366,7 +1747,13 @@ impl Protocol for Rma {
                     self.lg_bytes = 0;
                     self.fences.clear();
                     self.done.clear();
+                    self.locks = Locks::default();
                 }
+                // Its predecessor's epochs, origin or target side, died
+                // with it (the ranks that shared them report it).
+                self.locks.open.clear();
+                self.locks.stale.clear();
+                self.locks.open_here.clear();
                 // Gets logged here after the checkpoint are gone; what
                 // this incarnation read is not logged yet.
                 self.q.clear();
@@ -1538,6 +1925,7 @@ mod tests {
                 AccessMsg::Flags {
                     n: false,
                     m: false,
+                    locks: false,
                     done: vec![],
                 },
             );
@@ -1655,6 +2043,7 @@ mod tests {
             1,
             AccessMsg::Trim {
                 fences: vec![(W, 2)],
+                locks: LockCut::default(),
             },
         );
         assert_eq!(pulled(&mut target, 1), Some((vec![], false)));
@@ -1728,6 +2117,7 @@ mod tests {
                     1,
                     AccessMsg::Trim {
                         fences: vec![(W, entered)],
+                        locks: LockCut::default(),
                     },
                 );
             }
@@ -1754,6 +2144,198 @@ mod tests {
         let mut trimmed = origin(true, Some(2));
         assert_eq!(trimmed.lp_bytes, 0);
         assert_eq!(flags(&h, &mut trimmed, 1), (false, false), "trimmed");
+    }
+
+    /// Rank `asker`'s `locks` flag when it asks `p`.
+    fn lock_flag(h: &Harness, p: &mut Rma, asker: Rank) -> bool {
+        let a = h.control(p, asker, AccessMsg::Gather);
+        a.iter()
+            .find_map(|a| match a {
+                Action::Transmit {
+                    dest,
+                    msg: Control::Access(AccessMsg::Flags { locks, .. }),
+                } if *dest == asker => Some(*locks),
+                _ => None,
+            })
+            .expect("flags answered")
+    }
+
+    fn cut(sc: u64, gets_sent: u64, closes: u64) -> AccessMsg {
+        AccessMsg::Trim {
+            fences: vec![],
+            locks: LockCut {
+                sc: vec![(W, sc)],
+                gets_sent,
+                closes,
+            },
+        }
+    }
+
+    /// A passive-target epoch at its origin (003 §4.1 C–D): the lock
+    /// waits for the target's SC, writes are logged with it, reads go to
+    /// Q and to the target's LG when a flush or the unlock closes the
+    /// epoch, then the unlock clears N; the target's checkpoint past that
+    /// SC trims the log.
+    #[test]
+    fn a_lock_epoch_fetches_sc_logs_with_it_and_closes() {
+        let h = Harness::new(0, 4, 2);
+        let mut p = rma();
+        let a = h.run(
+            &mut p,
+            Event::LockOpen {
+                window: W,
+                target: 1,
+            },
+        );
+        assert_eq!(sent(&a), vec![(1, AccessMsg::LockOpen { window: W })]);
+        assert!(!p.access_ready(1, W), "the lock waits for SC");
+        h.control(&mut p, 1, AccessMsg::LockOpened { window: W, sc: 5 });
+        assert!(p.access_ready(1, W));
+        let a = h.run(
+            &mut p,
+            Event::LockOpen {
+                window: W,
+                target: 1,
+            },
+        );
+        assert!(sent(&a).is_empty(), "a retried lock opens once");
+        let a = access(&h, &mut p, 1, &put(0), false);
+        assert!(!a.contains(&Action::SkipAccess), "issued");
+        assert_eq!(p.lp[&1].back().map(|l| l.sc), Some(Some(5)));
+        let get = RmaOp::Get { offset: 0, len: 8 };
+        let a = access(&h, &mut p, 1, &get, false);
+        assert!(sent(&a).is_empty() && !a.contains(&Action::DeferAccess));
+        assert_eq!(p.lp[&1].len(), 1, "a get is not in LP");
+        let data = Bytes::from(vec![3u8; 8]);
+        h.run(
+            &mut p,
+            Event::Fetched {
+                window: W,
+                target: 1,
+                data: &data,
+            },
+        );
+        let closed = |p: &mut Rma, unlock| {
+            sent(&h.run(
+                p,
+                Event::EpochClosed {
+                    window: W,
+                    target: 1,
+                    unlock,
+                },
+            ))
+        };
+        assert_eq!(
+            closed(&mut p, false),
+            vec![(
+                1,
+                AccessMsg::LogLockGets {
+                    window: W,
+                    seq: 0,
+                    gets: vec![data.clone()],
+                }
+            )],
+            "a flush logs the gets, the lock stays"
+        );
+        assert_eq!(
+            closed(&mut p, true),
+            vec![(
+                1,
+                AccessMsg::LockClose {
+                    window: W,
+                    closes: 1
+                }
+            )]
+        );
+        assert!(lock_flag(&h, &mut p, 1), "LP holds an access of the epoch");
+        assert!(!lock_flag(&h, &mut p, 2), "to rank 1 only");
+        h.control(&mut p, 1, cut(5, 0, 0));
+        assert!(lock_flag(&h, &mut p, 1), "SC 5 is not before the cut");
+        h.control(&mut p, 1, cut(6, 0, 0));
+        assert_eq!(p.lp_bytes, 0);
+        assert!(!lock_flag(&h, &mut p, 1), "trimmed");
+    }
+
+    /// The target side: SC per window, N held while an epoch is open, its
+    /// closes remembered until the origin's checkpoint, LG trimmed by it.
+    #[test]
+    fn a_target_numbers_lock_epochs_and_remembers_closes_until_a_checkpoint() {
+        let h = Harness::new(1, 4, 2);
+        let mut t = rma();
+        let a = h.control(&mut t, 0, AccessMsg::LockOpen { window: W });
+        assert_eq!(
+            sent(&a),
+            vec![(0, AccessMsg::LockOpened { window: W, sc: 0 })]
+        );
+        let a = h.control(&mut t, 2, AccessMsg::LockOpen { window: W });
+        assert_eq!(
+            sent(&a),
+            vec![(2, AccessMsg::LockOpened { window: W, sc: 1 })]
+        );
+        assert_eq!(flags(&h, &mut t, 2), (true, false), "open: N");
+        let mut t = rma();
+        h.control(&mut t, 0, AccessMsg::LockOpen { window: W });
+        h.control(
+            &mut t,
+            0,
+            AccessMsg::LogLockGets {
+                window: W,
+                seq: 0,
+                gets: vec![Bytes::from(vec![1u8; 8])],
+            },
+        );
+        h.control(
+            &mut t,
+            0,
+            AccessMsg::LockClose {
+                window: W,
+                closes: 1,
+            },
+        );
+        assert_eq!(t.lg_bytes, 8);
+        assert!(t.locks.open_here.is_empty());
+        assert_eq!(
+            (flags(&h, &mut t, 0), lock_flag(&h, &mut t, 0)),
+            ((false, false), true),
+            "closed since the origin's checkpoint"
+        );
+        h.control(&mut t, 0, cut(0, 1, 1));
+        assert_eq!(t.lg_bytes, 0, "its gets are in the origin's checkpoint");
+        assert!(!lock_flag(&h, &mut t, 0));
+    }
+
+    /// §3.2.2's lock of the local data: a checkpoint waits for the open
+    /// passive-target epochs on its rank to close; locks asked for meanwhile
+    /// wait until the piece is stored, with SC the cut.
+    #[test]
+    fn a_checkpoint_waits_for_the_lock_epochs_on_its_rank() {
+        let h = Harness::new(1, 4, 2);
+        let mut t = Rma::with_p2p(Pessimistic::new(1, None));
+        h.control(&mut t, 0, AccessMsg::LockOpen { window: W });
+        let captures = |a: &[Action]| a.iter().any(|a| matches!(a, Action::Capture { .. }));
+        let a = h.run(&mut t, Event::SafePoint { index: 1 });
+        assert!(!captures(&a), "epoch of rank 0 open");
+        let a = h.control(&mut t, 2, AccessMsg::LockOpen { window: W });
+        assert!(sent(&a).is_empty(), "waits for the checkpoint");
+        let a = h.control(
+            &mut t,
+            0,
+            AccessMsg::LockClose {
+                window: W,
+                closes: 1,
+            },
+        );
+        let generation = a
+            .iter()
+            .find_map(|a| match a {
+                Action::Capture { generation } => Some(*generation),
+                _ => None,
+            })
+            .expect("captured once the epoch closed");
+        let a = h.run(&mut t, Event::PieceStored { generation });
+        let sent = sent(&a);
+        assert!(sent.contains(&(2, AccessMsg::LockOpened { window: W, sc: 1 })));
+        assert!(sent.iter().any(|(_, m)| *m == cut(1, 0, 0)), "{sent:?}");
     }
 
     /// N (§3.2.3): held by the target from `Open` to `Close`; the origin
@@ -1805,7 +2387,16 @@ mod tests {
                 } else {
                     (false, false)
                 };
-                let a = h.control(&mut p, r, AccessMsg::Flags { n, m, done: vec![] });
+                let a = h.control(
+                    &mut p,
+                    r,
+                    AccessMsg::Flags {
+                        n,
+                        m,
+                        locks: false,
+                        done: vec![],
+                    },
+                );
                 failed |= a
                     .iter()
                     .any(|a| matches!(a, Action::Fail(Error::Unrecoverable(_))));
@@ -1830,6 +2421,7 @@ mod tests {
                 AccessMsg::Flags {
                     n: false,
                     m: false,
+                    locks: false,
                     done: vec![],
                 },
             );
@@ -1970,6 +2562,7 @@ mod tests {
         let done = |d| AccessMsg::Flags {
             n: false,
             m: false,
+            locks: false,
             done: vec![(W, d)],
         };
         let a = access(&h, &mut p, 3, &put(0), false);
