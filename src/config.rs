@@ -12,6 +12,7 @@ use crate::protocol::ProtocolKind;
 use crate::protocol::chandy_lamport::GetFix;
 use crate::protocol::coordinated::CheckpointScheme;
 pub use crate::protocol::correlated::SetRule;
+use crate::protocol::rma::AccessLogging;
 pub use crate::store::levels::LevelSpec;
 use crate::topology::Placement;
 use crate::{Error, Result};
@@ -192,6 +193,7 @@ pub fn check_max_frame(bytes: usize) -> Result<()> {
 /// | `checkpoint_every` | `--checkpoint-every` | 1 (every safe point) |
 /// | `mtbf` | `--checkpoint-interval daly --mtbf D` | none (fixed interval) |
 /// | `checkpoint_scheme` | `--checkpoint-scheme auto\|gsync\|locks` (`coordinated`) | auto (003 §3.1.2: from the program's synchronisation) |
+/// | `rma_log` | `--rma-log puts-gets\|puts` (`rma`) | puts-gets (003 §7.2.2's f-puts-gets) |
 /// | `storage` | `--storage partner\|xor[@N]\|rs:M[@N]\|disk:DIR[@N]` (repeatable) | partner |
 /// | `restart` | `--restart DIR` | none |
 /// | `program` | the app and its class or size (`lazarus run`) | none |
@@ -254,6 +256,8 @@ pub struct Config {
     pub(crate) mtbf: Option<std::time::Duration>,
     /// `coordinated`: how checkpoints are made consistent (003 §3.1.2).
     pub(crate) checkpoint_scheme: CheckpointScheme,
+    /// `rma`: which accesses are logged (003 §7.2.2).
+    pub(crate) rma_log: AccessLogging,
     /// Seed of every random choice the runtime makes (fault timing).
     pub(crate) seed: u64,
     /// Safe points the application will pass, if known (validates kills).
@@ -310,6 +314,7 @@ impl Default for Config {
             checkpoint_every: 1,
             mtbf: None,
             checkpoint_scheme: CheckpointScheme::Auto,
+            rma_log: AccessLogging::PutsGets,
             storage: vec![LevelSpec::Partner],
             restart: None,
             restart_generation: None,
@@ -371,6 +376,9 @@ impl Config {
         }
         if p != ProtocolKind::Coordinated {
             self.checkpoint_scheme = CheckpointScheme::Auto;
+        }
+        if p != ProtocolKind::Rma {
+            self.rma_log = AccessLogging::default();
         }
         self
     }
@@ -492,6 +500,17 @@ impl Config {
                 "checkpoint_scheme",
                 format!(
                     "the Gsync and Locks schemes coordinate `coordinated`'s checkpoints, not `{}`'s",
+                    self.protocol
+                ),
+            ));
+        }
+        if self.rma_log != AccessLogging::default()
+            && !matches!(self.protocol, ProtocolKind::Rma | ProtocolKind::None)
+        {
+            return Err(Error::config(
+                "rma_log",
+                format!(
+                    "which accesses are logged is `rma`'s choice (003 §7.2.2), not `{}`'s",
                     self.protocol
                 ),
             ));
@@ -656,6 +675,9 @@ settings! {
     /// (Gsync, the cut checked after the capture), or chosen from the
     /// program's synchronisation (Auto).
     checkpoint_scheme: CheckpointScheme => get_checkpoint_scheme(copied) -> CheckpointScheme;
+    /// `rma`: log writes and reads (f-puts-gets, the default) or writes
+    /// only (f-puts), 003 §7.2.2.
+    rma_log: AccessLogging => get_rma_log(copied) -> AccessLogging;
     /// Seed of every random choice the runtime makes (fault timing, the
     /// simulator's schedule).
     seed: u64 => get_seed(copied) -> u64;

@@ -880,6 +880,11 @@ struct JobArgs {
     /// it does not hold), or `auto` (from the program's synchronisation).
     #[arg(long, default_value = "auto")]
     checkpoint_scheme: String,
+    /// `rma`: which accesses are logged (003 §7.2.2): `puts-gets` (writes
+    /// at their origin, reads at their target: f-puts-gets) or `puts`
+    /// (writes only: f-puts; a recovery that must read again falls back).
+    #[arg(long, default_value = "puts-gets")]
+    rma_log: String,
     /// Seed of the runtime's random choices (when kills land).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -1120,6 +1125,11 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
             job.checkpoint_scheme
                 .parse()
                 .map_err(|e| usage(lazarus::Error::config("--checkpoint-scheme", e)))?,
+        )
+        .rma_log(
+            job.rma_log
+                .parse()
+                .map_err(|e| usage(lazarus::Error::config("--rma-log", e)))?,
         )
         .storage(levels)
         .restart(job.restart.clone())
@@ -1963,6 +1973,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         checkpoint_interval: "fixed".into(),
         mtbf: None,
         checkpoint_scheme: args.checkpoint_scheme.clone(),
+        rma_log: "puts-gets".into(),
         storage: args.storage.clone(),
         restart: None,
         log_budget: args.log_budget,

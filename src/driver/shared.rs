@@ -794,6 +794,7 @@ fn new_engine(ep: Box<dyn Endpoint>, cfg: &Config, placement: Placement) -> Rc<R
                         last_safe_point: cfg.iterations,
                     }),
                 scheme: cfg.checkpoint_scheme,
+                rma_log: cfg.rma_log,
             },
             cfg.log_budget.map(|budget| {
                 let dir = cfg.spill_dir();

@@ -90,6 +90,8 @@ pub struct BuildOptions {
     pub wave: Option<chandy_lamport::WaveConfig>,
     /// `coordinated`: how a checkpoint is coordinated (003 §3.1.2).
     pub scheme: coordinated::CheckpointScheme,
+    /// `rma`: which accesses are logged (003 §7.2.2).
+    pub rma_log: rma::AccessLogging,
 }
 
 /// The protocols a run can choose.
@@ -160,6 +162,7 @@ impl ProtocolKind {
             sets,
             wave,
             scheme,
+            rma_log,
         } = o;
         let bounded = |mut p: pessimistic::Pessimistic| {
             if let Some(s) = spill {
@@ -196,7 +199,8 @@ impl ProtocolKind {
                     checkpoint_every,
                     log_budget,
                 )))
-                .with_log_budget(log_budget),
+                .with_log_budget(log_budget)
+                .with_logging(rma_log),
             ),
         }
     }

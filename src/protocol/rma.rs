@@ -248,6 +248,43 @@ pub enum AccessMsg {
     },
 }
 
+/// Which accesses `rma` logs: 003 §7.2.2's two ftRMA variants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AccessLogging {
+    /// Writes at their origin (LP) and reads at their target (LG):
+    /// "f-puts-gets". A re-executed read is answered from LG.
+    #[default]
+    PutsGets,
+    /// Writes only: "f-puts". Reads still set N, but what they returned
+    /// is not logged, so a re-execution that reads again in an epoch its
+    /// predecessor closed falls back.
+    Puts,
+}
+
+impl AccessLogging {
+    /// Every variant, as the command line names them.
+    pub const ALL: [AccessLogging; 2] = [AccessLogging::PutsGets, AccessLogging::Puts];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            AccessLogging::PutsGets => "puts-gets",
+            AccessLogging::Puts => "puts",
+        }
+    }
+}
+
+impl std::str::FromStr for AccessLogging {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("`{s}` is not one of puts-gets, puts"))
+    }
+}
+
 /// Where a rank's passive-target epochs stood when it captured a
 /// checkpoint (the §6.2 confirmation's counters, for lock codes).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -513,6 +550,8 @@ pub struct Rma {
     readable: BTreeMap<(Rank, WinId), u64>,
     /// Passive-target epochs (003 §4.1 C–D).
     locks: Locks,
+    /// Whether reads are logged (LG).
+    logging: AccessLogging,
     counters: Counters,
     reported: Counters,
 }
@@ -545,6 +584,7 @@ impl Rma {
             waiting_get: None,
             readable: BTreeMap::new(),
             locks: Locks::default(),
+            logging: AccessLogging::default(),
             counters: Counters::default(),
             reported: Counters::default(),
         }
@@ -555,6 +595,13 @@ impl Rma {
             dest,
             msg: Control::Access(m),
         });
+    }
+
+    /// Log the accesses `logging` says (003 §7.2.2's f-puts or
+    /// f-puts-gets).
+    pub(crate) fn with_logging(mut self, logging: AccessLogging) -> Self {
+        self.logging = logging;
+        self
     }
 
     /// Ask targets for demand checkpoints once the access log passes half
@@ -901,6 +948,9 @@ impl Rma {
 
     /// A read returned `data`: `Q_p := Q_p ∪ #get` (Alg. 1 line 3).
     fn on_fetched(&mut self, window: WinId, target: Rank, data: &Bytes) {
+        if self.logging == AccessLogging::Puts {
+            return;
+        }
         self.counters.gets_logged += 1;
         self.counters.get_bytes += data.len() as u64;
         self.q.push((target, window, data.clone()));
@@ -1170,7 +1220,9 @@ impl Rma {
                     .filter(|g| g.seq.is_none() && g.window == window && g.gnc == epoch)
                     .map(|g| g.data.clone())
                     .collect();
-                let lost = self.lg_lost(window, epoch);
+                // Under f-puts no read was logged: one re-executed there
+                // cannot be answered.
+                let lost = self.lg_lost(window, epoch) || self.logging == AccessLogging::Puts;
                 Self::send(
                     cx,
                     src,
@@ -2336,6 +2388,47 @@ mod tests {
         let sent = sent(&a);
         assert!(sent.contains(&(2, AccessMsg::LockOpened { window: W, sc: 1 })));
         assert!(sent.iter().any(|(_, m)| *m == cut(1, 0, 0)), "{sent:?}");
+    }
+
+    /// f-puts (003 §7.2.2): reads set N but are not logged; a target
+    /// asked for a re-execution's reads says they are lost (the reader
+    /// falls back).
+    #[test]
+    fn under_f_puts_reads_are_not_logged_and_a_re_read_falls_back() {
+        let h = Harness::new(1, 4, 2);
+        let mut origin = rma().with_logging(AccessLogging::Puts);
+        fence(&h, &mut origin);
+        let get = RmaOp::Get { offset: 0, len: 8 };
+        let a = access(&h, &mut origin, 0, &get, false);
+        assert_eq!(sent(&a), vec![(0, AccessMsg::Open { window: W })], "N");
+        let data = Bytes::from(vec![5u8; 8]);
+        h.run(
+            &mut origin,
+            Event::Fetched {
+                window: W,
+                target: 0,
+                data: &data,
+            },
+        );
+        let closed = h.run(&mut origin, Event::FenceDone { window: W });
+        assert_eq!(sent(&closed), vec![(0, AccessMsg::Close { window: W })]);
+        assert_eq!(origin.counters.gets_logged, 0);
+        let t = Harness::new(0, 4, 2);
+        let mut target = rma().with_logging(AccessLogging::Puts);
+        let a = t.control(
+            &mut target,
+            1,
+            AccessMsg::PullGets {
+                window: W,
+                epoch: 0,
+            },
+        );
+        assert!(
+            sent(&a)
+                .iter()
+                .any(|(d, m)| *d == 1 && matches!(m, AccessMsg::PulledGets { lost: true, .. })),
+            "{a:?}"
+        );
     }
 
     /// N (§3.2.3): held by the target from `Open` to `Close`; the origin

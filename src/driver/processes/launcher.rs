@@ -66,6 +66,8 @@ pub struct ProtocolSettings {
     pub sets: crate::protocol::correlated::SetRule,
     /// `Config::checkpoint_scheme`.
     pub checkpoint_scheme: crate::protocol::coordinated::CheckpointScheme,
+    /// `Config::rma_log`.
+    pub rma_log: crate::protocol::rma::AccessLogging,
 }
 
 /// How to start a job's rank processes.
@@ -810,6 +812,7 @@ impl<'a> Launcher<'a> {
                 log_budget,
                 sets,
                 checkpoint_scheme,
+                rma_log,
             } = s.protocol_settings;
             if let Some(b) = log_budget {
                 env.push((var::LOG_BUDGET, b.to_string()));
@@ -818,6 +821,7 @@ impl<'a> Launcher<'a> {
                 env.push((var::SETS, n.to_string()));
             }
             env.push((var::CHECKPOINT_SCHEME, checkpoint_scheme.name().into()));
+            env.push((var::RMA_LOG, rma_log.name().into()));
         }
         // Ranks sharing this rank's host: every rank here, or those of its
         // failure domain when an agent per node starts them (a rank moved

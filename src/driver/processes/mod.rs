@@ -80,6 +80,8 @@ pub(crate) mod var {
     pub const LOG_BUDGET: &str = "LAZARUS_LOG_BUDGET";
     pub const SETS: &str = "LAZARUS_SETS";
     pub const CHECKPOINT_SCHEME: &str = "LAZARUS_CHECKPOINT_SCHEME";
+    /// `Config::rma_log`, by name.
+    pub const RMA_LOG: &str = "LAZARUS_RMA_LOG";
     pub const EARLIER: &str = "LAZARUS_EARLIER";
     pub const SHM_DIR: &str = "LAZARUS_SHM_DIR";
     pub const HOST_RANKS: &str = "LAZARUS_HOST_RANKS";
@@ -223,6 +225,10 @@ impl LaunchEnv {
                     Ok(s) => s
                         .parse()
                         .map_err(|e| Error::config(var::CHECKPOINT_SCHEME, e))?,
+                    Err(_) => Default::default(),
+                },
+                rma_log: match std::env::var(var::RMA_LOG) {
+                    Ok(s) => s.parse().map_err(|e| Error::config(var::RMA_LOG, e))?,
                     Err(_) => Default::default(),
                 },
             },
