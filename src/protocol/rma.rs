@@ -149,7 +149,7 @@ pub enum AccessMsg {
         /// The origin's count of such messages before this one.
         seq: u64,
         /// What each returned, in issue order.
-        gets: Vec<Bytes>,
+        gets: Reads,
     },
     /// A replacement asks every rank for its flags about it (Alg. 2 lines
     /// 4–11).
@@ -215,7 +215,7 @@ pub enum AccessMsg {
         /// GNC of the epoch.
         epoch: u64,
         /// What each returned.
-        gets: Vec<Bytes>,
+        gets: Reads,
     },
     /// A replacement re-executing epoch `epoch` on `window` asks a target
     /// for the gets its predecessor logged there (`LG_q[p_f]`).
@@ -246,6 +246,45 @@ pub enum AccessMsg {
         /// Fences the sender had entered on `window`.
         entered: u64,
     },
+}
+
+/// What an epoch's reads returned, in issue order, in one buffer: one
+/// allocation on the wire and at the target per epoch and target, not one
+/// per read (a DHT's reads are 8 bytes each). The target's LG entries are
+/// slices of it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reads {
+    data: Bytes,
+    lens: Vec<u32>,
+}
+
+impl Reads {
+    /// `items`, in order, copied into one buffer.
+    pub fn of(items: &[Bytes]) -> Reads {
+        let mut data = Vec::with_capacity(items.iter().map(Bytes::len).sum());
+        let mut lens = Vec::with_capacity(items.len());
+        for b in items {
+            data.extend_from_slice(b);
+            // A read returns at most a window's worth: far below 4 GiB.
+            lens.push(u32::try_from(b.len()).unwrap_or(u32::MAX));
+        }
+        Reads {
+            data: data.into(),
+            lens,
+        }
+    }
+
+    /// The reads, in order (slices of the buffer). A length past its end
+    /// (a corrupt message) gives what is left.
+    pub fn items(&self) -> impl Iterator<Item = Bytes> + '_ {
+        let mut at = 0usize;
+        self.lens.iter().map(move |&n| {
+            let end = at.saturating_add(n as usize).min(self.data.len());
+            let item = self.data.slice(at.min(end)..end);
+            at = end;
+            item
+        })
+    }
 }
 
 /// Which accesses `rma` logs: 003 §7.2.2's two ftRMA variants.
@@ -798,6 +837,7 @@ impl Rma {
         if !gets.is_empty() && !self.locks.stale.contains(&(target, window)) {
             let seq = self.locks.gets_sent;
             self.locks.gets_sent += 1;
+            let gets = Reads::of(&gets);
             Self::send(cx, target, AccessMsg::LogLockGets { window, seq, gets });
         }
         if !unlock {
@@ -981,7 +1021,7 @@ impl Rma {
                 AccessMsg::LogGets {
                     window,
                     epoch,
-                    gets,
+                    gets: Reads::of(&gets),
                 },
             );
         }
@@ -1168,7 +1208,7 @@ impl Rma {
                 gets,
             } => {
                 let log = self.lg.entry(src).or_default();
-                for data in gets {
+                for data in gets.items() {
                     self.lg_bytes += data.len();
                     log.push_back(LoggedGet {
                         window,
@@ -1181,7 +1221,7 @@ impl Rma {
             }
             AccessMsg::LogLockGets { window, seq, gets } => {
                 let log = self.lg.entry(src).or_default();
-                for data in gets {
+                for data in gets.items() {
                     self.lg_bytes += data.len();
                     log.push_back(LoggedGet {
                         window,
@@ -2034,7 +2074,7 @@ mod tests {
                     AccessMsg::LogGets {
                         window: W,
                         epoch: 1,
-                        gets: vec![data.clone()]
+                        gets: Reads::of(&[data.clone()])
                     }
                 ),
                 (0, AccessMsg::Close { window: W }),
@@ -2284,7 +2324,7 @@ mod tests {
                 AccessMsg::LogLockGets {
                     window: W,
                     seq: 0,
-                    gets: vec![data.clone()],
+                    gets: Reads::of(&[data.clone()]),
                 }
             )],
             "a flush logs the gets, the lock stays"
@@ -2333,7 +2373,7 @@ mod tests {
             AccessMsg::LogLockGets {
                 window: W,
                 seq: 0,
-                gets: vec![Bytes::from(vec![1u8; 8])],
+                gets: Reads::of(&[Bytes::from(vec![1u8; 8])]),
             },
         );
         h.control(
