@@ -2074,7 +2074,7 @@ mod tests {
                     AccessMsg::LogGets {
                         window: W,
                         epoch: 1,
-                        gets: Reads::of(&[data.clone()])
+                        gets: Reads::of(std::slice::from_ref(&data))
                     }
                 ),
                 (0, AccessMsg::Close { window: W }),
@@ -2324,7 +2324,7 @@ mod tests {
                 AccessMsg::LogLockGets {
                     window: W,
                     seq: 0,
-                    gets: Reads::of(&[data.clone()]),
+                    gets: Reads::of(std::slice::from_ref(&data)),
                 }
             )],
             "a flush logs the gets, the lock stays"
