@@ -1289,6 +1289,7 @@ impl Engine {
             app_sent: self.app_sent,
             app_arrived: self.app_arrived,
             hsr: &self.ssn_in,
+            ssn_out: &self.ssn_out,
             rsn: self.rsn,
             epoch: self.epoch,
             after_gsync: self.gsync_mark == Some(self.comm_calls + self.app_sent),

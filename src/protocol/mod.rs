@@ -863,6 +863,10 @@ pub struct ProtocolCx<'a> {
     /// Highest SSN arrived per source (HSR, 002 §3.1), channels used only;
     /// kept for protocols that log messages (empty otherwise).
     pub hsr: &'a BTreeMap<Rank, u64>,
+    /// This rank's SSN per destination (messages sent), to tell whether
+    /// a re-execution still regenerates messages receivers have
+    /// ([`Protocol::regenerating`]).
+    pub ssn_out: &'a SsnOut,
     /// Wildcard receptions so far in this execution (the last RSN).
     pub rsn: u64,
     /// The world epoch (failure events) this rank has seen.
@@ -1097,6 +1101,7 @@ pub(crate) mod testing {
                 app_sent: 0,
                 app_arrived: 0,
                 hsr: &self.hsr,
+                ssn_out: &self.hsr,
                 rsn: self.rsn,
                 epoch: 0,
                 after_gsync: false,

@@ -870,6 +870,31 @@ impl Rma {
         Self::send(cx, origin, AccessMsg::LockOpened { window, sc: at });
     }
 
+    /// Whether locks of this rank's windows wait: while its checkpoint
+    /// holds its local data (until the piece is stored), and at a
+    /// replacement until it has heard every rank's flags and regenerated
+    /// what receivers already have. An epoch opened before then would be
+    /// one the first execution ordered after this rank's messages, whose
+    /// re-execution could then read what it writes (003 §4.3: "other
+    /// processes resume their communication with p_new after it fully
+    /// recovers").
+    fn holds_locks(&self, cx: &ProtocolCx<'_>) -> bool {
+        self.locks.quiescing.is_some()
+            || self.locks.queued_until.is_some()
+            || (self.recovery.is_some()
+                && (!self.flags_known() || self.p2p.regenerating(cx.ssn_out)))
+    }
+
+    /// Grant the locks that waited, once nothing holds them.
+    fn release_locks(&mut self, cx: &mut ProtocolCx<'_>) {
+        if self.locks.queued.is_empty() || self.holds_locks(cx) {
+            return;
+        }
+        for (origin, window) in std::mem::take(&mut self.locks.queued) {
+            self.grant_lock(origin, window, cx);
+        }
+    }
+
     /// A checkpoint that waits for the passive-target epochs on this rank
     /// to close is captured once they have.
     fn unquiesce(&mut self, cx: &mut ProtocolCx<'_>) {
@@ -1233,8 +1258,7 @@ impl Rma {
                 self.demand_checkpoint(cx);
             }
             AccessMsg::LockOpen { window } => {
-                if self.locks.quiescing.is_some() || self.locks.queued_until.is_some() {
-                    // This rank's checkpoint holds its local data.
+                if self.holds_locks(cx) {
                     self.locks.queued.push((src, window));
                 } else {
                     self.grant_lock(src, window, cx);
@@ -1720,6 +1744,13 @@ impl Protocol for Rma {
     }
 
     fn handle(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
+        self.handle_event(event, cx);
+        self.release_locks(cx);
+    }
+}
+
+impl Rma {
+    fn handle_event(&mut self, event: Event<'_>, cx: &mut ProtocolCx<'_>) {
         match event {
             Event::Access {
                 window,
@@ -1780,9 +1811,6 @@ impl Protocol for Rma {
                 }
                 if self.locks.queued_until.is_some_and(|g| generation >= g) {
                     self.locks.queued_until = None;
-                    for (origin, window) in std::mem::take(&mut self.locks.queued) {
-                        self.grant_lock(origin, window, cx);
-                    }
                 }
             }
             Event::PeerFailed { epoch, dead } => {
@@ -2467,6 +2495,39 @@ mod tests {
             sent(&a)
                 .iter()
                 .any(|(d, m)| *d == 1 && matches!(m, AccessMsg::PulledGets { lost: true, .. })),
+            "{a:?}"
+        );
+    }
+
+    /// A replacement grants locks of its windows only once it heard every
+    /// rank's flags and regenerated what receivers have (003 §4.3: others
+    /// resume with it once it fully recovered).
+    #[test]
+    fn a_replacement_holds_locks_until_it_has_caught_up() {
+        let h = Harness::new(2, 4, 2);
+        let (mut p, _) = replacement(&h);
+        let a = h.control(&mut p, 0, AccessMsg::LockOpen { window: W });
+        assert!(sent(&a).is_empty(), "flags not heard yet");
+        no_flags(&h, &mut p, &[0, 1, 3]);
+        let hsr = |p: &mut Rma, r: Rank, hsr: u64| {
+            h.run(
+                p,
+                Event::Control {
+                    src: r,
+                    msg: Control::Log(LogMsg::Hsr { hsr, replayed: 0 }),
+                },
+            )
+        };
+        hsr(&mut p, 0, 0);
+        hsr(&mut p, 1, 0);
+        // Rank 3 has a message of the first execution: until this rank
+        // sent it again, rank 0's lock waits.
+        assert!(sent(&hsr(&mut p, 3, 1)).is_empty(), "regenerating");
+        let mut caught_up = Harness::new(2, 4, 2);
+        caught_up.hsr.insert(3, 1); // the harness passes it as SSN out
+        let a = caught_up.run(&mut p, Event::Finish);
+        assert!(
+            sent(&a).contains(&(0, AccessMsg::LockOpened { window: W, sc: 0 })),
             "{a:?}"
         );
     }

@@ -1083,6 +1083,7 @@ mod tests {
             app_sent: 0,
             app_arrived: 0,
             hsr: &hsr,
+            ssn_out: &hsr,
             rsn: 0,
             epoch: 0,
             after_gsync: false,
