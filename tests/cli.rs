@@ -192,6 +192,21 @@ fn malformed_input_exits_2_with_a_clear_message() {
             "iteration 99 is beyond the run",
         ),
         (&["run", "cg", "--class", "Z"], "--class"),
+        (
+            &[
+                "run",
+                "dht",
+                "--protocol",
+                "pessimistic",
+                "--rma-log",
+                "puts",
+            ],
+            "--rma-log",
+        ),
+        (
+            &["run", "dht", "--protocol", "rma", "--rma-log", "x"],
+            "--rma-log",
+        ),
         (&["run", "stencil", "--class", "Q"], "--class"),
         (&["run", "cg", "--kill", "1@150%"], "--kill"),
         (&["run", "cg", "--kill", "banana"], "--kill"),
