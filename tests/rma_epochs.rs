@@ -498,6 +498,51 @@ fn rma_falls_back_for_lock_epochs_only_when_shared_since_the_checkpoint() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// An origin may hold its lock on a rank across a collective (MPI-3.1
+/// §11.5.3), while that rank reaches a safe point: under `rma` the rank's
+/// checkpoint then waits for a later safe point (003 §3.2.2 needs no
+/// epoch on it open). Waiting for the unlock at the safe point instead
+/// deadlocked: the origin's unlock comes after a barrier the rank enters
+/// only after its safe point.
+#[test]
+fn a_lock_held_across_a_barrier_does_not_hang_its_target_s_checkpoint() {
+    let program: Program = |ctx| {
+        let world = ctx.world();
+        let win = world.allocate_window::<u64>(1)?;
+        let mut i: u64 = ctx.restore_or_else(|| 0)?;
+        while i < ITERATIONS {
+            if world.rank() == 0 {
+                win.lock(1, LockType::Exclusive)?;
+                win.put(1, 0, &[i])?;
+                // Rank 1 gets to its safe point with the epoch open.
+                world.send(1, 0, &[i])?;
+                world.barrier()?;
+                win.unlock(1)?;
+            } else if world.rank() == 1 {
+                world.receive::<u64>(0, 0)?;
+                ctx.checkpoint(&i)?;
+                world.barrier()?;
+            } else {
+                world.barrier()?;
+            }
+            i += 1;
+            world.barrier()?;
+            ctx.checkpoint(&i)?;
+        }
+        win.with_local(|m| m[0])
+    };
+    for backend in Backend::RECOVERING {
+        let cfg = common::config(backend, 2)
+            .protocol(ProtocolKind::Rma)
+            .checkpoint_every(1);
+        let what = format!("lock across a barrier on {backend}");
+        let report = run(cfg, program, what.clone());
+        let values = report.outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(values[1], ITERATIONS - 1, "{what}");
+        assert!(report.stats.checkpoints > 0, "{what}: no checkpoint");
+    }
+}
+
 /// 003 §4.2 and §3.2.3 under `rma`: a recovery falls back to the last
 /// coordinated checkpoint (the start, under `rma` today) exactly when an
 /// origin's log holds a combining access to the dead rank (its M flag:

@@ -70,9 +70,9 @@
 //!   too), and logs the epoch's writes in LP with it; its reads go to Q,
 //!   and to the target's LG when a flush or the unlock closes the epoch
 //!   (`LogLockGets`), then the unlock clears N (`LockClose`). A target
-//!   checkpoints only once no lock epoch on it is open (§3.2.2: "locking
-//!   the application data"; new locks wait until its piece is stored), so
-//!   its `Trim` cuts LP by SC.
+//!   checkpoints only at a safe point where no lock epoch on it is open
+//!   (§3.2.2: "locking the application data"), so its `Trim` cuts LP by
+//!   SC.
 //!
 //! Not yet here (issue 35): the replay of lock epochs (Alg. 3: a recovery
 //! whose rank shared one since its checkpoint falls back, `Flags::locks`)
@@ -481,13 +481,8 @@ struct Locks {
     /// Target: per origin, the most passive-target epochs it said it had
     /// closed (`LockClose`), and as many as its last checkpoint had.
     closes_from: BTreeMap<Rank, (u64, u64)>,
-    /// Target: a checkpoint waits for the epochs on it to close
-    /// (§3.2.2's lock of the local data): its capture's actions.
-    quiescing: Option<Vec<Action>>,
-    /// Target: lock requests that wait until the checkpoint is stored,
-    /// and the generation it is stored as.
+    /// Target: lock requests that wait until this replacement caught up.
     queued: Vec<(Rank, WinId)>,
-    queued_until: Option<u64>,
     /// Origin: the SC of each open passive-target epoch, by target.
     open: BTreeMap<(Rank, WinId), u64>,
     /// Origin: of those, the ones whose target died since they opened.
@@ -870,19 +865,15 @@ impl Rma {
         Self::send(cx, origin, AccessMsg::LockOpened { window, sc: at });
     }
 
-    /// Whether locks of this rank's windows wait: while its checkpoint
-    /// holds its local data (until the piece is stored), and at a
-    /// replacement until it has heard every rank's flags and regenerated
-    /// what receivers already have. An epoch opened before then would be
+    /// Whether locks of this rank's windows wait: at a replacement, until
+    /// it has heard every rank's flags and regenerated what receivers
+    /// already have. An epoch opened before then would be
     /// one the first execution ordered after this rank's messages, whose
     /// re-execution could then read what it writes (003 §4.3: "other
     /// processes resume their communication with p_new after it fully
     /// recovers").
     fn holds_locks(&self, cx: &ProtocolCx<'_>) -> bool {
-        self.locks.quiescing.is_some()
-            || self.locks.queued_until.is_some()
-            || (self.recovery.is_some()
-                && (!self.flags_known() || self.p2p.regenerating(cx.ssn_out)))
+        self.recovery.is_some() && (!self.flags_known() || self.p2p.regenerating(cx.ssn_out))
     }
 
     /// Grant the locks that waited, once nothing holds them.
@@ -892,17 +883,6 @@ impl Rma {
         }
         for (origin, window) in std::mem::take(&mut self.locks.queued) {
             self.grant_lock(origin, window, cx);
-        }
-    }
-
-    /// A checkpoint that waits for the passive-target epochs on this rank
-    /// to close is captured once they have.
-    fn unquiesce(&mut self, cx: &mut ProtocolCx<'_>) {
-        if !self.locks.open_here.is_empty() {
-            return;
-        }
-        for a in self.locks.quiescing.take().into_iter().flatten() {
-            cx.emit(a);
         }
     }
 
@@ -1274,7 +1254,6 @@ impl Rma {
                 self.locks.open_here.remove(&(src, window));
                 let c = self.locks.closes_from.entry(src).or_default();
                 c.0 = c.0.max(closes);
-                self.unquiesce(cx);
             }
             AccessMsg::PullGets { window, epoch } => {
                 // Every get of that epoch is here, or none was made: the
@@ -1782,22 +1761,21 @@ impl Rma {
             Event::SafePoint { index } => {
                 // The epoch condition (§3.2.2): right after a GSYNC, before
                 // any communication, or no window fenced at all.
-                let condition = cx.after_gsync || self.fences.is_empty();
+                // §3.2.2 (1), "locking the application data": no
+                // passive-target epoch on this rank is open, so SC is a
+                // clean cut (the capture follows at once, and no lock is
+                // granted before it). Waiting here for open ones to close
+                // instead deadlocks with an origin that holds its lock
+                // across a collective: the checkpoint waits for a later
+                // safe point.
+                let condition =
+                    (cx.after_gsync || self.fences.is_empty()) && self.locks.open_here.is_empty();
                 self.p2p
                     .hold_schedule(!condition || self.recovery_pending());
-                let before = cx.actions.len();
                 if let Some(generation) = self.p2p.safe_point_captures(index, cx) {
                     let fences = self.fences.iter().map(|(&w, &n)| (w, n)).collect();
                     self.capturing
                         .insert(generation, (fences, self.locks.cut()));
-                    if !self.locks.open_here.is_empty() {
-                        // §3.2.2 (1), "locking the application data": the
-                        // capture waits until the passive-target epochs on
-                        // this rank close, and new ones wait until the
-                        // piece is stored (SC is then the cut).
-                        self.locks.quiescing = Some(cx.actions.split_off(before));
-                        self.locks.queued_until = Some(generation);
-                    }
                 }
                 self.report(cx);
             }
@@ -1808,9 +1786,6 @@ impl Rma {
                     if !fences.is_empty() || locks != LockCut::default() {
                         cx.broadcast(&Control::Access(AccessMsg::Trim { fences, locks }));
                     }
-                }
-                if self.locks.queued_until.is_some_and(|g| generation >= g) {
-                    self.locks.queued_until = None;
                 }
             }
             Event::PeerFailed { epoch, dead } => {
@@ -1828,7 +1803,7 @@ impl Rma {
                     self.asked.remove(&d);
                     // Its open passive-target epochs: those on it are held
                     // (its replacement falls back, they being open), those
-                    // here no longer hold a checkpoint back.
+                    // here are over.
                     self.locks.announced.remove(&d);
                     let stale: Vec<(Rank, WinId)> = (self.locks.open.keys())
                         .filter(|&&(t, _)| t == d)
@@ -1837,7 +1812,6 @@ impl Rma {
                     self.locks.stale.extend(stale);
                     self.locks.open_here.retain(|&(r, _)| r != d);
                     self.locks.queued.retain(|&(r, _)| r != d);
-                    self.unquiesce(cx);
                     // What its window had is gone with it.
                     for a in self.lp.get_mut(&d).into_iter().flatten() {
                         a.held = true;
@@ -2424,38 +2398,46 @@ mod tests {
         assert!(!lock_flag(&h, &mut t, 0));
     }
 
-    /// §3.2.2's lock of the local data: a checkpoint waits for the open
-    /// passive-target epochs on its rank to close; locks asked for meanwhile
-    /// wait until the piece is stored, with SC the cut.
+    /// §3.2.2's lock of the local data: a safe point captures only while
+    /// no passive-target epoch on its rank is open (a later one does once
+    /// it closed), and the cut it sends is SC then.
     #[test]
-    fn a_checkpoint_waits_for_the_lock_epochs_on_its_rank() {
+    fn a_checkpoint_is_taken_only_while_no_lock_epoch_on_its_rank_is_open() {
         let h = Harness::new(1, 4, 2);
         let mut t = Rma::with_p2p(Pessimistic::new(1, None));
         h.control(&mut t, 0, AccessMsg::LockOpen { window: W });
-        let captures = |a: &[Action]| a.iter().any(|a| matches!(a, Action::Capture { .. }));
-        let a = h.run(&mut t, Event::SafePoint { index: 1 });
-        assert!(!captures(&a), "epoch of rank 0 open");
-        let a = h.control(&mut t, 2, AccessMsg::LockOpen { window: W });
-        assert!(sent(&a).is_empty(), "waits for the checkpoint");
-        let a = h.control(
-            &mut t,
-            0,
-            AccessMsg::LockClose {
-                window: W,
-                closes: 1,
-            },
-        );
-        let generation = a
-            .iter()
-            .find_map(|a| match a {
+        let captured = |a: &[Action]| {
+            a.iter().find_map(|a| match a {
                 Action::Capture { generation } => Some(*generation),
                 _ => None,
             })
-            .expect("captured once the epoch closed");
+        };
+        let a = h.run(&mut t, Event::SafePoint { index: 1 });
+        assert_eq!(captured(&a), None, "epoch of rank 0 open");
+        assert!(
+            a.contains(&Action::ReleaseSafePoint),
+            "the safe point does not wait: {a:?}"
+        );
+        let a = h.control(&mut t, 2, AccessMsg::LockOpen { window: W });
+        assert_eq!(
+            sent(&a),
+            vec![(2, AccessMsg::LockOpened { window: W, sc: 1 })],
+            "locks are not held"
+        );
+        for origin in [0, 2] {
+            h.control(
+                &mut t,
+                origin,
+                AccessMsg::LockClose {
+                    window: W,
+                    closes: 1,
+                },
+            );
+        }
+        let a = h.run(&mut t, Event::SafePoint { index: 2 });
+        let generation = captured(&a).expect("captured once the epochs closed");
         let a = h.run(&mut t, Event::PieceStored { generation });
-        let sent = sent(&a);
-        assert!(sent.contains(&(2, AccessMsg::LockOpened { window: W, sc: 1 })));
-        assert!(sent.iter().any(|(_, m)| *m == cut(1, 0, 0)), "{sent:?}");
+        assert!(sent(&a).iter().any(|(_, m)| *m == cut(2, 0, 0)), "{a:?}");
     }
 
     /// f-puts (003 §7.2.2): reads set N but are not logged; a target
