@@ -2049,6 +2049,19 @@ mod tests {
             .collect()
     }
 
+    /// What `target` (run by `h`) answers `asker`'s `PullGets` of `epoch`:
+    /// the logged gets and whether they may be lost.
+    fn pull_gets(h: &Harness, target: &mut Rma, asker: Rank, epoch: u64) -> (Vec<Bytes>, bool) {
+        let a = h.control(target, asker, AccessMsg::PullGets { window: W, epoch });
+        sent(&a)
+            .into_iter()
+            .find_map(|(d, m)| match m {
+                AccessMsg::PulledGets { gets, lost, .. } if d == asker => Some((gets, lost)),
+                _ => None,
+            })
+            .expect("PullGets answered")
+    }
+
     /// Alg. 1 at the origin and the target: N before the first read of an
     /// epoch, what it returned kept in Q, sent to the target's LG when the
     /// fence closing the epoch returns and only then N cleared (one
@@ -2100,13 +2113,7 @@ mod tests {
             t.control(&mut target, 1, m);
         }
         assert_eq!(target.n_flags, BTreeSet::new(), "N cleared after the log");
-        let pulled = |target: &mut Rma, epoch| {
-            let a = t.control(target, 1, AccessMsg::PullGets { window: W, epoch });
-            sent(&a).into_iter().find_map(|(d, m)| match m {
-                AccessMsg::PulledGets { gets, lost, .. } if d == 1 => Some((gets, lost)),
-                _ => None,
-            })
-        };
+        let pulled = |target: &mut Rma, epoch| Some(pull_gets(&t, target, 1, epoch));
         assert_eq!(pulled(&mut target, 1), Some((vec![data.clone()], false)));
         assert_eq!(pulled(&mut target, 2), Some((vec![], false)));
         // The origin (rank 1) dies; its replacement re-executes epoch 1.
@@ -2161,19 +2168,7 @@ mod tests {
     fn a_target_that_failed_too_says_its_get_log_is_lost_and_the_reader_falls_back() {
         let t = Harness::new(0, 4, 2);
         let (mut target, _) = replacement(&t);
-        let a = t.control(
-            &mut target,
-            1,
-            AccessMsg::PullGets {
-                window: W,
-                epoch: 0,
-            },
-        );
-        assert!(
-            sent(&a)
-                .iter()
-                .any(|(_, m)| matches!(m, AccessMsg::PulledGets { lost: true, .. }))
-        );
+        assert!(pull_gets(&t, &mut target, 1, 0).1, "lost");
         let h = Harness::new(1, 4, 2);
         let (mut rep, _) = replacement(&h);
         no_flags(&h, &mut rep, &[0, 2, 3]);
@@ -2475,20 +2470,7 @@ mod tests {
         assert_eq!(origin.counters.gets_logged, 0);
         let t = Harness::new(0, 4, 2);
         let mut target = rma().with_logging(AccessLogging::Puts);
-        let a = t.control(
-            &mut target,
-            1,
-            AccessMsg::PullGets {
-                window: W,
-                epoch: 0,
-            },
-        );
-        assert!(
-            sent(&a)
-                .iter()
-                .any(|(d, m)| *d == 1 && matches!(m, AccessMsg::PulledGets { lost: true, .. })),
-            "{a:?}"
-        );
+        assert!(pull_gets(&t, &mut target, 1, 0).1, "lost");
     }
 
     /// A replacement grants locks of its windows only once it heard every
