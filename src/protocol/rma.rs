@@ -2113,9 +2113,9 @@ mod tests {
             t.control(&mut target, 1, m);
         }
         assert_eq!(target.n_flags, BTreeSet::new(), "N cleared after the log");
-        let pulled = |target: &mut Rma, epoch| Some(pull_gets(&t, target, 1, epoch));
-        assert_eq!(pulled(&mut target, 1), Some((vec![data.clone()], false)));
-        assert_eq!(pulled(&mut target, 2), Some((vec![], false)));
+        let pulled = |target: &mut Rma, epoch| pull_gets(&t, target, 1, epoch);
+        assert_eq!(pulled(&mut target, 1), (vec![data.clone()], false));
+        assert_eq!(pulled(&mut target, 2), (vec![], false));
         // The origin (rank 1) dies; its replacement re-executes epoch 1.
         let (mut rep, _) = replacement(&h);
         no_flags(&h, &mut rep, &[0, 2, 3]);
@@ -2157,7 +2157,7 @@ mod tests {
                 locks: LockCut::default(),
             },
         );
-        assert_eq!(pulled(&mut target, 1), Some((vec![], false)));
+        assert_eq!(pulled(&mut target, 1), (vec![], false));
         assert_eq!(target.lg_bytes, 0);
     }
 
