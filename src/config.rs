@@ -422,7 +422,7 @@ impl Config {
             .storage
             .iter()
             .any(|l| matches!(l, crate::store::levels::LevelSpec::Disk { .. }));
-        if !self.kills.is_empty() && !on_disk {
+        if !self.kills.is_empty() && !on_disk && !crate::driver::mpi_env::recovers_in_place() {
             return Err(Error::config(
                 "kills",
                 "on the mpi backend a rank's death ends the MPI job (no in-place recovery \

@@ -29,3 +29,17 @@ pub fn launcher_size() -> Option<usize> {
 pub fn self_launched() -> bool {
     std::env::var_os(SELF_LAUNCHED).is_some()
 }
+
+/// Whether the MPI that started this process has its fault tolerance on
+/// (Open MPI's `mpiexec --with-ft ulfm` sets `OMPI_MCA_mpi_ft_enable`).
+pub fn fault_tolerant() -> bool {
+    std::env::var("OMPI_MCA_mpi_ft_enable").is_ok_and(|v| matches!(v.trim(), "1" | "true"))
+}
+
+/// Whether ranks of the mpi backend survive the death of others in place
+/// (ULFM): a `ulfm` build, either run by a fault-tolerant MPI or about to
+/// start its own `mpiexec` (`lazarus run --backend mpi`, which asks Open
+/// MPI for it).
+pub fn recovers_in_place() -> bool {
+    cfg!(feature = "ulfm") && (fault_tolerant() || launcher_rank().is_none())
+}

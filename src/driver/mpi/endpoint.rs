@@ -34,19 +34,46 @@ pub(super) struct Peer {
     pub pid: u32,
 }
 
+/// A failure event survived in place: its world epoch, the ranks that
+/// died, and when it was repaired (since the job's start).
+pub(super) type FailureEvent = (u64, Vec<Rank>, Duration);
+
 /// What a rank's endpoint leaves behind for the job's report.
 #[derive(Default)]
 pub(super) struct Book {
     stats: Vec<(Duration, Stat)>,
     /// Kill specifications fired (by this rank or an earlier attempt).
     fired: Vec<usize>,
+    /// The failure events survived in place (ULFM), as this rank knows
+    /// them.
+    failures: Vec<FailureEvent>,
 }
 
 impl Book {
-    /// The statistics recorded and the kills fired.
-    pub fn take(&self) -> (Vec<(Duration, Stat)>, Vec<usize>) {
-        (self.stats.clone(), self.fired.clone())
+    /// The statistics recorded, the kills fired and the failure events.
+    pub fn take(&self) -> (Vec<(Duration, Stat)>, Vec<usize>, Vec<FailureEvent>) {
+        (
+            self.stats.clone(),
+            self.fired.clone(),
+            self.failures.clone(),
+        )
     }
+}
+
+/// What the survivors tell the substitutes a repair spawned (ULFM): where
+/// the job is, so that each starts as a replacement of its rank.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub(super) struct Resume {
+    /// The world epoch the substitutes start in (0: not a substitute).
+    pub epoch: u64,
+    /// Kill specifications that fired: none fires again.
+    pub fired: Vec<usize>,
+    /// The failure events so far, this one included.
+    pub failures: Vec<FailureEvent>,
+    /// Time since the job started.
+    pub elapsed: Duration,
+    /// The generation the job started from (`Config::restart_generation`).
+    pub restart_generation: Option<u64>,
 }
 
 /// One rank of an MPI job.
@@ -59,6 +86,14 @@ pub(super) struct MpiEndpoint {
     ready: VecDeque<Incoming>,
     /// Replies to this rank's one-sided requests, by request id.
     replies: HashMap<u64, Result<RmaReply>>,
+    /// The target of each request not answered yet: a request to a rank
+    /// that dies is answered by its death.
+    asked: HashMap<u64, Rank>,
+    /// The world epoch: failure events survived so far (ULFM).
+    epoch: u64,
+    /// The epoch this incarnation started in (a substitute's, else 0).
+    start_epoch: u64,
+    restart_generation: Option<u64>,
     next_request: u64,
     windows: WindowRegistry,
     slot: Arc<Slot>,
@@ -78,34 +113,49 @@ pub(super) struct MpiEndpoint {
 }
 
 impl MpiEndpoint {
+    /// The endpoint of this process's rank; `start` is where a substitute
+    /// starts (the default for the job's first processes).
     pub(super) fn new(
         net: Rc<RefCell<Transport>>,
-        plan: FaultPlan,
+        mut plan: FaultPlan,
         peers: Vec<Peer>,
         fired_file: Option<std::path::PathBuf>,
-        max_frame: usize,
-        host_ranks: usize,
+        (max_frame, host_ranks): (usize, usize),
+        start: Resume,
     ) -> Self {
         let (rank, size) = {
             let n = net.borrow();
             (n.rank(), n.size())
         };
+        for &k in &start.fired {
+            plan.mark_fired(k);
+        }
         let armed = plan.armed_for(rank);
+        let book = Book {
+            failures: start.failures,
+            ..Book::default()
+        };
         MpiEndpoint {
             net,
             rank,
             size,
             ready: VecDeque::new(),
             replies: HashMap::new(),
+            asked: HashMap::new(),
+            epoch: start.epoch,
+            start_epoch: start.epoch,
+            restart_generation: start.restart_generation,
             next_request: 0,
             windows: WindowRegistry::default(),
-            slot: Slot::new(0),
-            t0: Instant::now(),
+            slot: Slot::new(start.epoch),
+            t0: Instant::now()
+                .checked_sub(start.elapsed)
+                .unwrap_or_else(Instant::now),
             plan,
             armed,
             peers,
             fired_file,
-            book: Rc::default(),
+            book: Rc::new(RefCell::new(book)),
             max_frame,
             spin: crate::driver::shared::core_per_rank(host_ranks),
             yielding: Yielding::new(host_ranks),
@@ -129,11 +179,25 @@ impl MpiEndpoint {
         )
     }
 
+    /// [`MpiEndpoint::post`] of a small message as a synchronous send:
+    /// complete once `dest` has matched it.
+    fn post_sync(&mut self, dest: Rank, msg: &WireMsg) -> Result<()> {
+        let parts = wire::encode_into(msg, self.max_frame, &mut self.encoded)
+            .map_err(|e| Error::Driver(format!("frame for rank {dest}: {e}")))?;
+        if !parts.is_empty() {
+            return Err(Error::Driver("a synchronous send of a large frame".into()));
+        }
+        self.net
+            .borrow_mut()
+            .issend(dest, TAG_FRAME, std::mem::take(&mut self.encoded))
+    }
+
     /// Take in what has arrived (serving one-sided requests at once) until
     /// the engine has something, or nothing more is there. Returns whether
     /// anything arrived.
     fn pump(&mut self) -> Result<bool> {
         self.net.borrow_mut().progress()?;
+        self.repair_if_failed()?;
         // Until a frame for the engine came in this call, or nothing is
         // there: a rank waiting for a reply may have frames queued already,
         // and must still read on.
@@ -146,7 +210,98 @@ impl MpiEndpoint {
             any = true;
             self.handle(from, buf)?;
         }
+        self.repair_if_failed()?;
         Ok(any)
+    }
+
+    /// A process of the job died (an MPI call said so): repair the
+    /// communicator with the other survivors and a substitute for each
+    /// dead rank ([`super::ulfm`]), then tell the engine, after the frames
+    /// the survivors sent before the repair.
+    fn repair_if_failed(&mut self) -> Result<()> {
+        if !self.net.borrow().failed {
+            return Ok(());
+        }
+        #[cfg(feature = "ulfm")]
+        {
+            let me = [
+                self.peers[self.rank].host,
+                u64::from(self.peers[self.rank].pid),
+            ];
+            let epoch = self.epoch + 1;
+            let at = self.now();
+            let mut fired = self.plan.fired();
+            fired.extend(self.book.borrow().fired.iter().copied());
+            let failures = self.book.borrow().failures.clone();
+            let restart_generation = self.restart_generation;
+            let t0 = self.t0;
+            let resume = |dead: &[Rank]| {
+                let mut failures = failures;
+                failures.push((epoch, dead.to_vec(), at));
+                postcard::to_allocvec(&Resume {
+                    epoch,
+                    fired,
+                    failures,
+                    elapsed: t0.elapsed(),
+                    restart_generation,
+                })
+                .unwrap_or_default()
+            };
+            let repair = self.net.borrow_mut().repair(me, resume)?;
+            if repair.dead.is_empty() {
+                return Ok(());
+            }
+            tracing::info!(
+                rank = self.rank,
+                epoch,
+                "lazarus: rank {}: rank(s) {} died; substitutes spawned (ULFM)",
+                self.rank,
+                crate::error::list(&repair.dead)
+            );
+            self.epoch = epoch;
+            self.book
+                .borrow_mut()
+                .failures
+                .push((epoch, repair.dead.clone(), at));
+            self.peers = repair
+                .peers
+                .iter()
+                .map(|p| Peer {
+                    host: p[0],
+                    pid: p[1] as u32,
+                })
+                .collect();
+            for (from, buf) in repair.drained {
+                self.handle(from, buf)?;
+            }
+            // Requests to a dead rank are answered by its death, as on
+            // the other backends.
+            let dead = &repair.dead;
+            let lost: Vec<u64> = self
+                .asked
+                .iter()
+                .filter(|(_, t)| dead.contains(t))
+                .map(|(&id, _)| id)
+                .collect();
+            for id in lost {
+                let target = self.asked.remove(&id).unwrap_or_default();
+                self.replies.insert(
+                    id,
+                    Err(Error::Driver(format!(
+                        "rank {target} died before answering a one-sided request"
+                    ))),
+                );
+            }
+            self.ready.push_back(Incoming::FailureNotice {
+                epoch,
+                dead: repair.dead,
+            });
+            Ok(())
+        }
+        #[cfg(not(feature = "ulfm"))]
+        Err(Error::Driver(
+            "a process of the MPI job died, and this lazarus was built without ULFM".into(),
+        ))
     }
 
     /// Deliver what `from` sent: a frame to the engine, a one-sided
@@ -159,7 +314,12 @@ impl MpiEndpoint {
                 self.post(from, &WireMsg::RmaDone { id: req.id, reply })?;
             }
             WireMsg::RmaDone { id, reply } => {
+                self.asked.remove(&id);
                 self.replies.insert(id, reply);
+            }
+            WireMsg::KillFired { index } => {
+                self.plan.mark_fired(index);
+                self.armed = self.plan.armed_for(self.rank);
             }
             WireMsg::Abort { rank, reason } => {
                 self.ready.push_back(Incoming::Abort { rank, reason });
@@ -200,8 +360,11 @@ impl MpiEndpoint {
             // Not on a busy host: MPI's polling would hold a core that
             // other work (or the awaited rank) needs.
             if self.spin && deadline.is_none() && self.yielding.may(now) {
-                let (from, buf) = self.net.borrow_mut().receive_blocking(TAG_FRAME)?;
-                self.handle(from, buf)?;
+                // None: a process died; the next pump repairs.
+                let got = self.net.borrow_mut().receive_blocking(TAG_FRAME)?;
+                if let Some((from, buf)) = got {
+                    self.handle(from, buf)?;
+                }
                 continue;
             }
             if self.spin && now - start < WAIT_SPIN {
@@ -249,6 +412,15 @@ impl MpiEndpoint {
                     path.display()
                 )));
             }
+        }
+        if self.net.borrow().in_place {
+            // The trigger dies with its kill (it is a victim): every other
+            // rank must know it fired, so that no substitute fires it
+            // again. Synchronous sends: matched before the kill.
+            for r in (0..self.size).filter(|&r| r != me) {
+                self.post_sync(r, &WireMsg::KillFired { index })?;
+            }
+            self.wait(|me| !me.net.borrow().sending(), None)?;
         }
         let here = self.peers[me].host;
         for &v in victims.iter().filter(|&&v| v != me) {
@@ -317,7 +489,7 @@ impl Endpoint for MpiEndpoint {
     }
 
     fn start_epoch(&self) -> u64 {
-        0
+        self.start_epoch
     }
 
     fn send(&mut self, dest: Rank, frame: Frame) -> Result<()> {
@@ -392,6 +564,7 @@ impl Endpoint for MpiEndpoint {
         }
         self.next_request += 1;
         let req = self.next_request;
+        self.asked.insert(req, target);
         self.post(
             target,
             &WireMsg::Rma(RmaRequest {
@@ -426,9 +599,13 @@ impl Endpoint for MpiEndpoint {
 
     fn await_respawn(&mut self, _rank: Rank) {}
 
-    fn conclude(&mut self, _epoch: u64) -> bool {
+    fn conclude(&mut self, epoch: u64) -> bool {
         // Without ULFM no failure is survived in place: a kill ends the
-        // whole job, so one not seen yet can void nothing.
+        // whole job, so one not seen yet can void nothing. With it, a
+        // failure this rank repaired since voids the `Done`s.
+        if epoch != self.epoch {
+            return false;
+        }
         self.plan.conclude();
         self.armed = false;
         true

@@ -80,7 +80,9 @@ fn fired_kills(path: &Path) -> Vec<(usize, Vec<Rank>)> {
 /// The `mpiexec` to run: `LAZARUS_MPIEXEC` (split at white space), else
 /// `mpiexec`, with the options Open MPI needs to run as many ranks as
 /// asked on one machine (`--oversubscribe`) and, as root,
-/// `--allow-run-as-root` (MPICH's Hydra needs neither).
+/// `--allow-run-as-root` (MPICH's Hydra needs neither); a `ulfm` build asks
+/// Open MPI for its fault tolerance (`--with-ft ulfm`): ranks survive the
+/// death of others in place.
 pub fn mpiexec() -> Vec<OsString> {
     if let Some(v) = std::env::var_os(var::MPIEXEC) {
         return v
@@ -104,6 +106,9 @@ pub fn mpiexec() -> Vec<OsString> {
     let mut cmd = vec![OsString::from("mpiexec")];
     if open_mpi {
         cmd.push("--oversubscribe".into());
+        if cfg!(feature = "ulfm") {
+            cmd.extend(["--with-ft".into(), "ulfm".into()]);
+        }
         if nix::unistd::geteuid().is_root() {
             cmd.push("--allow-run-as-root".into());
         }

@@ -20,13 +20,15 @@
 mod endpoint;
 pub mod launch;
 mod transport;
+#[cfg(feature = "ulfm")]
+mod ulfm;
 
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use self::endpoint::{MpiEndpoint, Peer};
+use self::endpoint::{FailureEvent, MpiEndpoint, Peer, Resume};
 use self::transport::{TAG_FRAME, TAG_REPORT, Transport};
 use crate::config::{Backend, Config};
 use crate::driver::Stat;
@@ -34,7 +36,7 @@ use crate::driver::processes::wire::{RemoteError, WireMsg};
 use crate::driver::shared::{Finals, StatsBook, rank_body};
 use crate::fault::FaultPlan;
 use crate::job::{JobReport, JobStats, RankFn};
-use crate::{Error, Result};
+use crate::{Error, Rank, Result};
 
 /// Environment variables between [`launch`] and the ranks it starts.
 pub(crate) mod var {
@@ -142,8 +144,29 @@ where
                 .into(),
         ));
     };
-    let report = match Transport::new() {
-        Ok(net) => rank_with(env, cfg, f, net, &universe),
+    // This process is a rank: its MPI says whether it is fault tolerant.
+    let in_place = cfg!(feature = "ulfm") && crate::driver::mpi_env::fault_tolerant();
+    let me = Peer {
+        host: host_hash(),
+        pid: std::process::id(),
+    };
+    #[cfg(feature = "ulfm")]
+    let joined = if in_place {
+        ulfm::join([me.host, u64::from(me.pid)])
+    } else {
+        Ok(None)
+    };
+    #[cfg(not(feature = "ulfm"))]
+    let joined: Result<Option<std::convert::Infallible>> = Ok(None);
+    let report = match joined {
+        #[cfg(feature = "ulfm")]
+        Ok(Some(j)) => substitute(env, cfg, f, j),
+        #[cfg(not(feature = "ulfm"))]
+        Ok(Some(never)) => match never {},
+        Ok(None) => match Transport::new(in_place) {
+            Ok(net) => rank_with(env, cfg, f, net, me),
+            Err(e) => JobReport::failed(e),
+        },
         Err(e) => JobReport::failed(e),
     };
     drop(universe); // MPI_Finalize
@@ -155,21 +178,9 @@ where
     report
 }
 
-fn rank_with<T>(
-    env: &MpiLaunch,
-    cfg: &Config,
-    f: &RankFn<T>,
-    mut net: Transport,
-    universe: &mpi::environment::Universe,
-) -> JobReport<T>
-where
-    T: Serialize + DeserializeOwned,
-{
-    use mpi::traits::CommunicatorCollectives;
-    let rank = net.rank();
-    let size = net.size();
-    // The MPI job decides the shape (and `mpiexec -n`), the launcher the
-    // protocol and the restart.
+/// The job's configuration as this rank runs it: the MPI job decides the
+/// shape (and `mpiexec -n`), the launcher the protocol.
+fn job_config(env: &MpiLaunch, cfg: &Config, size: usize) -> Config {
     let mut cfg = Config {
         backend: Backend::Mpi,
         ranks: size,
@@ -177,6 +188,22 @@ where
         ..cfg.clone()
     };
     cfg.nodes = cfg.nodes.min(size).max(1);
+    cfg
+}
+
+fn rank_with<T>(
+    env: &MpiLaunch,
+    cfg: &Config,
+    f: &RankFn<T>,
+    mut net: Transport,
+    me: Peer,
+) -> JobReport<T>
+where
+    T: Serialize + DeserializeOwned,
+{
+    let rank = net.rank();
+    let size = net.size();
+    let mut cfg = job_config(env, cfg, size);
     if env.resume {
         // Started again after a failure: from the newest committed
         // generation on disk, or from the beginning if none was committed.
@@ -212,16 +239,62 @@ where
         Err(e) => return JobReport::failed(e),
     };
     // Every rank's host and process, for the fault plan's kills.
+    let peers = match net.all_gather([me.host, u64::from(me.pid)]) {
+        Ok(p) => p,
+        Err(e) => return JobReport::failed(e),
+    };
+    if let Err(e) = net.barrier() {
+        return JobReport::failed(e);
+    }
+    let start = Resume {
+        restart_generation: cfg.restart_generation,
+        ..Resume::default()
+    };
+    run_on(env, &cfg, placement, f, (net, &peers, me), start)
+}
+
+/// A substitute spawned by a repair (ULFM): start as the replacement of
+/// the rank whose number it took.
+#[cfg(feature = "ulfm")]
+fn substitute<T>(env: &MpiLaunch, cfg: &Config, f: &RankFn<T>, joined: ulfm::Joined) -> JobReport<T>
+where
+    T: Serialize + DeserializeOwned,
+{
+    let ulfm::Joined { net, resume, peers } = joined;
+    let start: Resume = match postcard::from_bytes(&resume) {
+        Ok(r) => r,
+        Err(e) => return JobReport::failed(e.into()),
+    };
+    let mut cfg = job_config(env, cfg, net.size());
+    cfg.restart_generation = start.restart_generation;
+    let placement = match cfg.validate() {
+        Ok(pl) => pl,
+        Err(e) => return JobReport::failed(e),
+    };
     let me = Peer {
         host: host_hash(),
         pid: std::process::id(),
     };
-    let mut all = vec![0u64; 2 * size];
-    universe
-        .world()
-        .all_gather_into(&[me.host, u64::from(me.pid)][..], &mut all[..]);
-    let peers: Vec<Peer> = all
-        .chunks_exact(2)
+    run_on(env, &cfg, placement, f, (net, &peers, me), start)
+}
+
+/// Run this process's rank on `net` to its end, then gather the job's
+/// report on rank 0.
+fn run_on<T>(
+    env: &MpiLaunch,
+    cfg: &Config,
+    placement: crate::topology::Placement,
+    f: &RankFn<T>,
+    (net, peers, me): (Transport, &[[u64; 2]], Peer),
+    start: Resume,
+) -> JobReport<T>
+where
+    T: Serialize + DeserializeOwned,
+{
+    let rank = net.rank();
+    let size = net.size();
+    let peers: Vec<Peer> = peers
+        .iter()
         .map(|p| Peer {
             host: p[0],
             pid: p[1] as u32,
@@ -232,28 +305,28 @@ where
     for &k in &env.skip_kills {
         plan.mark_fired(k);
     }
-    if let Err(e) = net.barrier() {
-        return JobReport::failed(e);
-    }
+    let elapsed = start.elapsed;
     let net = std::rc::Rc::new(std::cell::RefCell::new(net));
     let ep = MpiEndpoint::new(
         net.clone(),
         plan,
         peers,
         env.fired.clone(),
-        cfg.max_frame,
-        host_ranks,
+        (cfg.max_frame, host_ranks),
+        start,
     );
     let book = ep.book();
-    let start = std::time::Instant::now();
-    let outcome = rank_body(Box::new(ep), &cfg, placement, f);
+    let start = std::time::Instant::now()
+        .checked_sub(elapsed)
+        .unwrap_or_else(std::time::Instant::now);
+    let outcome = rank_body(Box::new(ep), cfg, placement, f);
     let mut net = match std::rc::Rc::try_unwrap(net) {
         Ok(n) => n.into_inner(),
         Err(_) => {
             return JobReport::failed(Error::Driver("the rank's engine outlived its job".into()));
         }
     };
-    let (mut stats, fired) = book.borrow().take();
+    let (mut stats, fired, failures) = book.borrow().take();
     if let Some(u) = crate::driver::shared::process_usage() {
         stats.push((start.elapsed(), u));
     }
@@ -280,7 +353,7 @@ where
         stats,
         fired,
     };
-    let job = gather(&mut net, &cfg, mine, start).map(|j| {
+    let job = gather(&mut net, cfg, mine, (start, &failures)).map(|j| {
         j.map(|(outcome, mut stats)| {
             env.attempts.add_to(&mut stats);
             (outcome, stats)
@@ -329,7 +402,7 @@ fn gather(
     net: &mut Transport,
     cfg: &Config,
     mine: RankReport,
-    start: std::time::Instant,
+    (start, failures): (std::time::Instant, &[FailureEvent]),
 ) -> Result<Option<JobOutcome>> {
     let rank = net.rank();
     let size = net.size();
@@ -361,14 +434,38 @@ fn gather(
         StatsBook::new(cfg.protocol, cfg.sets, size, cfg.nodes).traced(cfg.trace.is_some(), false);
     let mut finals = Finals::new(size);
     let mut fired = std::collections::BTreeSet::new();
+    // The statistics and the failure events in time order, as a launcher
+    // sees them: a recovery ends when every rank resumed in the epoch of
+    // the newest failure.
+    let mut timeline: Vec<(std::time::Duration, Option<(Rank, Stat)>)> =
+        failures.iter().map(|(_, _, at)| (*at, None)).collect();
+    let mut events = failures.iter();
+    let mut outcomes = Vec::new();
     for (r, rep) in reports.into_iter().enumerate() {
         let Some(rep) = rep else { continue };
-        for (at, stat) in rep.stats {
-            book.record(r, size, stat, at, 0);
-        }
+        timeline.extend(
+            rep.stats
+                .into_iter()
+                .map(|(at, stat)| (at, Some((r, stat)))),
+        );
         fired.extend(rep.fired);
-        let outcome = rep
-            .outcome
+        outcomes.push((r, rep.outcome));
+    }
+    timeline.sort_by_key(|(at, _)| *at);
+    let mut epoch = 0;
+    for (at, item) in timeline {
+        match item {
+            Some((r, stat)) => book.record(r, size, stat, at, epoch),
+            None => {
+                if let Some((e, dead, _)) = events.next() {
+                    epoch = *e;
+                    book.on_kill(*e, dead, at);
+                }
+            }
+        }
+    }
+    for (r, outcome) in outcomes {
+        let outcome = outcome
             .map(serde_bytes::ByteBuf::into_vec)
             .map_err(|e| e.into_error(r));
         finals.on_exit(r, outcome, false, cfg.protocol.name());

@@ -28,12 +28,12 @@ const TAG_PART: c_int = 3;
 const MAX_PART: usize = 1 << 30;
 
 /// A buffer MPI reads from until its send completes.
-enum Held {
+pub(super) enum Held {
     Owned(#[allow(dead_code)] Vec<u8>),
     Shared(#[allow(dead_code)] bytes::Bytes),
 }
 
-fn check(rc: c_int, what: &str) -> Result<()> {
+pub(super) fn check(rc: c_int, what: &str) -> Result<()> {
     if rc == ffi::MPI_SUCCESS as c_int {
         Ok(())
     } else {
@@ -43,24 +43,53 @@ fn check(rc: c_int, what: &str) -> Result<()> {
 
 /// A duplicate of `MPI_COMM_WORLD` and the sends still in flight on it.
 pub(super) struct Transport {
-    comm: ffi::MPI_Comm,
-    rank: Rank,
-    size: usize,
+    pub(super) comm: ffi::MPI_Comm,
+    pub(super) rank: Rank,
+    pub(super) size: usize,
     /// Nonblocking sends not known complete, each with its buffer.
-    pending: Vec<(ffi::MPI_Request, Held)>,
+    pub(super) pending: Vec<(ffi::MPI_Request, Held)>,
+    /// Failures are survived in place (ULFM, [`super::ulfm`]): MPI returns
+    /// errors instead of ending the job, and a call that fails because a
+    /// process died sets `failed` instead of failing.
+    pub(super) in_place: bool,
+    /// A call saw a process of the communicator dead: the endpoint repairs
+    /// the communicator before it goes on.
+    pub(super) failed: bool,
 }
 
 impl Transport {
-    /// Duplicate the world communicator (MPI must be initialised).
-    pub fn new() -> Result<Self> {
+    /// Duplicate the world communicator (MPI must be initialised);
+    /// `in_place`: failures are survived (ULFM), so MPI must return its
+    /// errors.
+    pub fn new(in_place: bool) -> Result<Self> {
         // SAFETY: MPI is initialised (the caller holds the universe); the
         // out-parameters are valid for writes.
         unsafe {
+            if in_place {
+                check(
+                    ffi::MPI_Comm_set_errhandler(ffi::RSMPI_COMM_WORLD, ffi::RSMPI_ERRORS_RETURN),
+                    "MPI_Comm_set_errhandler",
+                )?;
+            }
             let mut comm: ffi::MPI_Comm = std::mem::zeroed();
             check(
                 ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut comm),
                 "MPI_Comm_dup",
             )?;
+            Self::on(comm, in_place)
+        }
+    }
+
+    /// A transport on `comm`, which it owns from now on.
+    pub(super) fn on(comm: ffi::MPI_Comm, in_place: bool) -> Result<Self> {
+        // SAFETY: a live communicator; out-parameters valid for writes.
+        unsafe {
+            if in_place {
+                check(
+                    ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN),
+                    "MPI_Comm_set_errhandler",
+                )?;
+            }
             let (mut rank, mut size) = (0, 0);
             check(ffi::MPI_Comm_rank(comm, &mut rank), "MPI_Comm_rank")?;
             check(ffi::MPI_Comm_size(comm, &mut size), "MPI_Comm_size")?;
@@ -69,8 +98,25 @@ impl Transport {
                 rank: rank as Rank,
                 size: size as usize,
                 pending: Vec::new(),
+                in_place,
+                failed: false,
             })
         }
+    }
+
+    /// Whether the MPI call that returned `rc` failed because a process of
+    /// the communicator died (or the communicator was revoked), with
+    /// failures survived in place; if so, remember it for the repair.
+    pub(super) fn lost(&mut self, rc: c_int) -> bool {
+        if !self.in_place || rc == ffi::MPI_SUCCESS as c_int {
+            return false;
+        }
+        #[cfg(feature = "ulfm")]
+        let lost = super::ulfm::is_failure(rc);
+        #[cfg(not(feature = "ulfm"))]
+        let lost = false;
+        self.failed |= lost;
+        lost
     }
 
     /// This process's rank in the job.
@@ -108,6 +154,13 @@ impl Transport {
         Ok(())
     }
 
+    /// As [`Transport::isend`], a synchronous send (`MPI_Issend`): it
+    /// completes once `dest` has matched it.
+    pub fn issend(&mut self, dest: Rank, tag: c_int, buf: Vec<u8>) -> Result<()> {
+        let (ptr, len) = (buf.as_ptr(), buf.len());
+        self.post_send(dest, tag, (ptr, len), Held::Owned(buf), true)
+    }
+
     fn isend_held(
         &mut self,
         dest: Rank,
@@ -115,6 +168,17 @@ impl Transport {
         ptr: *const u8,
         len: usize,
         held: Held,
+    ) -> Result<()> {
+        self.post_send(dest, tag, (ptr, len), held, false)
+    }
+
+    fn post_send(
+        &mut self,
+        dest: Rank,
+        tag: c_int,
+        (ptr, len): (*const u8, usize),
+        held: Held,
+        synchronous: bool,
     ) -> Result<()> {
         let count = c_int::try_from(len).map_err(|_| {
             Error::Driver(format!(
@@ -127,18 +191,25 @@ impl Transport {
         // MPI_Test reports the send complete; `req` is valid for writes.
         unsafe {
             let mut req: ffi::MPI_Request = std::mem::zeroed();
-            check(
-                ffi::MPI_Isend(
-                    ptr.cast(),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    dest as c_int,
-                    tag,
-                    self.comm,
-                    &mut req,
-                ),
-                "MPI_Isend",
-            )?;
+            let send = if synchronous {
+                ffi::MPI_Issend
+            } else {
+                ffi::MPI_Isend
+            };
+            let rc = send(
+                ptr.cast(),
+                count,
+                ffi::RSMPI_UINT8_T,
+                dest as c_int,
+                tag,
+                self.comm,
+                &mut req,
+            );
+            if self.lost(rc) {
+                // To a dead process: lost with it, as on a socket.
+                return Ok(());
+            }
+            check(rc, "MPI_Isend")?;
             self.pending.push((req, buf));
         }
         Ok(())
@@ -150,12 +221,17 @@ impl Transport {
         while i < self.pending.len() {
             let mut done: c_int = 0;
             // SAFETY: the request is a live request of ours; status ignored.
-            unsafe {
-                check(
-                    ffi::MPI_Test(&mut self.pending[i].0, &mut done, ffi::RSMPI_STATUS_IGNORE),
-                    "MPI_Test",
-                )?;
+            let rc = unsafe {
+                ffi::MPI_Test(&mut self.pending[i].0, &mut done, ffi::RSMPI_STATUS_IGNORE)
+            };
+            if self.lost(rc) {
+                // A send to a process that died: MPI may still hold the
+                // buffer, so it is leaked rather than freed.
+                let (_, held) = self.pending.swap_remove(i);
+                std::mem::forget(held);
+                continue;
             }
+            check(rc, "MPI_Test")?;
             if done != 0 {
                 self.pending.swap_remove(i);
             } else {
@@ -177,10 +253,10 @@ impl Transport {
     }
 
     /// The next message under `tag` from anyone, waiting in MPI for it
-    /// (`MPI_Mprobe`, which also drives this rank's sends in flight).
-    pub fn receive_blocking(&mut self, tag: c_int) -> Result<(Rank, Vec<u8>)> {
-        self.receive(tag, true)?
-            .ok_or_else(|| Error::Driver("MPI_Mprobe returned no message".into()))
+    /// (`MPI_Mprobe`, which also drives this rank's sends in flight);
+    /// `None` if a process died meanwhile (failures survived in place).
+    pub fn receive_blocking(&mut self, tag: c_int) -> Result<Option<(Rank, Vec<u8>)>> {
+        self.receive(tag, true)
     }
 
     fn receive(&mut self, tag: c_int, blocking: bool) -> Result<Option<(Rank, Vec<u8>)>> {
@@ -191,23 +267,26 @@ impl Transport {
             let mut msg: ffi::MPI_Message = std::mem::zeroed();
             let mut status: ffi::MPI_Status = std::mem::zeroed();
             if blocking {
-                check(
-                    ffi::MPI_Mprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut msg, &mut status),
-                    "MPI_Mprobe",
-                )?;
+                let rc =
+                    ffi::MPI_Mprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut msg, &mut status);
+                if self.lost(rc) {
+                    return Ok(None);
+                }
+                check(rc, "MPI_Mprobe")?;
             } else {
                 let mut flag: c_int = 0;
-                check(
-                    ffi::MPI_Improbe(
-                        ffi::RSMPI_ANY_SOURCE,
-                        tag,
-                        self.comm,
-                        &mut flag,
-                        &mut msg,
-                        &mut status,
-                    ),
-                    "MPI_Improbe",
-                )?;
+                let rc = ffi::MPI_Improbe(
+                    ffi::RSMPI_ANY_SOURCE,
+                    tag,
+                    self.comm,
+                    &mut flag,
+                    &mut msg,
+                    &mut status,
+                );
+                if self.lost(rc) {
+                    return Ok(None);
+                }
+                check(rc, "MPI_Improbe")?;
                 if flag == 0 {
                     return Ok(None);
                 }
@@ -219,20 +298,23 @@ impl Transport {
             )?;
             let n = count.max(0) as usize;
             let mut buf: Vec<u8> = Vec::with_capacity(n);
-            check(
-                ffi::MPI_Mrecv(
-                    buf.as_mut_ptr().cast(),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    &mut msg,
-                    &mut status,
-                ),
-                "MPI_Mrecv",
-            )?;
+            let rc = ffi::MPI_Mrecv(
+                buf.as_mut_ptr().cast(),
+                count,
+                ffi::RSMPI_UINT8_T,
+                &mut msg,
+                &mut status,
+            );
+            if self.lost(rc) {
+                return Ok(None);
+            }
+            check(rc, "MPI_Mrecv")?;
             buf.set_len(n);
             let from = status.MPI_SOURCE;
-            if tag == TAG_FRAME {
-                self.receive_parts(from, &mut buf)?;
+            // An empty message is a switch marker (`ulfm`), not a frame.
+            if tag == TAG_FRAME && n > 0 && !self.receive_parts(from, &mut buf)? {
+                // Its sender died before sending all of it.
+                return Ok(None);
             }
             Ok(Some((from as Rank, buf)))
         }
@@ -240,8 +322,9 @@ impl Transport {
 
     /// The rest of a frame whose head is `buf`, received into it from its
     /// sender's [`TAG_PART`] messages (sent right after the head): the
-    /// length prefix says how long the frame is.
-    fn receive_parts(&mut self, from: c_int, buf: &mut Vec<u8>) -> Result<()> {
+    /// length prefix says how long the frame is. False if the sender died
+    /// before all of it came.
+    fn receive_parts(&mut self, from: c_int, buf: &mut Vec<u8>) -> Result<bool> {
         let total = match buf.get(..4).and_then(|b| b.try_into().ok()) {
             Some(b) if u32::from_le_bytes(b) == crate::driver::processes::wire::LONG_LEN => buf
                 .get(4..12)
@@ -260,18 +343,19 @@ impl Transport {
             // receive the part; the length grows by what MPI wrote.
             unsafe {
                 let mut status: ffi::MPI_Status = std::mem::zeroed();
-                check(
-                    ffi::MPI_Recv(
-                        buf.as_mut_ptr().add(buf.len()).cast(),
-                        want as c_int,
-                        ffi::RSMPI_UINT8_T,
-                        from,
-                        TAG_PART,
-                        self.comm,
-                        &mut status,
-                    ),
-                    "MPI_Recv",
-                )?;
+                let rc = ffi::MPI_Recv(
+                    buf.as_mut_ptr().add(buf.len()).cast(),
+                    want as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    from,
+                    TAG_PART,
+                    self.comm,
+                    &mut status,
+                );
+                if self.lost(rc) {
+                    return Ok(false);
+                }
+                check(rc, "MPI_Recv")?;
                 let mut count: c_int = 0;
                 check(
                     ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count),
@@ -285,44 +369,19 @@ impl Transport {
                 buf.set_len(buf.len() + count as usize);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
-    /// Rank `root`'s `bytes` on every rank (`MPI_Bcast` of the length,
-    /// then of the bytes).
+    /// Rank `root`'s `bytes` on every rank.
     pub fn broadcast(&mut self, root: Rank, bytes: Vec<u8>) -> Result<Vec<u8>> {
-        let mut len = bytes.len() as u64;
-        // SAFETY: buffers valid for the given counts on every rank.
-        unsafe {
-            check(
-                ffi::MPI_Bcast(
-                    (&mut len as *mut u64).cast(),
-                    8,
-                    ffi::RSMPI_UINT8_T,
-                    root as c_int,
-                    self.comm,
-                ),
-                "MPI_Bcast",
-            )?;
-            let mut buf = if self.rank == root {
-                bytes
-            } else {
-                vec![0u8; len as usize]
-            };
-            let count = c_int::try_from(len)
-                .map_err(|_| Error::Driver("a broadcast of 2 GiB or more".into()))?;
-            check(
-                ffi::MPI_Bcast(
-                    buf.as_mut_ptr().cast(),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    root as c_int,
-                    self.comm,
-                ),
-                "MPI_Bcast",
-            )?;
-            Ok(buf)
-        }
+        // SAFETY: our live communicator, on which every rank calls this.
+        unsafe { bcast(self.comm, root as c_int, self.rank == root, bytes) }
+    }
+
+    /// Every rank's `mine`, by rank.
+    pub fn all_gather(&mut self, mine: [u64; 2]) -> Result<Vec<[u64; 2]>> {
+        // SAFETY: our live communicator, on which every rank calls this.
+        unsafe { all_gather(self.comm, mine) }
     }
 
     /// Wait for every rank (`MPI_Barrier`), before any frame is sent.
@@ -363,6 +422,77 @@ impl Transport {
                 std::thread::sleep(std::time::Duration::from_micros(20));
             }
         }
+    }
+}
+
+/// Rank `root`'s `bytes` on every process of `comm` (`MPI_Bcast` of the
+/// length, then of the bytes); `am_root`: this process is `root`.
+///
+/// # Safety
+/// `comm` is a live communicator on which every process calls this.
+pub(super) unsafe fn bcast(
+    comm: ffi::MPI_Comm,
+    root: c_int,
+    am_root: bool,
+    bytes: Vec<u8>,
+) -> Result<Vec<u8>> {
+    let mut len = bytes.len() as u64;
+    // SAFETY: buffers valid for the given counts on every process.
+    unsafe {
+        check(
+            ffi::MPI_Bcast(
+                (&mut len as *mut u64).cast(),
+                8,
+                ffi::RSMPI_UINT8_T,
+                root,
+                comm,
+            ),
+            "MPI_Bcast",
+        )?;
+        let mut buf = if am_root {
+            bytes
+        } else {
+            vec![0u8; len as usize]
+        };
+        let count = c_int::try_from(len)
+            .map_err(|_| Error::Driver("a broadcast of 2 GiB or more".into()))?;
+        check(
+            ffi::MPI_Bcast(
+                buf.as_mut_ptr().cast(),
+                count,
+                ffi::RSMPI_UINT8_T,
+                root,
+                comm,
+            ),
+            "MPI_Bcast",
+        )?;
+        Ok(buf)
+    }
+}
+
+/// Every process's `mine` on `comm`, by rank.
+///
+/// # Safety
+/// `comm` is a live communicator on which every process calls this.
+pub(super) unsafe fn all_gather(comm: ffi::MPI_Comm, mine: [u64; 2]) -> Result<Vec<[u64; 2]>> {
+    // SAFETY: the caller's live communicator; buffers of the given counts.
+    unsafe {
+        let mut size: c_int = 0;
+        check(ffi::MPI_Comm_size(comm, &mut size), "MPI_Comm_size")?;
+        let mut all = vec![[0u64; 2]; size.max(0) as usize];
+        check(
+            ffi::MPI_Allgather(
+                mine.as_ptr().cast(),
+                16,
+                ffi::RSMPI_UINT8_T,
+                all.as_mut_ptr().cast(),
+                16,
+                ffi::RSMPI_UINT8_T,
+                comm,
+            ),
+            "MPI_Allgather",
+        )?;
+        Ok(all)
     }
 }
 

@@ -327,6 +327,13 @@ pub enum WireMsg {
     Shutdown,
     /// Launcher → worker: every rank's value is known; leave finalize.
     JobComplete,
+    /// Rank → rank (the mpi backend on ULFM): kill specification `index`
+    /// of the fault plan fired. Its trigger dies with it, and a
+    /// substitute must not fire it again.
+    KillFired {
+        /// Index of the kill specification.
+        index: usize,
+    },
 }
 
 /// A rank's error, as it crosses to the launcher.
