@@ -2,7 +2,10 @@
 //! the apps on 2 and 4 MPI ranks against the threads backend's results
 //! (bit-identical), a job ended by a rank's death started again from its
 //! disk generation (by `lazarus::run` itself, and by `lazarus mpirun` for
-//! a job the user started with `mpiexec`), and the usage errors.
+//! a job the user started with `mpiexec`), and the usage errors. Built
+//! with `--features ulfm` (on Open MPI 5, as `.ci/run` does with PyPI's
+//! wheel), the same kills are survived in place instead: substitutes are
+//! spawned and the run's protocol recovers as on the processes backend.
 //!
 //! The shared conformance suite (`tests/api_conformance.rs`) runs on the
 //! mpi backend too: `Backend::ALL` holds it in this build.
@@ -16,7 +19,6 @@ use std::process::Command;
 use common::{class, within};
 use lazarus::apps::ft::Exchange;
 use lazarus::apps::{AppKind, AppParams};
-use lazarus::config::LevelSpec;
 use lazarus::{Backend, KillSpec, ProtocolKind};
 
 /// The apps of the list, with parameters small enough for CI.
@@ -44,7 +46,8 @@ fn apps() -> Vec<(AppKind, AppParams)> {
     ]
 }
 
-fn disk(dir: &std::path::Path) -> LevelSpec {
+#[cfg(not(feature = "ulfm"))]
+fn disk(dir: &std::path::Path) -> lazarus::config::LevelSpec {
     format!("disk:{}", dir.display())
         .parse()
         .expect("a disk level")
@@ -82,6 +85,7 @@ fn apps_verify_on_mpi_as_on_threads() {
 /// A fault-plan kill ends the MPI job (no ULFM); `lazarus::run` starts it
 /// again from the newest generation on disk, and the answer is the
 /// failure-free one.
+#[cfg(not(feature = "ulfm"))]
 #[test]
 fn a_killed_rank_ends_the_job_which_restarts_from_disk() {
     within(common::HANG_S, "restart from disk", || {
@@ -171,13 +175,19 @@ fn user_launched_jobs_and_mpirun() {
         common::last_line(&out.stdout).starts_with("VERIFIED "),
         "{stdout}"
     );
-    assert!(stdout.contains("job restarts 1"), "{stdout}");
+    // On ULFM the job survives in place; elsewhere it is started again.
+    let restarts = if cfg!(feature = "ulfm") { 0 } else { 1 };
+    assert!(
+        stdout.contains(&format!("job restarts {restarts}")),
+        "{stdout}"
+    );
     assert!(stdout.contains("failures 1 (1 ranks killed)"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// What the mpi backend cannot do without ULFM is a usage error naming
 /// the option.
+#[cfg(not(feature = "ulfm"))]
 #[test]
 fn kills_without_a_disk_level_are_refused() {
     let bin = env!("CARGO_BIN_EXE_lazarus");
@@ -192,4 +202,85 @@ fn kills_without_a_disk_level_are_refused() {
         stderr.contains("--kill") && stderr.contains("--storage"),
         "{stderr}"
     );
+}
+
+/// Run `app` on 4 MPI ranks on 2 nodes under `protocol` with `kills`, and
+/// check it against the failure-free value `want`: recovered in place
+/// (ULFM), no job restart, every kill fired, and under the logging
+/// protocols only the dead rolled back.
+#[cfg(feature = "ulfm")]
+fn recovers_in_place(
+    (app, params): (AppKind, &AppParams),
+    protocol: ProtocolKind,
+    kills: &[&str],
+    want: &lazarus::apps::Verification,
+) {
+    let mut cfg = common::config(Backend::Mpi, 4).nodes(2).protocol(protocol);
+    for k in kills {
+        cfg = cfg.kill(k.parse::<KillSpec>().expect("a kill"));
+    }
+    let what = format!("{app} {protocol} {kills:?} on ULFM");
+    let params = params.clone();
+    let (got, st) = within(common::HANG_S, &what, move || {
+        common::run(app, &params, &cfg)
+    });
+    assert!(got.verified, "{what}: {}", got.detail);
+    assert_eq!(got.value, want.value, "{what} differs from threads");
+    assert_eq!(st.job_restarts, 0, "{what}: recovered in place");
+    assert!(
+        st.unfired_kills.is_empty(),
+        "{what}: {:?}",
+        st.unfired_kills
+    );
+    assert_eq!(st.failures, kills.len() as u64, "{what}: failure events");
+    let killed = st.ranks_killed;
+    assert!(killed >= kills.len() as u64, "{what}: {killed} killed");
+    match protocol {
+        ProtocolKind::Coordinated => assert_eq!(
+            st.ranks_rolled_back,
+            4 * st.failures,
+            "{what}: everyone rolls back"
+        ),
+        ProtocolKind::Pessimistic | ProtocolKind::Ulml => assert_eq!(
+            st.ranks_rolled_back, killed,
+            "{what}: only the dead roll back"
+        ),
+        _ => assert!(
+            (killed..=4 * st.failures).contains(&st.ranks_rolled_back),
+            "{what}: {} rolled back",
+            st.ranks_rolled_back
+        ),
+    }
+}
+
+/// ULFM (002 §3.2): CG and the stencil verify bit-identically under every
+/// protocol with a rank killed, with a node's two ranks killed at once,
+/// and with a second kill during the recovery from the first; dht under
+/// `coordinated` and `pessimistic`.
+#[cfg(feature = "ulfm")]
+#[test]
+fn killed_ranks_are_replaced_in_place_on_ulfm() {
+    let cases = [
+        (AppKind::Cg, class('S')),
+        (AppKind::Stencil, AppParams::default()),
+    ];
+    let protocols = [
+        ProtocolKind::Coordinated,
+        ProtocolKind::Pessimistic,
+        ProtocolKind::Ulml,
+        ProtocolKind::Correlated,
+    ];
+    for (app, params) in &cases {
+        let (want, _) = common::run(*app, params, &common::config(Backend::Threads, 4));
+        for protocol in protocols {
+            for kills in [&["1@40%"][..], &["node:1@50%"], &["0@30%", "2@recovery"]] {
+                recovers_in_place((*app, params), protocol, kills, &want);
+            }
+        }
+    }
+    let dht = class('S');
+    let (want, _) = common::run(AppKind::Dht, &dht, &common::config(Backend::Threads, 4));
+    for protocol in [ProtocolKind::Coordinated, ProtocolKind::Pessimistic] {
+        recovers_in_place((AppKind::Dht, &dht), protocol, &["1@40%"], &want);
+    }
 }

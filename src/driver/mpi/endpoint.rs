@@ -93,6 +93,8 @@ pub(super) struct MpiEndpoint {
     epoch: u64,
     /// The epoch this incarnation started in (a substitute's, else 0).
     start_epoch: u64,
+    /// For the substitutes of a repair.
+    #[cfg_attr(not(feature = "ulfm"), allow(dead_code))]
     restart_generation: Option<u64>,
     next_request: u64,
     windows: WindowRegistry,
@@ -247,7 +249,14 @@ impl MpiEndpoint {
                 })
                 .unwrap_or_default()
             };
-            let repair = self.net.borrow_mut().repair(me, resume)?;
+            // A repair that fails leaves the survivors on communicators
+            // that no longer agree: end the job (a launcher starts it
+            // again from its checkpoints, as without ULFM).
+            let repair = self
+                .net
+                .borrow_mut()
+                .repair(me, resume)
+                .unwrap_or_else(|e| super::transport::abort_job(&e));
             if repair.dead.is_empty() {
                 return Ok(());
             }

@@ -64,6 +64,15 @@ pub(crate) mod var {
     pub const MPIEXEC: &str = "LAZARUS_MPIEXEC";
 }
 
+/// This process took part in a repair of the job (ULFM): a survivor or a
+/// substitute.
+pub(super) static REPAIRED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// How long a process that took part in a repair waits in `MPI_Finalize`
+/// before it leaves without it (`run_rank`).
+const FINALIZE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What a process started under MPI learns of its job.
 #[derive(Debug, Clone)]
 pub(crate) struct MpiLaunch {
@@ -152,7 +161,8 @@ where
     };
     #[cfg(feature = "ulfm")]
     let joined = if in_place {
-        ulfm::join([me.host, u64::from(me.pid)])
+        // A substitute that cannot join leaves the survivors waiting.
+        Ok(ulfm::join([me.host, u64::from(me.pid)]).unwrap_or_else(|e| transport::abort_job(&e)))
     } else {
         Ok(None)
     };
@@ -169,6 +179,17 @@ where
         },
         Err(e) => JobReport::failed(e),
     };
+    if REPAIRED.load(std::sync::atomic::Ordering::Relaxed) {
+        // Open MPI 5.0's MPI_Finalize after a repair sometimes never
+        // returns (seen after two ranks died at once: the survivors wait in
+        // it while the substitutes have left). The job's report is written
+        // by now: a rank still there after a while leaves without it.
+        std::thread::spawn(|| {
+            std::thread::sleep(FINALIZE_GRACE);
+            tracing::warn!("lazarus: MPI_Finalize did not return; leaving without it");
+            std::process::exit(0);
+        });
+    }
     drop(universe); // MPI_Finalize
     if env.self_launch {
         // The launcher has the report; what the program does after `run`
@@ -334,6 +355,7 @@ where
         && !matches!(e, Error::Aborted { .. })
     {
         // Everyone else may be waiting for this rank: tell them.
+        tracing::warn!(rank, "lazarus: rank {rank} failed: {e}");
         let abort = WireMsg::Abort {
             rank,
             reason: e.to_string(),

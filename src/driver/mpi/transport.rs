@@ -496,6 +496,18 @@ pub(super) unsafe fn all_gather(comm: ffi::MPI_Comm, mine: [u64; 2]) -> Result<V
     }
 }
 
+/// End the whole MPI job now (`MPI_Abort`): what a rank does when the job
+/// cannot go on and the others may not hear of it otherwise.
+#[cfg(feature = "ulfm")]
+pub(super) fn abort_job(why: &Error) -> ! {
+    tracing::error!("lazarus: {why}; aborting the MPI job");
+    // SAFETY: MPI is initialised; MPI_Abort does not return.
+    unsafe {
+        ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+    }
+    std::process::exit(1)
+}
+
 impl Drop for Transport {
     fn drop(&mut self) {
         // A send still in flight (a job ended by an error) may still read

@@ -102,7 +102,6 @@ impl Transport {
                     peers: Vec::new(),
                 });
             }
-            let acked = self.failures_acked()?;
             let inter = spawn(shrunk, dead.len())?;
             let mut merged: ffi::MPI_Comm = std::mem::zeroed();
             check(
@@ -118,11 +117,12 @@ impl Transport {
             let peers = all_gather(next, me)?;
             let mut inter = inter;
             check(ffi::MPI_Comm_disconnect(&mut inter), "MPI_Comm_disconnect")?;
-            let drained = self.drain(&alive, acked)?;
+            let drained = self.drain(&alive)?;
             ffi::MPI_Comm_free(&mut self.comm);
             ffi::MPI_Comm_free(&mut merged);
             ffi::MPI_Comm_free(&mut shrunk);
             self.comm = next;
+            super::REPAIRED.store(true, std::sync::atomic::Ordering::Relaxed);
             check(
                 ffi::MPI_Comm_set_errhandler(next, ffi::RSMPI_ERRORS_RETURN),
                 "MPI_Comm_set_errhandler",
@@ -135,31 +135,33 @@ impl Transport {
         }
     }
 
-    /// Failures acknowledged on the communicator so far (acknowledging
-    /// those noticed since).
-    fn failures_acked(&mut self) -> Result<usize> {
-        // SAFETY: a live communicator; the group made here is freed.
+    /// The ranks known dead on the communicator (acknowledging those
+    /// noticed since the last look).
+    fn failed_ranks(&mut self) -> Result<Vec<Rank>> {
+        // SAFETY: a live communicator; the groups made here are freed.
         unsafe {
             check(MPIX_Comm_failure_ack(self.comm), "MPIX_Comm_failure_ack")?;
-            let mut group: ffi::MPI_Group = std::mem::zeroed();
+            let mut failed: ffi::MPI_Group = std::mem::zeroed();
             check(
-                MPIX_Comm_failure_get_acked(self.comm, &mut group),
+                MPIX_Comm_failure_get_acked(self.comm, &mut failed),
                 "MPIX_Comm_failure_get_acked",
             )?;
-            let mut n: c_int = 0;
-            check(ffi::MPI_Group_size(group, &mut n), "MPI_Group_size")?;
-            ffi::MPI_Group_free(&mut group);
-            Ok(n.max(0) as usize)
+            let mut all: ffi::MPI_Group = std::mem::zeroed();
+            check(ffi::MPI_Comm_group(self.comm, &mut all), "MPI_Comm_group")?;
+            let ranks = translate(failed, all);
+            ffi::MPI_Group_free(&mut failed);
+            ffi::MPI_Group_free(&mut all);
+            ranks
         }
     }
 
     /// Send every other survivor of `alive` the marker that ends this
     /// process's frames on the old communicator, and read it until every
     /// other survivor's marker has come; then wait for this process's
-    /// sends there. `acked`: failures known when the repair began; one
-    /// more means another process died meanwhile, which this repair does
-    /// not survive.
-    fn drain(&mut self, alive: &[Rank], acked: usize) -> Result<Vec<(Rank, Vec<u8>)>> {
+    /// sends there. A survivor that dies before its marker came ends the
+    /// repair with an error (one failure event at a time); one that dies
+    /// after is repaired on the new communicator, which reports it too.
+    fn drain(&mut self, alive: &[Rank]) -> Result<Vec<(Rank, Vec<u8>)>> {
         let me = self.rank;
         for &r in alive.iter().filter(|&&r| r != me) {
             self.isend(r, TAG_FRAME, Vec::new())?;
@@ -181,18 +183,19 @@ impl Transport {
                 None => {
                     if self.failed {
                         self.failed = false;
-                        if self.failures_acked()? > acked {
-                            return Err(Error::Driver(
-                                "another process died while the communicator was being \
-                                 repaired: the mpi backend survives one failure event at a time"
-                                    .into(),
-                            ));
+                        let dead = self.failed_ranks()?;
+                        if let Some(d) = dead.iter().find(|&&d| !marked[d]) {
+                            return Err(Error::Driver(format!(
+                                "rank {d} died while the communicator was being repaired: \
+                                 the mpi backend survives one failure event at a time"
+                            )));
                         }
                     }
                     std::thread::yield_now();
                 }
             }
         }
+        self.failed = false;
         Ok(drained)
     }
 }
@@ -233,6 +236,7 @@ pub(super) fn join(me: [u64; 2]) -> Result<Option<Joined>> {
         check(ffi::MPI_Comm_disconnect(&mut parent), "MPI_Comm_disconnect")?;
         ffi::MPI_Comm_free(&mut merged);
         let net = Transport::on(next, true)?;
+        super::REPAIRED.store(true, std::sync::atomic::Ordering::Relaxed);
         if net.rank() != rank {
             return Err(Error::Driver(format!(
                 "the substitute for rank {rank} became rank {}",
@@ -251,17 +255,31 @@ unsafe fn members_in(sub: ffi::MPI_Comm, of: ffi::MPI_Comm) -> Result<Vec<Rank>>
             (std::mem::zeroed(), std::mem::zeroed());
         check(ffi::MPI_Comm_group(sub, &mut gs), "MPI_Comm_group")?;
         check(ffi::MPI_Comm_group(of, &mut go), "MPI_Comm_group")?;
+        let ranks = translate(gs, go);
+        ffi::MPI_Group_free(&mut gs);
+        ffi::MPI_Group_free(&mut go);
+        ranks
+    }
+}
+
+/// The ranks in group `to` of the members of group `from`, in `from`'s
+/// order (members not in `to` left out).
+unsafe fn translate(from: ffi::MPI_Group, to: ffi::MPI_Group) -> Result<Vec<Rank>> {
+    // SAFETY: the caller's live groups; buffers of the group's size.
+    unsafe {
         let mut n: c_int = 0;
-        check(ffi::MPI_Group_size(gs, &mut n), "MPI_Group_size")?;
+        check(ffi::MPI_Group_size(from, &mut n), "MPI_Group_size")?;
         let ranks: Vec<c_int> = (0..n).collect();
         let mut there = vec![0 as c_int; ranks.len()];
         check(
-            ffi::MPI_Group_translate_ranks(gs, n, ranks.as_ptr(), go, there.as_mut_ptr()),
+            ffi::MPI_Group_translate_ranks(from, n, ranks.as_ptr(), to, there.as_mut_ptr()),
             "MPI_Group_translate_ranks",
         )?;
-        ffi::MPI_Group_free(&mut gs);
-        ffi::MPI_Group_free(&mut go);
-        Ok(there.into_iter().map(|r| r as Rank).collect())
+        Ok(there
+            .into_iter()
+            .filter(|&r| r >= 0)
+            .map(|r| r as Rank)
+            .collect())
     }
 }
 
