@@ -236,10 +236,12 @@ fn recovers_in_place(
     let killed = st.ranks_killed;
     assert!(killed >= kills.len() as u64, "{what}: {killed} killed");
     match protocol {
-        ProtocolKind::Coordinated => assert_eq!(
-            st.ranks_rolled_back,
-            4 * st.failures,
-            "{what}: everyone rolls back"
+        // Everyone rolls back (once more for each failure that came
+        // after everyone resumed).
+        ProtocolKind::Coordinated => assert!(
+            (4..=4 * st.failures).contains(&st.ranks_rolled_back),
+            "{what}: {} rolled back",
+            st.ranks_rolled_back
         ),
         ProtocolKind::Pessimistic | ProtocolKind::Ulml => assert_eq!(
             st.ranks_rolled_back, killed,

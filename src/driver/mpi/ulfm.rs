@@ -184,7 +184,9 @@ impl Transport {
                     if self.failed {
                         self.failed = false;
                         let dead = self.failed_ranks()?;
-                        if let Some(d) = dead.iter().find(|&&d| !marked[d]) {
+                        // Those of this failure event are known dead
+                        // too: only a survivor's missing marker matters.
+                        if let Some(d) = dead.iter().find(|&&d| alive.contains(&d) && !marked[d]) {
                             return Err(Error::Driver(format!(
                                 "rank {d} died while the communicator was being repaired: \
                                  the mpi backend survives one failure event at a time"
@@ -283,8 +285,8 @@ unsafe fn translate(from: ffi::MPI_Group, to: ffi::MPI_Group) -> Result<Vec<Rank
     }
 }
 
-/// Spawn `count` substitutes (this program, with its arguments and its
-/// `LAZARUS_*` environment) from the survivors' communicator `comm`.
+/// Spawn `count` substitutes (this program, with its arguments) from the
+/// survivors' communicator `comm`.
 unsafe fn spawn(comm: ffi::MPI_Comm, count: usize) -> Result<ffi::MPI_Comm> {
     let cstr =
         |s: &[u8]| CString::new(s).map_err(|_| Error::Driver("an argument with a NUL byte".into()));
@@ -297,39 +299,24 @@ unsafe fn spawn(comm: ffi::MPI_Comm, count: usize) -> Result<ffi::MPI_Comm> {
         .collect::<Result<Vec<_>>>()?;
     let mut argv: Vec<*mut c_char> = args.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
-    // The substitutes need what the launcher told the ranks (a test
-    // harness's call, the report's path...): Open MPI's `PMIX_ENVAR` key
-    // (formerly `env`).
-    let env: String = std::env::vars()
-        .filter(|(k, _)| k.starts_with("LAZARUS_") || k == "RUST_LOG")
-        .map(|(k, v)| format!("{k}={v}\n"))
-        .collect();
-    let key = cstr(b"PMIX_ENVAR")?;
-    let value = cstr(env.trim_end().as_bytes())?;
+    // The substitutes' environment is the launcher's (Open MPI starts them
+    // from the daemons `mpiexec` started), where `lazarus::run`'s own
+    // launcher put its `LAZARUS_*` variables: nothing to pass.
     // SAFETY: C strings and the NULL-terminated argument vector live until
-    // the call returns; out-parameters valid for writes; the info freed.
+    // the call returns; out-parameters valid for writes.
     unsafe {
-        let mut info: ffi::MPI_Info = std::mem::zeroed();
-        check(ffi::MPI_Info_create(&mut info), "MPI_Info_create")?;
-        if !env.is_empty() {
-            check(
-                ffi::MPI_Info_set(info, key.as_ptr(), value.as_ptr()),
-                "MPI_Info_set",
-            )?;
-        }
         let mut inter: ffi::MPI_Comm = std::mem::zeroed();
         let mut errs = vec![0 as c_int; count];
         let rc = ffi::MPI_Comm_spawn(
             program.as_ptr(),
             argv.as_mut_ptr(),
             count as c_int,
-            info,
+            ffi::RSMPI_INFO_NULL,
             0,
             comm,
             &mut inter,
             errs.as_mut_ptr(),
         );
-        ffi::MPI_Info_free(&mut info);
         check(rc, "MPI_Comm_spawn")?;
         if let Some(e) = errs.iter().find(|&&e| e != ffi::MPI_SUCCESS as c_int) {
             return Err(Error::Driver(format!(
