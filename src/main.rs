@@ -1339,39 +1339,8 @@ fn write_trace(path: &PathBuf, trace: &lazarus::trace::Trace, title: &str) -> an
     Ok(())
 }
 
-fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
-    let protocol: ProtocolKind = args.protocol.parse().map_err(usage)?;
-    let (app, params, mut cfg) = build(&args.job, protocol)?;
-    if args.trace.is_some() {
-        cfg = cfg.traced();
-    }
-    if launched() || lazarus::driver::mpi_env::self_launched() {
-        // A rank process of `--backend processes` (or `mpi`): run the rank
-        // and leave the printing to the launcher.
-        run_app(app, &params, &cfg);
-        return Ok(true);
-    }
-    if cfg.get_backend() == Backend::Mpi
-        && let Some(rank) = lazarus::driver::mpi_env::launcher_rank()
-    {
-        // Started by the user's `mpiexec`: MPI says how many ranks; rank 0
-        // prints the job's summary, the others only their errors.
-        if let Some(n) = lazarus::driver::mpi_env::launcher_size() {
-            let nodes = cfg.get_nodes().min(n);
-            cfg = cfg.ranks(n).nodes(nodes);
-        }
-        if rank != 0 {
-            let run = run_app(app, &params, &cfg);
-            if let Err(e) = &run.outcome {
-                eprintln!("error: rank {rank}: {e}");
-            }
-            return Ok(run.outcome.is_ok());
-        }
-    }
-    // Not in rank processes: they would create and remove the file at the
-    // same time as one another.
-    check_output_opt("--json", &args.json)?;
-    check_output_opt("--trace", &args.trace)?;
+/// `lazarus run`'s first line, and the generation a `--restart` starts from.
+fn print_run_header(app: AppKind, cfg: &lazarus::Config, args: &RunArgs) -> anyhow::Result<()> {
     println!(
         "lazarus run {app}: {} ranks on {} node(s), backend {}, protocol {}, checkpoint every {} of {} safe points, kills [{}]",
         cfg.get_ranks(),
@@ -1383,7 +1352,7 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
         args.job.kills.join(", ")
     );
     if let Some(dir) = cfg.get_restart() {
-        let plan = lazarus::store::disk::plan_restart(dir, &cfg)
+        let plan = lazarus::store::disk::plan_restart(dir, cfg)
             .map_err(usage)?
             .1;
         for s in &plan.skipped {
@@ -1404,7 +1373,54 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             }
         }
     }
-    let run = run_app(app, &params, &cfg);
+    Ok(())
+}
+
+fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
+    let protocol: ProtocolKind = args.protocol.parse().map_err(usage)?;
+    let (app, params, mut cfg) = build(&args.job, protocol)?;
+    if args.trace.is_some() {
+        cfg = cfg.traced();
+    }
+    if launched() || lazarus::driver::mpi_env::self_launched() {
+        // A rank process of `--backend processes` (or `mpi`): run the rank
+        // and leave the printing to the launcher.
+        run_app(app, &params, &cfg);
+        return Ok(true);
+    }
+    // A substitute spawned by a repair (ULFM) prints the summary only if
+    // it took rank 0's place: the header was printed by the first rank 0.
+    let mut substitute_root = None;
+    if cfg.get_backend() == Backend::Mpi
+        && let Some(rank) = lazarus::driver::mpi_env::launcher_rank()
+    {
+        // Started by the user's `mpiexec`: MPI says how many ranks; rank 0
+        // prints the job's summary, the others only their errors.
+        let substitute = lazarus::driver::mpi_env::substitute();
+        if !substitute && let Some(n) = lazarus::driver::mpi_env::launcher_size() {
+            let nodes = cfg.get_nodes().min(n);
+            cfg = cfg.ranks(n).nodes(nodes);
+        }
+        if rank != 0 || substitute {
+            let run = run_app(app, &params, &cfg);
+            let rank = lazarus::driver::mpi_env::job_rank().unwrap_or(rank);
+            if !substitute || rank != 0 {
+                if let Err(e) = &run.outcome {
+                    eprintln!("error: rank {rank}: {e}");
+                }
+                return Ok(run.outcome.is_ok());
+            }
+            substitute_root = Some(run);
+        }
+    }
+    // Not in rank processes: they would create and remove the file at the
+    // same time as one another.
+    check_output_opt("--json", &args.json)?;
+    check_output_opt("--trace", &args.trace)?;
+    if substitute_root.is_none() {
+        print_run_header(app, &cfg, args)?;
+    }
+    let run = substitute_root.unwrap_or_else(|| run_app(app, &params, &cfg));
     if let Err(e @ lazarus::Error::Config { .. }) = &run.outcome {
         return Err(usage(e.clone()));
     }

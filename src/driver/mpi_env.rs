@@ -43,3 +43,24 @@ pub fn fault_tolerant() -> bool {
 pub fn recovers_in_place() -> bool {
     cfg!(feature = "ulfm") && (fault_tolerant() || launcher_rank().is_none())
 }
+
+/// Whether this process is a substitute spawned by a repair (ULFM): Open
+/// MPI names the spawning job's port to the processes `MPI_Comm_spawn`
+/// starts. A substitute's own `MPI_COMM_WORLD` (and so the launcher's rank
+/// variables) is its alone; its rank in the job is known only once it
+/// has joined ([`job_rank`]).
+pub fn substitute() -> bool {
+    std::env::var_os("OMPI_PARENT_PORT").is_some()
+}
+
+static JOB_RANK: std::sync::OnceLock<Rank> = std::sync::OnceLock::new();
+
+/// This process's rank in the MPI job it ran, once the mpi backend knows
+/// it (for a substitute, after it joined).
+pub fn job_rank() -> Option<Rank> {
+    JOB_RANK.get().copied()
+}
+
+pub(crate) fn set_job_rank(rank: Rank) {
+    let _ = JOB_RANK.set(rank);
+}

@@ -314,6 +314,7 @@ where
 {
     let rank = net.rank();
     let size = net.size();
+    crate::driver::mpi_env::set_job_rank(rank);
     let peers: Vec<Peer> = peers
         .iter()
         .map(|p| Peer {

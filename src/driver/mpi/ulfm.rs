@@ -301,7 +301,7 @@ unsafe fn spawn(comm: ffi::MPI_Comm, count: usize) -> Result<ffi::MPI_Comm> {
     argv.push(std::ptr::null_mut());
     // The substitutes' environment is the launcher's (Open MPI starts them
     // from the daemons `mpiexec` started), where `lazarus::run`'s own
-    // launcher put its `LAZARUS_*` variables: nothing to pass.
+    // launcher put its `LAZARUS_*` variables.
     // SAFETY: C strings and the NULL-terminated argument vector live until
     // the call returns; out-parameters valid for writes.
     unsafe {
