@@ -537,6 +537,10 @@ fn mpi_launch_spec(cfg: &Config) -> crate::driver::mpi::launch::LaunchSpec {
         args,
         ranks: cfg.ranks,
         protocol: cfg.protocol.name().into(),
+        kills: (cfg.kills.iter())
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         call,
         earlier,
         quiet_stdout: cfg.worker_args.is_some(),

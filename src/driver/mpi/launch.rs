@@ -202,6 +202,8 @@ pub(crate) struct LaunchSpec {
     pub ranks: usize,
     /// The protocol of this call (imposed on the ranks).
     pub protocol: String,
+    /// The kills of this call, comma-separated (imposed on the ranks).
+    pub kills: String,
     /// A test harness: which keyed call is the rank, and what the
     /// earlier ones returned.
     pub call: Option<usize>,
@@ -248,7 +250,8 @@ fn launch_in(spec: &LaunchSpec, dir: &Path) -> Result<JobOutcome> {
             cmd.env(var::JOB, "1")
                 .env("LAZARUS_LAUNCHER_PID", std::process::id().to_string())
                 .env(var::REPORT, &report)
-                .env(var::PROTOCOL, &spec.protocol);
+                .env(var::PROTOCOL, &spec.protocol)
+                .env(var::KILLS, &spec.kills);
             if let Some(k) = spec.call {
                 cmd.env(var::CALL, k.to_string())
                     .env(var::EARLIER, &earlier);

@@ -55,6 +55,9 @@ pub(crate) mod var {
     pub const ATTEMPTS: &str = "LAZARUS_MPI_ATTEMPTS";
     /// The protocol the launcher imposes (`lazarus bench` alternates).
     pub const PROTOCOL: &str = "LAZARUS_MPI_PROTOCOL";
+    /// The kills the launcher imposes, comma-separated (`lazarus bench
+    /// --failure` runs with and without them).
+    pub const KILLS: &str = "LAZARUS_MPI_KILLS";
     /// As the processes backend's `LAZARUS_CALL`: which keyed call of a
     /// test harness is the rank.
     pub const CALL: &str = "LAZARUS_MPI_CALL";
@@ -85,6 +88,7 @@ pub(crate) struct MpiLaunch {
     pub resume: bool,
     pub attempts: launch::Attempts,
     pub protocol: Option<crate::ProtocolKind>,
+    pub kills: Option<Vec<crate::KillSpec>>,
     pub call: Option<usize>,
     pub earlier: Option<PathBuf>,
 }
@@ -118,6 +122,15 @@ impl MpiLaunch {
                 attempts: launch::Attempts::from_env(),
                 protocol: match std::env::var(var::PROTOCOL) {
                     Ok(p) => Some(p.parse()?),
+                    Err(_) => None,
+                },
+                kills: match std::env::var(var::KILLS) {
+                    Ok(k) => Some(
+                        k.split(',')
+                            .filter(|s| !s.is_empty())
+                            .map(str::parse)
+                            .collect::<Result<_>>()?,
+                    ),
                     Err(_) => None,
                 },
                 call: std::env::var(var::CALL).ok().and_then(|c| c.parse().ok()),
@@ -200,12 +213,13 @@ where
 }
 
 /// The job's configuration as this rank runs it: the MPI job decides the
-/// shape (and `mpiexec -n`), the launcher the protocol.
+/// shape (and `mpiexec -n`), the launcher the protocol and the kills.
 fn job_config(env: &MpiLaunch, cfg: &Config, size: usize) -> Config {
     let mut cfg = Config {
         backend: Backend::Mpi,
         ranks: size,
         protocol: env.protocol.unwrap_or(cfg.protocol),
+        kills: env.kills.clone().unwrap_or_else(|| cfg.kills.clone()),
         ..cfg.clone()
     };
     cfg.nodes = cfg.nodes.min(size).max(1);
