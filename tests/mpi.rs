@@ -112,33 +112,32 @@ fn a_killed_rank_ends_the_job_which_restarts_from_disk() {
     });
 }
 
+/// `mpiexec -n RANKS lazarus ARGS`, as a user starts a job; its standard
+/// output, once it succeeded.
+fn user_mpiexec(ranks: usize, args: &[&str]) -> String {
+    let mpiexec = lazarus::driver::mpi::launch::mpiexec();
+    let out = Command::new(&mpiexec[0])
+        .args(&mpiexec[1..])
+        .args(["-n", &ranks.to_string(), env!("CARGO_BIN_EXE_lazarus")])
+        .args(args)
+        .output()
+        .expect("run mpiexec");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The command line: `mpiexec -n 2 lazarus run cg --backend mpi` verifies,
 /// and `lazarus mpirun` starts a user's `mpiexec` job again after a kill.
 #[test]
 fn user_launched_jobs_and_mpirun() {
     let bin = env!("CARGO_BIN_EXE_lazarus");
     let mpiexec = lazarus::driver::mpi::launch::mpiexec();
-    let out = Command::new(&mpiexec[0])
-        .args(&mpiexec[1..])
-        .args([
-            "-n",
-            "2",
-            bin,
-            "run",
-            "cg",
-            "--class",
-            "S",
-            "--backend",
-            "mpi",
-        ])
-        .output()
-        .expect("run mpiexec");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = user_mpiexec(2, &["run", "cg", "--class", "S", "--backend", "mpi"]);
     assert_eq!(
         stdout.matches("VERIFIED").count(),
         1,
@@ -192,19 +191,17 @@ fn user_launched_jobs_and_mpirun() {
 #[cfg(feature = "ulfm")]
 #[test]
 fn a_user_launched_job_survives_rank_0_on_ulfm() {
-    let bin = env!("CARGO_BIN_EXE_lazarus");
-    let mpiexec = lazarus::driver::mpi::launch::mpiexec();
-    let out = Command::new(&mpiexec[0])
-        .args(&mpiexec[1..])
-        .args(["-n", "4", bin, "run", "stencil", "--backend", "mpi"])
-        .args(["--protocol", "pessimistic", "--kill", "0@50%"])
-        .output()
-        .expect("run mpiexec");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = user_mpiexec(
+        4,
+        &[
+            "run",
+            "stencil",
+            "--backend",
+            "mpi",
+            "--protocol",
+            "pessimistic",
+        ],
+        &["--kill", "0@50%"],
     );
     assert_eq!(stdout.matches("lazarus run stencil").count(), 1, "{stdout}");
     assert!(stdout.contains("4 ranks on"), "{stdout}");
