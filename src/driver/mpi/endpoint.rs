@@ -35,7 +35,7 @@ pub(super) struct Peer {
 }
 
 /// A failure event survived in place: its world epoch, the ranks that
-/// died, and when it was repaired (since the job's start).
+/// died, and when a survivor noticed it (since the job's start).
 pub(super) type FailureEvent = (u64, Vec<Rank>, Duration);
 
 /// What a rank's endpoint leaves behind for the job's report.
