@@ -200,8 +200,9 @@ fn a_user_launched_job_survives_rank_0_on_ulfm() {
             "mpi",
             "--protocol",
             "pessimistic",
+            "--kill",
+            "0@50%",
         ],
-        &["--kill", "0@50%"],
     );
     assert_eq!(stdout.matches("lazarus run stencil").count(), 1, "{stdout}");
     assert!(stdout.contains("4 ranks on"), "{stdout}");
