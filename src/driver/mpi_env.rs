@@ -61,6 +61,7 @@ pub fn job_rank() -> Option<Rank> {
     JOB_RANK.get().copied()
 }
 
+#[cfg(feature = "mpi")]
 pub(crate) fn set_job_rank(rank: Rank) {
     let _ = JOB_RANK.set(rank);
 }
