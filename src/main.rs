@@ -1725,6 +1725,12 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                     .join(", "),
                 if f.verified_all { "" } else { "  NOT VERIFIED" }
             );
+            if let (Some(c), Some(r)) = (f.median_cpu_s, f.paired_cpu_ratio_to_failure_free) {
+                println!(
+                    "    cpu with {}: median {c:.3} s, {r:.3}x its failure-free cpu (paired; the killed processes' time before their death is not counted)",
+                    f.kills.join(" ")
+                );
+            }
             ok &= f.verified_all;
         }
         if let Some(t) = &p.traced {

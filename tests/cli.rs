@@ -742,6 +742,50 @@ fn daly_interval_is_used_and_reported() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// 002 Table 2's CPU column: on rank processes a bench with failures gives
+/// the CPU time of its failure runs next to the failure-free runs'.
+#[test]
+fn bench_with_failures_reports_their_cpu_time_on_processes() {
+    let dir = std::env::temp_dir().join(format!("lazarus-bench-cpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bench.json");
+    let o = lazarus(&[
+        "bench",
+        "cg",
+        "--class",
+        "S",
+        "--ranks",
+        "4",
+        "--backend",
+        "processes",
+        "--protocols",
+        "coordinated",
+        "--failure",
+        "1@50%",
+        "--reps",
+        "2",
+        "--json",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("cpu with 1@50%: median ")),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
+            .expect("valid JSON");
+    let failure = &v["protocols"][0]["failure"];
+    let cpu = failure["median_cpu_s"].as_f64().expect("median_cpu_s");
+    let ratio = failure["paired_cpu_ratio_to_failure_free"]
+        .as_f64()
+        .expect("paired_cpu_ratio_to_failure_free");
+    assert!(cpu > 0.0 && ratio > 0.0, "{failure}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A logging protocol's row says where its failure-free time goes beside
 /// its checkpoints (the send path), and a run with failures what share of
 /// its time recovery took; the JSON carries the send path's seconds.

@@ -118,6 +118,14 @@ pub struct FailureFigures {
     pub median_recovery_s: f64,
     /// Ranks rolled back per run.
     pub ranks_rolled_back: Vec<u64>,
+    /// Median CPU time with the failures (user and system, every rank
+    /// process), seconds, where the backend measures it (processes, mpi):
+    /// 002 Table 2's other column. A killed process's time before its
+    /// death is in no report, so this undercounts.
+    pub median_cpu_s: Option<f64>,
+    /// Median over repetitions of the failure run's CPU time over the
+    /// failure-free run's of the same repetition.
+    pub paired_cpu_ratio_to_failure_free: Option<f64>,
     /// Whether every run verified with the failure-free value.
     pub verified_all: bool,
     /// Summaries of every run.
@@ -161,6 +169,13 @@ fn failure_figures(
     let m = median(&wall_s);
     let each = ratios(&wall_s, &free_s);
     let value = free.first().map(|r| r.result.clone());
+    // Every run's CPU time, or none if a run lacks it.
+    let cpu = |runs: &[RunSummary]| -> Option<Vec<f64>> {
+        runs.iter()
+            .map(|r| Some(r.stats.user_cpu_s? + r.stats.system_cpu_s?))
+            .collect()
+    };
+    let (cpu_failed, cpu_free) = (cpu(failed), cpu(free));
     Some(FailureFigures {
         kills: kills.iter().map(ToString::to_string).collect(),
         median_wall_s: m,
@@ -174,6 +189,11 @@ fn failure_figures(
                 .collect::<Vec<_>>(),
         ),
         ranks_rolled_back: failed.iter().map(|r| r.stats.ranks_rolled_back).collect(),
+        median_cpu_s: cpu_failed.as_deref().map(median),
+        paired_cpu_ratio_to_failure_free: cpu_failed
+            .as_deref()
+            .zip(cpu_free.as_deref())
+            .map(|(f, free)| median(&ratios(f, free))),
         verified_all: failed
             .iter()
             .all(|r| r.verified && Some(&r.result) == value.as_ref()),
