@@ -748,35 +748,29 @@ fn daly_interval_is_used_and_reported() {
 fn bench_with_failures_reports_their_cpu_time_on_processes() {
     let dir = std::env::temp_dir().join(format!("lazarus-bench-cpu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("bench.json");
-    let o = lazarus(&[
-        "bench",
-        "cg",
-        "--class",
-        "S",
-        "--ranks",
-        "4",
-        "--backend",
-        "processes",
-        "--protocols",
-        "coordinated",
-        "--failure",
-        "1@50%",
-        "--reps",
-        "2",
-        "--json",
-        path.to_str().expect("utf-8 path"),
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let (o, v) = succeeds_with_json(
+        &[
+            "bench",
+            "cg",
+            "--class",
+            "S",
+            "--backend",
+            "processes",
+            "--protocols",
+            "coordinated",
+            "--failure",
+            "1@50%",
+            "--reps",
+            "2",
+        ],
+        &dir.join("bench.json"),
+    );
     let out = stdout(&o);
     assert!(
         out.lines()
             .any(|l| l.trim_start().starts_with("cpu with 1@50%: median ")),
         "{out}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("report written"))
-            .expect("valid JSON");
     let failure = &v["protocols"][0]["failure"];
     let cpu = failure["median_cpu_s"].as_f64().expect("median_cpu_s");
     let ratio = failure["paired_cpu_ratio_to_failure_free"]
