@@ -118,12 +118,27 @@ fn check_app(
                         v.value, reference.value,
                         "{what}: value differs from the failure-free run"
                     );
+                    // When `rma` falls back, the job starts again, perhaps
+                    // before a replacement reached the recovery an
+                    // `R@recovery` kill waits for: that recovery never
+                    // happens, and the kill is reported unfired. Nothing
+                    // else may stay unfired.
+                    let abandoned = if st.access_fallbacks > 0 {
+                        let at_recovery = |k: &&String| k.contains("@recovery");
+                        st.unfired_kills.iter().filter(at_recovery).count()
+                    } else {
+                        0
+                    };
                     assert!(
-                        st.unfired_kills.is_empty(),
+                        st.unfired_kills.len() == abandoned,
                         "{what}: kills never fired: {:?}",
                         st.unfired_kills
                     );
-                    assert_eq!(st.failures, sc.failures, "{what}: failure events");
+                    assert_eq!(
+                        st.failures + abandoned as u64,
+                        sc.failures,
+                        "{what}: failure events"
+                    );
                     if global {
                         // Coordinated rolls every rank back once per completed
                         // recovery; a kill during a recovery may land after some
