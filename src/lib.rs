@@ -101,6 +101,7 @@ pub mod error;
 pub mod fault;
 pub mod job;
 pub mod logging;
+pub mod migration;
 pub mod trace;
 
 // The runtime's layers below the API, and the `lazarus` command's tools:
