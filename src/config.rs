@@ -6,7 +6,8 @@ use std::str::FromStr;
 
 pub use crate::driver::processes::agent::Hosts;
 pub use crate::driver::processes::net::Listen;
-use crate::fault::KillSpec;
+use crate::fault::{KillSpec, WarnSpec, Warned};
+use crate::migration::balancer::Strategy as Balance;
 pub use crate::network::NetworkModel;
 use crate::protocol::ProtocolKind;
 use crate::protocol::chandy_lamport::GetFix;
@@ -301,6 +302,12 @@ pub struct Config {
     /// With a `get()` fix: rank 0 initiates the wave whenever this much
     /// time has passed, wherever it is, instead of at checkpoints.
     pub(crate) wave_interval: Option<std::time::Duration>,
+    /// Workers hosting the ranks (001's processors; `None`: one a rank).
+    pub(crate) workers: Option<usize>,
+    /// Fault warnings (001): the warned workers' ranks are evacuated.
+    pub(crate) warnings: Vec<WarnSpec>,
+    /// Load balancing after an evacuation (001 §4.2).
+    pub(crate) balance: Balance,
 }
 
 impl Default for Config {
@@ -335,6 +342,9 @@ impl Default for Config {
             get_fix: None,
             check_cuts: false,
             wave_interval: None,
+            workers: None,
+            warnings: Vec::new(),
+            balance: Balance::Greedy,
         }
     }
 }
@@ -394,6 +404,78 @@ impl Config {
     pub fn kill(mut self, k: KillSpec) -> Self {
         self.kills.push(k);
         self
+    }
+
+    /// Add a fault warning (001).
+    pub fn warn(mut self, w: WarnSpec) -> Self {
+        self.warnings.push(w);
+        self
+    }
+
+    /// The number of workers: `workers`, or one a rank.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or(self.ranks)
+    }
+
+    /// Virtual ranks and warnings (001): workers hosting several ranks, and
+    /// the warnings that move them, checked against the job.
+    fn check_workers(&self, pl: &Placement) -> Result<()> {
+        if self.workers.is_none() && self.warnings.is_empty() {
+            return Ok(());
+        }
+        let option = if self.workers.is_some() {
+            "workers"
+        } else {
+            "warnings"
+        };
+        if self.backend != Backend::Sim {
+            return Err(Error::config(
+                option,
+                "workers hosting several ranks, and the warnings that move ranks between \
+                 them (001), run on the simulator so far (--backend sim)",
+            ));
+        }
+        let w = self.worker_count();
+        if w == 0 || w > self.ranks || !self.ranks.is_multiple_of(w) {
+            return Err(Error::config(
+                "workers",
+                format!(
+                    "{w} workers cannot host {} ranks in equal blocks (need a divisor of the \
+                     rank count)",
+                    self.ranks
+                ),
+            ));
+        }
+        if w < pl.nodes() || !w.is_multiple_of(pl.nodes()) {
+            return Err(Error::config(
+                "workers",
+                format!(
+                    "{w} workers cannot fill {} nodes equally (need a multiple of the node count)",
+                    pl.nodes()
+                ),
+            ));
+        }
+        for warn in &self.warnings {
+            let bad = |d: String| Error::config("warnings", format!("`{warn}`: {d}"));
+            match warn.warned {
+                Warned::Worker(x) if x >= w => {
+                    return Err(bad(format!("worker {x} is out of range ({w} workers)")));
+                }
+                Warned::Node(k) if k >= pl.nodes() => {
+                    return Err(bad(format!(
+                        "node {k} is out of range ({} nodes)",
+                        pl.nodes()
+                    )));
+                }
+                _ => {}
+            }
+            if let crate::fault::Moment::Iteration(i) = warn.moment
+                && i >= self.iterations.unwrap_or(u64::MAX)
+            {
+                return Err(bad(format!("iteration {i} is beyond the run")));
+            }
+        }
+        Ok(())
     }
 
     /// The placement this configuration describes.
@@ -578,6 +660,7 @@ impl Config {
         for k in &self.kills {
             k.validate(&pl, self.iterations.unwrap_or(u64::MAX))?;
         }
+        self.check_workers(&pl)?;
         crate::store::levels::validate(&self.storage, &pl)?;
         if self.protocol.logs_messages() {
             // Uncoordinated checkpoints: each rank has its own generations,
@@ -720,6 +803,18 @@ settings! {
     /// next communication, wherever the application is, instead of at
     /// the checkpoints' safe points.
     wave_interval: impl Into<Option<std::time::Duration>> => get_wave_interval(copied) -> Option<std::time::Duration>;
+    /// Workers (001's processors) hosting the ranks, in blocks of
+    /// consecutive ranks, the workers in blocks over the nodes; `None`: one
+    /// worker a rank. Backend `sim` so far.
+    workers: impl Into<Option<usize>> => get_workers(copied) -> Option<usize>;
+    /// Fault warnings (001): the warned workers' ranks are moved to other
+    /// workers at their next safe point, with no rollback ([`Config::warn`]
+    /// adds one). Backend `sim` so far.
+    warnings: Vec<WarnSpec> => get_warnings(Vec::as_slice) -> &[WarnSpec];
+    /// After an evacuation: reassign ranks over the remaining workers by
+    /// measured load (001 §4.2), greedily (the default), by refinement, or
+    /// not at all.
+    balance: Balance => get_balance(copied) -> Balance;
 }
 
 #[cfg(test)]

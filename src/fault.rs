@@ -175,6 +175,78 @@ impl KillSpec {
     }
 }
 
+/// Who a fault warning is about (001 §1: a health monitor predicts that a
+/// node, or one worker of it, is about to fail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warned {
+    /// One worker (a process hosting ranks).
+    Worker(usize),
+    /// Every worker of this node.
+    Node(usize),
+}
+
+/// One `--warn` specification: `W@P%` or `W@iI` for worker W, or
+/// `node:K@P%` / `node:K@iI`. The warned workers' ranks are evacuated
+/// (001 §3); a `--kill` of the same node later loses nothing when the
+/// evacuation finished first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WarnSpec {
+    /// Who is warned.
+    pub warned: Warned,
+    /// When: a progress percentage or an iteration of the first rank the
+    /// warned workers started with.
+    pub moment: Moment,
+}
+
+impl FromStr for WarnSpec {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |detail: &str| Error::config("warnings", format!("`{s}`: {detail}"));
+        let k: KillSpec = s.parse().map_err(|e| match e {
+            Error::Config { detail, .. } => Error::config("warnings", detail),
+            e => e,
+        })?;
+        let warned = match k.victim {
+            Victim::Rank(w) => Warned::Worker(w),
+            Victim::Node(n) => Warned::Node(n),
+        };
+        match k.moment {
+            Moment::Progress(_) | Moment::Iteration(_) => Ok(WarnSpec {
+                warned,
+                moment: k.moment,
+            }),
+            _ => Err(bad("a warning comes at P% or iI (W@40%, node:1@i5)")),
+        }
+    }
+}
+
+impl fmt::Display for WarnSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let victim = match self.warned {
+            Warned::Worker(w) => Victim::Rank(w),
+            Warned::Node(n) => Victim::Node(n),
+        };
+        KillSpec {
+            victim,
+            moment: self.moment,
+        }
+        .fmt(f)
+    }
+}
+
+impl WarnSpec {
+    /// Whether it is due at fault point `at` (never during a recovery).
+    pub fn due(&self, at: &FaultPoint) -> bool {
+        at.recovery.is_none()
+            && match self.moment {
+                Moment::Progress(p) => at.progress * 100.0 >= p,
+                Moment::Iteration(i) => at.iteration >= i,
+                _ => false,
+            }
+    }
+}
+
 /// Where a rank is when it reaches a fault point.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FaultPoint {
@@ -305,6 +377,11 @@ impl FaultPlan {
         self.kills
             .iter()
             .any(|k| !k.fired && self.trigger(k.spec.victim) == Some(rank))
+    }
+
+    /// Kill specification `index`.
+    pub fn spec(&self, index: usize) -> Option<KillSpec> {
+        self.kills.get(index).map(|k| k.spec)
     }
 
     /// Record that kill specification `index` fired elsewhere.

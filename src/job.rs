@@ -194,6 +194,10 @@ pub struct JobStats {
     /// because an N or M flag was set (003 §3.2.3, §4.2).
     #[serde(default)]
     pub access_fallbacks: u64,
+    /// Proactive fault tolerance (001): evacuations, moves, forwarding and
+    /// time per iteration, when the run had workers or warnings.
+    #[serde(default)]
+    pub migration: Option<crate::migration::MigrationReport>,
     /// With `--checkpoint-interval daly`: the last interval chosen, in safe
     /// points.
     pub daly_every: Option<u64>,

@@ -732,6 +732,21 @@ struct SimArgs {
     /// Failure to inject (repeatable).
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
+    /// Fault warning (repeatable): W@P%, W@iI for worker W, or node:K@P%,
+    /// node:K@iI. The warned workers' ranks move to other workers at their
+    /// next safe point, with no rollback (001); the rows then give time
+    /// per iteration before, after the evacuation and after balancing.
+    #[arg(long = "warn", value_name = "SPEC")]
+    warnings: Vec<String>,
+    /// Workers hosting the ranks (default one a rank): ranks in equal
+    /// blocks over the workers, the workers in equal blocks over the nodes;
+    /// a worker's ranks share its CPU.
+    #[arg(long, value_name = "W")]
+    workers: Option<usize>,
+    /// After an evacuation, reassign ranks over the remaining workers by
+    /// their measured load (001 §4.2): greedy, refine or off.
+    #[arg(long, default_value = "greedy")]
+    balance: String,
     /// Seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -861,6 +876,20 @@ struct JobArgs {
     /// R@checkpoint[:N], R@finalize.
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
+    /// Fault warning (repeatable; backend sim): W@P%, W@iI for worker W, or
+    /// node:K@P%, node:K@iI. The warned workers' ranks move to other
+    /// workers at their next safe point, with no rollback (001).
+    #[arg(long = "warn", value_name = "SPEC")]
+    warnings: Vec<String>,
+    /// Workers hosting the ranks (backend sim; default one a rank): ranks
+    /// in equal blocks over the workers, the workers in equal blocks over
+    /// --nodes. A worker's ranks share its CPU.
+    #[arg(long, value_name = "W")]
+    workers: Option<usize>,
+    /// After an evacuation, reassign ranks over the remaining workers by
+    /// their measured load (001 §4.2): greedy, refine or off.
+    #[arg(long, default_value = "greedy")]
+    balance: String,
     /// Checkpoint every N safe points (0: never, as 002 Fig. 6 measures logging
     /// overhead), or every P% of the run ("10%"). With
     /// `--checkpoint-interval daly`, the first interval only.
@@ -1119,6 +1148,18 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         .protocol(protocol)
         .nodes(job.nodes)
         .kills(kills)
+        .warnings(
+            (job.warnings.iter())
+                .map(|w| w.parse())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(usage)?,
+        )
+        .workers(job.workers)
+        .balance(
+            job.balance
+                .parse()
+                .map_err(|e| usage(lazarus::Error::config("--balance", e)))?,
+        )
         .checkpoint_every(every)
         .mtbf(mtbf)
         .checkpoint_scheme(
@@ -1477,6 +1518,18 @@ fn cmd_run(args: &RunArgs) -> anyhow::Result<bool> {
             st.messages_resent,
             st.collectives_from_log,
             st.job_restarts
+        );
+    }
+    if let Some(m) = &st.migration {
+        print!(
+            "{}",
+            lazarus::tools::scale::describe_migration(
+                m,
+                cfg.get_protocol().name(),
+                cfg.get_ranks(),
+                cfg.get_nodes(),
+                st.ranks_rolled_back
+            )
         );
     }
     if st.false_suspicions > 0 {
@@ -1991,6 +2044,9 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         heartbeat_timeout: Config::default().get_heartbeat_timeout(),
         max_frame: lazarus::config::DEFAULT_MAX_FRAME,
         kills: Vec::new(),
+        warnings: Vec::new(),
+        workers: None,
+        balance: "greedy".into(),
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),
         mtbf: None,
@@ -2115,7 +2171,7 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
 
 fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
     use lazarus::apps::patterns::{Pattern, PatternParams};
-    use lazarus::tools::scale::{plot_svg, render, scale_study};
+    use lazarus::tools::scale::{plot_iterations, plot_svg, render, render_proactive, scale_study};
     let pattern: Pattern = args.app.parse().map_err(usage)?;
     let params = PatternParams {
         iterations: args.iterations,
@@ -2143,6 +2199,12 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         )));
     }
     let kills = parse_kills(&args.kills)?;
+    let warnings = (args.warnings.iter())
+        .map(|w| w.parse())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
+    let balance =
+        (args.balance.parse()).map_err(|e| usage(lazarus::Error::config("--balance", e)))?;
     let configs = counts
         .iter()
         .map(|&ranks| {
@@ -2153,6 +2215,9 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
                 .backend(Backend::Sim)
                 .nodes(nodes)
                 .kills(kills.clone())
+                .warnings(warnings.clone())
+                .workers(args.workers)
+                .balance(balance)
                 .checkpoint_every(checkpoint_every(&args.checkpoint_every, args.iterations)?)
                 .seed(args.seed)
                 .iterations(args.iterations);
@@ -2185,6 +2250,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         rows.extend(these);
     }
     print!("{}", render(&rows));
+    print!("{}", render_proactive(&rows));
     if let Some(path) = &args.json {
         #[derive(serde::Serialize)]
         struct Rows<'a> {
@@ -2193,7 +2259,12 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         write_json(path, &Rows { rows: &rows })?;
     }
     if let Some(path) = &args.plot {
-        plot_svg(&rows, path)?;
+        // With warnings, 001 Fig. 5; otherwise the scale study.
+        if warnings.is_empty() {
+            plot_svg(&rows, path)?;
+        } else {
+            plot_iterations(&rows, path)?;
+        }
     }
     let ok = rows.iter().all(|r| r.verified);
     if !ok {

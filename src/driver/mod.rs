@@ -319,6 +319,22 @@ pub trait Endpoint {
     /// Fault injection: returns `Err(Killed)` if the fault plan kills this
     /// rank here. Called at every runtime call of the rank.
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()>;
+    /// This rank passed safe point `index` (its checkpoint, if any, is
+    /// done): whether it must move to another worker now (001: its worker
+    /// was warned, or the load balancer moves it). Drivers that host one
+    /// rank a worker never move ranks.
+    fn migration_due(&mut self, index: u64) -> bool {
+        let _ = index;
+        false
+    }
+    /// Move this rank, whose packed state (001 §3.3: its protected state,
+    /// unexpected messages, window memory and epoch state, communicators,
+    /// protocol state) is `bytes` long, to the worker the driver chose; it
+    /// returns once the rank resumes there, with no rollback.
+    fn migrate(&mut self, bytes: u64) -> Result<()> {
+        let _ = bytes;
+        Ok(())
+    }
     /// Expose `bytes` bytes of zeroed window memory under `id` at `epoch`,
     /// initialised with `init` if given.
     fn window_expose(

@@ -1992,7 +1992,23 @@ impl Engine {
                 latency_s: seconds,
             });
         }
+        if self.ep.migration_due(self.safe_points) {
+            self.migrate_here(serialize)?;
+        }
         Ok(())
+    }
+
+    /// Move this rank to another worker (001 §3.3) at this safe point: its
+    /// state is packed as a checkpoint piece's head is (the application's
+    /// protected state, unexpected messages, window memory and epoch
+    /// state, communicators), with the protocol's state, and the driver
+    /// carries it; no rank rolls back.
+    fn migrate_here(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {
+        let head = self.snapshot_head(serialize)?;
+        let bytes = head.len() + self.proto.state_size_hint();
+        drop(self.piece_pool.freeze(head)); // back to the pool
+        self.ep.migrate(bytes as u64)?;
+        self.check()
     }
 
     fn checkpoint_loop(&mut self, serialize: &mut AppSerializer<'_>) -> Result<()> {

@@ -225,12 +225,12 @@ fn lpt_matched(ranks: &[RankLoad], workers: &[Worker]) -> Vec<Worker> {
 fn refine(ranks: &[RankLoad], workers: &[Worker]) -> Vec<Worker> {
     let (mut at, mut load) = stranded_placed(ranks, workers);
     for _ in 0..ranks.len() * workers.len() {
-        let (heavy, hl) = load
-            .iter()
-            .map(|(&w, &l)| (w, l))
-            .fold((workers[0], f64::NEG_INFINITY), |a, b| {
-                if b.1 > a.1 { b } else { a }
-            });
+        let (heavy, hl) =
+            load.iter()
+                .map(|(&w, &l)| (w, l))
+                .fold((workers[0], f64::NEG_INFINITY), |a, b| {
+                    if b.1 > a.1 { b } else { a }
+                });
         let light = least(&load);
         let ll = load[&light];
         // A move of load x leaves max(hl − x, ll + x): it helps while that

@@ -77,6 +77,14 @@ pub struct ScaleRow {
     /// (`SimReport::stacks_guarded`).
     #[serde(default)]
     pub stacks_guarded: bool,
+    /// Ranks rolled back by recoveries (0 when warnings moved every rank
+    /// off a node in time: 001's point).
+    #[serde(default)]
+    pub ranks_rolled_back: u64,
+    /// Workers, evacuations and time per iteration, with `--workers` or
+    /// `--warn` (001).
+    #[serde(default)]
+    pub migration: Option<crate::migration::MigrationReport>,
 }
 
 /// The process's peak resident set size (`VmHWM` of `/proc/self/status`) in
@@ -162,6 +170,8 @@ pub fn scale_study(
             peak_rss_mib,
             stack_bytes: sim.stack_bytes,
             stacks_guarded: sim.stacks_guarded,
+            ranks_rolled_back: st.ranks_rolled_back,
+            migration: st.migration.clone(),
         });
     }
     Ok(rows)
@@ -237,6 +247,138 @@ pub fn plot_svg(rows: &[ScaleRow], path: &std::path::Path) -> Result<()> {
         super::plot::line_with_points(&mut chart, pts, i, name, &fail)?;
     }
     super::plot::finish(&mut chart, SeriesLabelPosition::UpperLeft, &fail)
+}
+
+/// 001 Fig. 5 per row that had workers ([`describe_migration`]).
+pub fn render_proactive(rows: &[ScaleRow]) -> String {
+    (rows.iter())
+        .filter_map(|r| {
+            let m = r.migration.as_ref()?;
+            Some(describe_migration(
+                m,
+                &r.protocol,
+                r.ranks,
+                r.nodes,
+                r.ranks_rolled_back,
+            ))
+        })
+        .collect()
+}
+
+/// What proactive fault tolerance did in one run (001): the moves and the
+/// location service's forwarding; each evacuation (when, how many ranks
+/// and bytes, how long: 001 §4.1); and the median time per iteration
+/// before the first warning, after the evacuation and after load
+/// balancing, with their ratios to the time before (Fig. 5).
+pub fn describe_migration(
+    m: &crate::migration::MigrationReport,
+    protocol: &str,
+    ranks: usize,
+    nodes: usize,
+    rolled_back: u64,
+) -> String {
+    let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.3} ms", s * 1e3));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!(" ({:.2}x)", a / b),
+        _ => String::new(),
+    };
+    let mut out = format!(
+        "proactive (001) under {protocol}: {ranks} ranks on {} workers over {nodes} nodes; {} moves \
+         ({}), {} for balance; {} forwarded, {} routing updates; ranks rolled back {rolled_back}\n",
+        m.workers,
+        m.migrations,
+        super::human_bytes(m.migrated_bytes),
+        m.balance_moves,
+        m.forwarded,
+        m.routing_updates,
+    );
+    for e in &m.evacuations {
+        out.push_str(&format!(
+            "  warning {} (workers {:?}) at {:.3} ms: {} ranks, {} moved; evacuation time {}\n",
+            e.warning,
+            e.workers,
+            e.at_s * 1e3,
+            e.ranks,
+            super::human_bytes(e.bytes),
+            ms(e.seconds),
+        ));
+    }
+    if m.empty_node_deaths > 0 {
+        out.push_str(&format!(
+            "  {} node death(s) found no rank left to kill\n",
+            m.empty_node_deaths
+        ));
+    }
+    let (before, evacuated, balanced) = m.phases();
+    out.push_str(&format!(
+        "  time per iteration (001 Fig. 5): before the warning {}, after evacuation {}{}, after \
+         balancing {}{}\n",
+        ms(before),
+        ms(evacuated),
+        ratio(evacuated, before),
+        ms(balanced),
+        ratio(balanced, before),
+    ));
+    out
+}
+
+/// 001 Fig. 5: time per iteration against the iteration, one line per
+/// row that had workers, as SVG at `path`.
+pub fn plot_iterations(rows: &[ScaleRow], path: &std::path::Path) -> Result<()> {
+    use plotters::prelude::*;
+
+    let fail = super::plot::draw_error(path);
+    let series: Vec<(String, Vec<(f64, f64)>)> = (rows.iter())
+        .filter_map(|r| {
+            let m = r.migration.as_ref()?;
+            let pts = (m.iteration_s.iter().enumerate())
+                .skip(1) // the first includes start-up
+                .map(|(i, &s)| (i as f64 + 1.0, s * 1e3))
+                .collect::<Vec<_>>();
+            (!pts.is_empty()).then(|| (format!("{} ({} ranks)", r.protocol, r.ranks), pts))
+        })
+        .collect();
+    if series.is_empty() {
+        return Err(Error::config(
+            "plot",
+            "no run with workers (--workers or --warn) to draw",
+        ));
+    }
+    let x_hi = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.0))
+        .fold(1.0, f64::max);
+    let y_hi = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.1))
+        .fold(0.0, f64::max);
+    let y_lo = (series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)))
+        .filter(|&y| y > 0.0)
+        .fold(f64::MAX, f64::min)
+        .min(y_hi);
+    let root = SVGBackend::new(path, (860, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Time per iteration with a fault warning (001 Fig. 5, simulated)",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..x_hi + 1.0, (y_lo / 1.3..y_hi * 1.3).log_scale())
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("iteration")
+        .y_desc("time per iteration [ms]")
+        .y_label_formatter(&|v| super::plot::log_tick(*v))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    for (i, (name, pts)) in series.into_iter().enumerate() {
+        super::plot::line_with_points(&mut chart, pts, i, name, &fail)?;
+    }
+    super::plot::finish(&mut chart, SeriesLabelPosition::LowerRight, &fail)
 }
 
 /// A plain-text table of `rows`, one line per protocol (virtual times in

@@ -39,14 +39,17 @@ use super::shared::{ExitAction, Finals, RespawnHold, Slot, StatsBook, WindowRegi
 use super::{Endpoint, RmaOp, RmaReply, Stat, WinId};
 use crate::config::Config;
 use crate::engine::frame::{Body, Frame, Incoming};
-use crate::fault::{FaultPlan, FaultPoint};
+use crate::fault::{FaultPlan, FaultPoint, Victim};
 use crate::job::{JobStats, RankFn};
+use crate::migration::location::{Envelope, LocationMsg, Worker};
 use crate::store::StoreMsg;
 use crate::topology::Placement;
 use crate::{Error, Rank, Result};
 
+mod proactive;
 mod stack;
 
+use proactive::{Proactive, Routed, Step};
 use stack::{RankStack, Sentinel, StackPool};
 
 pub use crate::network::{NetworkModel, STRAGGLE_LATENCIES};
@@ -102,9 +105,28 @@ struct Entity {
 }
 
 enum Ev {
-    Deliver { entity: usize, inc: Incoming },
-    Wake { entity: usize, token: u64 },
+    Deliver {
+        entity: usize,
+        inc: Incoming,
+    },
+    Wake {
+        entity: usize,
+        token: u64,
+    },
+    /// A frame reaches a worker's location service (workers, 001 §3.1).
+    Route {
+        at: Worker,
+        routed: Box<Routed>,
+    },
+    /// A location message reaches a worker.
+    Locate {
+        to: Worker,
+        msg: LocationMsg,
+    },
 }
+
+/// Bytes of a location message on the wire (a header).
+const LOCATION_MSG_BYTES: usize = 64;
 
 /// When an event fires, `(at, seq)`: `seq` orders events of one instant as
 /// they were scheduled. The queue is a monotone radix heap (virtual time
@@ -169,6 +191,8 @@ struct Sched<T> {
     hung: bool,
     finished: bool,
     token: u64,
+    /// Workers, warnings and migration (001), when the run has them.
+    mig: Option<Box<Proactive>>,
 }
 
 /// What a rank's coroutine yields to the scheduler (nothing: the rank's
@@ -235,24 +259,70 @@ impl<T> Sched<T> {
     fn apply(&mut self, ev: Ev) {
         self.events += 1;
         match ev {
-            Ev::Deliver { entity, inc } => {
-                let ent = &mut self.entities[entity];
-                if ent.st == St::Exited || ent.slot.killed.load(Ordering::SeqCst) {
-                    return; // lost with its destination
-                }
-                mix(&mut self.trace, entity as u64);
-                mix(&mut self.trace, self.now);
-                ent.inbox.push_back(inc);
-                if matches!(ent.st, St::BlockedPoll(_)) {
-                    self.make_ready(entity);
-                }
-            }
+            Ev::Deliver { entity, inc } => self.deliver(entity, inc),
             Ev::Wake { entity, token } => {
                 let st = self.entities[entity].st;
                 if st == St::BlockedPoll(token) || st == St::BlockedCompute(token) {
                     self.make_ready(entity);
                 }
             }
+            Ev::Route { at, routed } => {
+                if let Some(mut m) = self.mig.take() {
+                    let step = m.reach(at, *routed);
+                    self.step(&mut m, at, step);
+                    self.mig = Some(m);
+                }
+            }
+            Ev::Locate { to, msg } => {
+                if let Some(mut m) = self.mig.take() {
+                    for (w, msg) in m.locate(to, msg) {
+                        let at = self.now + m.hop_ns(to, w, LOCATION_MSG_BYTES);
+                        self.push(at, Ev::Locate { to: w, msg });
+                    }
+                    self.mig = Some(m);
+                }
+            }
+        }
+    }
+
+    /// Put `inc` in `entity`'s inbox (lost with a dead destination).
+    fn deliver(&mut self, entity: usize, inc: Incoming) {
+        let ent = &mut self.entities[entity];
+        if ent.st == St::Exited || ent.slot.killed.load(Ordering::SeqCst) {
+            return; // lost with its destination
+        }
+        mix(&mut self.trace, entity as u64);
+        mix(&mut self.trace, self.now);
+        ent.inbox.push_back(inc);
+        if matches!(ent.st, St::BlockedPoll(_)) {
+            self.make_ready(entity);
+        }
+    }
+
+    /// Carry out what worker `at`'s location service decided for a frame.
+    fn step(&mut self, m: &mut Proactive, at: Worker, step: Step) {
+        match step {
+            Step::Deliver(r, update) => {
+                if let Some((w, msg)) = update {
+                    let t = self.now + m.hop_ns(at, w, LOCATION_MSG_BYTES);
+                    self.push(t, Ev::Locate { to: w, msg });
+                }
+                for (entity, inc) in m.in_order(r) {
+                    self.deliver(entity, inc);
+                }
+            }
+            Step::Forward(next, r) => {
+                mix(&mut self.trace, 0xf0_0000 ^ next as u64);
+                let t = self.now + m.hop_ns(at, next, r.bytes);
+                self.push(
+                    t,
+                    Ev::Route {
+                        at: next,
+                        routed: Box::new(r),
+                    },
+                );
+            }
+            Step::Held => {}
         }
     }
 
@@ -294,6 +364,8 @@ struct SimEndpoint<T: Send + 'static> {
     /// The yielder corosensei gave this rank's coroutine body; it lives on
     /// that coroutine's stack for as long as the body runs.
     yielder: *const RankYielder,
+    /// The last safe point this rank passed.
+    safe_point: u64,
 }
 
 fn simulation_ended() -> Error {
@@ -381,6 +453,7 @@ impl<T: Send + 'static> SimWorld<T> {
                 slot,
                 start_epoch,
                 yielder,
+                safe_point: 0,
             };
             rank_body(Box::new(ep), &world.cfg, world.placement.clone(), &*world.f)
         });
@@ -472,7 +545,17 @@ impl<T: Send + 'static> SimWorld<T> {
     /// the link's latency and its size over the bandwidth, in FIFO order
     /// per channel.
     fn transmit(&self, s: &mut Sched<T>, from: Rank, dest: Rank, frame: Frame) {
-        let (lat, bw) = self.latency_and_bandwidth(from, dest);
+        let entity = s.current[dest];
+        // With workers, the frame goes first from the sender's worker to
+        // where that worker believes the receiver is (001 §3.1).
+        let route = s.mig.as_mut().map(|m| {
+            let (a, b, seq) = m.send(from, dest, entity);
+            (a, b, seq, m.link(a, b))
+        });
+        let (lat, bw) = match route {
+            Some((.., link)) => link,
+            None => self.latency_and_bandwidth(from, dest),
+        };
         let bytes = frame_bytes(&frame);
         let jitter = if self.net.jitter > 0.0 {
             s.rng.random_range(0.0..self.net.jitter) * lat.as_nanos() as f64
@@ -495,18 +578,40 @@ impl<T: Send + 'static> SimWorld<T> {
         let last = s.last_on_channel.entry((from, dest)).or_insert(0);
         at = at.max(*last + 1); // channels are FIFO
         *last = at;
-        let entity = s.current[dest];
         s.messages += 1;
         s.bytes += bytes as u64;
         mix(&mut s.trace, (from as u64) << 32 | dest as u64);
         mix(&mut s.trace, bytes as u64);
-        s.push(
-            at,
-            Ev::Deliver {
+        let ev = match route {
+            Some((origin, first, seq, _)) => Ev::Route {
+                at: first,
+                routed: Box::new(Routed {
+                    entity,
+                    src: from,
+                    seq,
+                    env: Envelope {
+                        dest,
+                        origin,
+                        hops: 0,
+                    },
+                    bytes,
+                    inc: Incoming::Frame(frame),
+                }),
+            },
+            None => Ev::Deliver {
                 entity,
                 inc: Incoming::Frame(frame),
             },
-        );
+        };
+        s.push(at, ev);
+    }
+
+    /// The link between ranks `a` and `b` where they reside now.
+    fn link(&self, s: &Sched<T>, a: Rank, b: Rank) -> (Duration, f64) {
+        match &s.mig {
+            Some(m) => m.link(m.residence(a), m.residence(b)),
+            None => self.latency_and_bandwidth(a, b),
+        }
     }
 
     fn latency_and_bandwidth(&self, a: Rank, b: Rank) -> (Duration, f64) {
@@ -517,12 +622,32 @@ impl<T: Send + 'static> SimWorld<T> {
         }
     }
 
+    /// Fire the warnings due at `rank`'s fault point `at`: the warned
+    /// workers announce their evacuation.
+    fn warn(&self, s: &mut Sched<T>, rank: Rank, at: &FaultPoint) {
+        let Some(mut m) = s.mig.take() else {
+            return;
+        };
+        let now = s.now;
+        for i in m.check_warnings(rank, at) {
+            for (from, to, msg) in m.warn(i, now, at.iteration) {
+                let t = now + m.hop_ns(from, to, LOCATION_MSG_BYTES);
+                s.push(t, Ev::Locate { to, msg });
+            }
+            mix(&mut s.trace, 0x3a4e ^ i as u64);
+        }
+        s.mig = Some(m);
+    }
+
     /// Kill `victims` at once (sched lock held by the caller).
     fn kill(&self, s: &mut Sched<T>, victims: &[Rank]) {
         s.epoch += 1;
         let epoch = s.epoch;
         let now = Duration::from_nanos(s.now);
         for &v in victims {
+            if let Some(m) = s.mig.as_mut() {
+                m.rank_died(v);
+            }
             let e = s.current[v];
             s.entities[e].slot.killed.store(true, Ordering::SeqCst);
             s.entities[e].inbox.clear();
@@ -679,7 +804,16 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
 
     fn compute(&mut self, d: Duration) -> Result<()> {
         self.slot.alive()?;
-        self.block(Some(nanos(d)), false)?;
+        let wait = {
+            let mut s = self.world.sched();
+            let now = s.now;
+            match s.mig.as_mut() {
+                // The worker's CPU is shared by the ranks it hosts.
+                Some(m) => m.compute(self.rank, now, nanos(d)) - now,
+                None => nanos(d),
+            }
+        };
+        self.block(Some(wait), false)?;
         self.slot.alive()
     }
 
@@ -695,11 +829,81 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
     fn fault_point(&mut self, at: &FaultPoint) -> Result<()> {
         self.slot.alive()?;
         let mut s = self.world.sched();
-        if let Some(victims) = s.plan.check(self.rank, at) {
-            self.world.kill(&mut s, &victims);
+        if s.mig.as_ref().is_some_and(|m| m.armed()) {
+            self.world.warn(&mut s, self.rank, at);
+        }
+        if let Some((i, victims)) = s.plan.check_indexed(self.rank, at) {
+            let node = s.plan.spec(i).and_then(|k| match k.victim {
+                Victim::Node(n) => Some(n),
+                Victim::Rank(_) => None,
+            });
+            // With workers, a node takes the ranks that reside on it now.
+            let victims = match (s.mig.as_mut(), node) {
+                (Some(m), Some(n)) => m.node_died(n),
+                _ => victims,
+            };
+            if !victims.is_empty() {
+                self.world.kill(&mut s, &victims);
+            }
         }
         drop(s);
         self.slot.alive()
+    }
+
+    fn migration_due(&mut self, index: u64) -> bool {
+        let mut s = self.world.sched();
+        let now = s.now;
+        self.safe_point = index;
+        s.mig
+            .as_mut()
+            .is_some_and(|m| m.safe_point(self.rank, index, now))
+    }
+
+    fn migrate(&mut self, bytes: u64) -> Result<()> {
+        self.slot.alive()?;
+        let (to, transfer) = {
+            let mut s = self.world.sched();
+            let Some(mut m) = s.mig.take() else {
+                return Ok(());
+            };
+            let now = s.now;
+            let moving = m.depart(self.rank).map(|(from, to, msgs)| {
+                for (w, msg) in msgs {
+                    s.push(
+                        now + m.hop_ns(from, w, LOCATION_MSG_BYTES),
+                        Ev::Locate { to: w, msg },
+                    );
+                }
+                (
+                    to,
+                    m.hop_ns(from, to, usize::try_from(bytes).unwrap_or(usize::MAX)),
+                )
+            });
+            s.mig = Some(m);
+            match moving {
+                Some(x) => x,
+                None => return Ok(()),
+            }
+        };
+        // The rank travels: its state crosses the link.
+        self.block(Some(transfer), false)?;
+        self.slot.alive()?;
+        let mut s = self.world.sched();
+        let Some(mut m) = s.mig.take() else {
+            return Ok(());
+        };
+        let now = s.now;
+        let (held, _) = m.arrive(self.rank, to, bytes, now, self.safe_point);
+        for r in held {
+            let step = m.reach(to, r);
+            s.step(&mut m, to, step);
+        }
+        s.mig = Some(m);
+        mix(
+            &mut s.trace,
+            0x3c9a_0000 ^ (self.rank as u64) << 20 ^ to as u64,
+        );
+        Ok(())
     }
 
     fn window_expose(
@@ -727,7 +931,10 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         };
         let reply = self.world.windows.rma(epoch, target, id, op)?;
         // The origin waits a round trip (the target's CPU is not involved).
-        let (lat, bw) = self.world.latency_and_bandwidth(self.rank, target);
+        let (lat, bw) = {
+            let s = self.world.sched();
+            self.world.link(&s, self.rank, target)
+        };
         let rtt = 2 * nanos(lat) + (bytes as f64 / bw * 1e9) as u64;
         self.block(Some(rtt), false)?;
         self.slot.alive()?;
@@ -840,6 +1047,10 @@ pub(crate) fn run<T: Send + 'static>(
     if let Err(e) = check_memory(size, available_memory()) {
         return (Err(e), JobStats::default(), SimReport::default());
     }
+    let mig = match Proactive::new(cfg) {
+        Ok(m) => m,
+        Err(e) => return (Err(e), JobStats::default(), SimReport::default()),
+    };
     let world = Rc::new(SimWorld {
         size,
         placement: placement.clone(),
@@ -874,6 +1085,7 @@ pub(crate) fn run<T: Send + 'static>(
             hung: false,
             finished: false,
             token: 0,
+            mig,
         }),
         inside: Cell::new(None),
     });
@@ -890,6 +1102,7 @@ pub(crate) fn run<T: Send + 'static>(
     let mut stats = s.stats.stats.clone();
     stats.wall_s = s.now as f64 * 1e-9;
     stats.unfired_kills = s.plan.unfired().iter().map(|k| k.to_string()).collect();
+    stats.migration = s.mig.take().map(|m| m.finish());
     let report = SimReport {
         trace_hash: s.trace,
         events: s.events,
