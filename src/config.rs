@@ -420,6 +420,16 @@ impl Config {
     /// Virtual ranks and warnings (001): workers hosting several ranks, and
     /// the warnings that move them, checked against the job.
     fn check_workers(&self, pl: &Placement) -> Result<()> {
+        let at_evacuation =
+            (self.kills.iter()).find(|k| matches!(k.moment, crate::fault::Moment::Evacuation(_)));
+        if let Some(k) = at_evacuation
+            && self.warnings.is_empty()
+        {
+            return Err(Error::config(
+                "kills",
+                format!("`{k}`: a kill during an evacuation needs a warning (--warn) to begin one"),
+            ));
+        }
         if self.workers.is_none() && self.warnings.is_empty() {
             return Ok(());
         }

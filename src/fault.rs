@@ -42,10 +42,15 @@ pub enum Moment {
     /// At the very end: the victim's rank function has returned and it
     /// enters finalize (others may have left their rank functions too).
     Finalize,
+    /// While the N-th evacuation (N ≥ 1: the one the N-th warning began,
+    /// 001) is in progress: some rank of the warned workers has not yet
+    /// resumed elsewhere. A node that dies then dies mid-evacuation.
+    Evacuation(u64),
 }
 
 /// One `--kill` specification: `R@P%`, `R@iI`, `R@recovery[:N]`,
-/// `R@checkpoint[:N]`, `R@finalize`, or the same with `node:K` as victim.
+/// `R@checkpoint[:N]`, `R@evacuation[:N]`, `R@finalize`, or the same with
+/// `node:K` as victim.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KillSpec {
     /// Who dies.
@@ -96,9 +101,11 @@ impl FromStr for KillSpec {
             Moment::Checkpoint(ordinal(rest, "checkpoint").map_err(|d| bad(&d))?)
         } else if when == "finalize" {
             Moment::Finalize
+        } else if let Some(rest) = when.strip_prefix("evacuation") {
+            Moment::Evacuation(ordinal(rest, "evacuation").map_err(|d| bad(&d))?)
         } else {
             return Err(bad(
-                "moment must be P%, iI, recovery[:N], checkpoint[:N] or finalize",
+                "moment must be P%, iI, recovery[:N], checkpoint[:N], evacuation[:N] or finalize",
             ));
         };
         Ok(KillSpec { victim, moment })
@@ -117,6 +124,7 @@ impl fmt::Display for KillSpec {
             Moment::Recovery(n) => write!(f, "recovery:{n}"),
             Moment::Checkpoint(n) => write!(f, "checkpoint:{n}"),
             Moment::Finalize => f.write_str("finalize"),
+            Moment::Evacuation(n) => write!(f, "evacuation:{n}"),
         }
     }
 }
@@ -163,6 +171,10 @@ impl KillSpec {
             Moment::Recovery(_) => "the job had fewer recoveries",
             Moment::Checkpoint(_) => "the victim took part in fewer checkpoints",
             Moment::Finalize => "the victim never reached finalize",
+            Moment::Evacuation(_) => {
+                "the job had fewer warnings, or the evacuation ended before the victim's next \
+                 runtime call"
+            }
         }
     }
 
@@ -261,6 +273,9 @@ pub struct FaultPoint {
     pub checkpoint: Option<u64>,
     /// This rank's function has returned and it enters finalize.
     pub finalizing: bool,
+    /// `Some(n)` while the n-th evacuation is in progress (001; set by
+    /// drivers that move ranks).
+    pub evacuation: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -337,6 +352,7 @@ impl FaultPlan {
                 Moment::Recovery(n) => at.recovery == Some(n),
                 Moment::Checkpoint(n) => at.checkpoint == Some(n),
                 Moment::Finalize => at.finalizing,
+                Moment::Evacuation(n) => at.evacuation == Some(n),
             };
             if !due {
                 continue;
@@ -345,7 +361,9 @@ impl FaultPlan {
                 // Recovery and checkpoint exchanges are short: land within
                 // their first calls; finalize has one fault point.
                 Moment::Recovery(_) | Moment::Checkpoint(_) => 1,
-                Moment::Finalize => 0,
+                // An evacuation may end at the victim's next safe point:
+                // land at once.
+                Moment::Finalize | Moment::Evacuation(_) => 0,
                 _ => 12,
             };
             let delay = match self.kills[i].countdown {
@@ -504,6 +522,7 @@ mod tests {
             recovery: None,
             checkpoint: None,
             finalizing: false,
+            evacuation: None,
         };
         assert_eq!(plan.check(2, &early), None);
         let late = FaultPoint {

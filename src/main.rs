@@ -873,7 +873,8 @@ struct JobArgs {
     #[arg(long, value_name = "BYTES", default_value = DEFAULT_MAX_FRAME, value_parser = parse_bytes)]
     max_frame: usize,
     /// Failure to inject (repeatable): R@P%, R@iI, node:K@P%, R@recovery[:N],
-    /// R@checkpoint[:N], R@finalize.
+    /// R@checkpoint[:N], R@evacuation[:N] (while the N-th warning's ranks
+    /// are still moving), R@finalize.
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
     /// Fault warning (repeatable; backend sim): W@P%, W@iI for worker W, or

@@ -832,6 +832,10 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
         if s.mig.as_ref().is_some_and(|m| m.armed()) {
             self.world.warn(&mut s, self.rank, at);
         }
+        let at = &FaultPoint {
+            evacuation: s.mig.as_ref().and_then(|m| m.evacuation_in_progress()),
+            ..*at
+        };
         if let Some((i, victims)) = s.plan.check_indexed(self.rank, at) {
             let node = s.plan.spec(i).and_then(|k| match k.victim {
                 Victim::Node(n) => Some(n),

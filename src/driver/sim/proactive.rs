@@ -259,6 +259,12 @@ impl Proactive {
         fired
     }
 
+    /// The evacuation in progress (1-based; the earliest when several are):
+    /// one with a rank that has not yet resumed elsewhere.
+    pub(super) fn evacuation_in_progress(&self) -> Option<u64> {
+        self.evacuating.values().min().map(|&e| e as u64 + 1)
+    }
+
     /// Whether a warning is still to fire (the fault point's hot path
     /// checks nothing else).
     pub(super) fn armed(&self) -> bool {
