@@ -42,8 +42,8 @@ pub enum Moment {
     /// At the very end: the victim's rank function has returned and it
     /// enters finalize (others may have left their rank functions too).
     Finalize,
-    /// While the N-th evacuation (N ≥ 1: the one the N-th warning began,
-    /// 001) is in progress: some rank of the warned workers has not yet
+    /// While the N-th evacuation (N ≥ 1: the one the N-th warning of 001
+    /// began) is in progress: some rank of the warned workers has not yet
     /// resumed elsewhere. A node that dies then dies mid-evacuation.
     Evacuation(u64),
 }
