@@ -66,6 +66,14 @@
 //!   `--sets N` consecutive ranks) that checkpoint and roll back together
 //!   under `correlated`; a message is **internal** to a set, or **ingoing**
 //!   / **outgoing** across its boundary, and only the latter are logged.
+//! - **worker, virtual rank** (001): a worker (001's processor) hosts
+//!   several ranks (`--workers`); a rank can move between workers at a safe
+//!   point with its state, and nothing rolls back.
+//! - **warning, evacuation, home** (001): a warning says a node (or worker)
+//!   will fail; its ranks are evacuated to other workers. Each rank has a
+//!   **home** worker (001 §3.1's index-to-home function over the valid
+//!   workers) that knows where it is; a frame sent to where a rank was is
+//!   **forwarded**, and its sender gets a **routing update**.
 //! - **marker, cut, channel state** (Chandy–Lamport, 000): under
 //!   `chandy-lamport` a rank records its state (its side of the **cut**) and
 //!   sends a **marker** on every outgoing channel; the messages that reach

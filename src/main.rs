@@ -1690,13 +1690,15 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
                 of,
                 protocol,
                 with_failure,
+                with_warnings,
                 traced,
             } => progress.start(
                 run,
                 of,
                 format!(
-                    "{protocol}{}{}",
+                    "{protocol}{}{}{}",
                     if with_failure { " with failure" } else { "" },
+                    if with_warnings { " and warning" } else { "" },
                     if traced { " traced" } else { "" }
                 ),
             ),
@@ -1761,9 +1763,14 @@ fn cmd_bench(args: &BenchArgs) -> anyhow::Result<bool> {
             p.value
         );
         ok &= p.verified_all && Some(&p.value) == first_value.as_ref();
-        if let Some(f) = &p.failure {
+        for f in p.failure.iter().chain(&p.proactive) {
+            let warned = if f.warnings.is_empty() {
+                String::new()
+            } else {
+                format!(" warned {}", f.warnings.join(" "))
+            };
             println!(
-                "    with {}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x, 95% CI {}), \
+                "    with {}{warned}: median {:.4} s, {:.3}x its failure-free time (paired {:.3}x, 95% CI {}), \
                  recovery {:.4} s ({:.1}% of its median), ranks rolled back {} (per run){}",
                 f.kills.join(" "),
                 f.median_wall_s,

@@ -39,7 +39,7 @@ use super::summary::RunSummary;
 /// interval (`median_ci95`), and so `lazarus bench`'s default.
 pub const MIN_REPS_FOR_CI: usize = 6;
 use crate::apps::{AppKind, AppParams, run_app};
-use crate::fault::KillSpec;
+use crate::fault::{KillSpec, WarnSpec};
 use crate::protocol::ProtocolKind;
 use crate::{Config, Error, Result};
 
@@ -72,6 +72,11 @@ pub struct ProtocolFigures {
     pub runs: Vec<RunSummary>,
     /// With failures (`--failure`): the same job with those kills.
     pub failure: Option<FailureFigures>,
+    /// With failures and warnings (`--failure` and `--warn`): the same
+    /// kills, the warned nodes evacuated first (001): proactive against
+    /// the reactive `failure` runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proactive: Option<FailureFigures>,
     /// With timelines recorded (`--trace`): the same job traced.
     pub traced: Option<TraceFigures>,
 }
@@ -103,6 +108,9 @@ pub struct TraceFigures {
 pub struct FailureFigures {
     /// The kills of every run.
     pub kills: Vec<String>,
+    /// The warnings of every run (001; empty for reactive runs).
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// Median wall time with the failures, seconds.
     pub median_wall_s: f64,
     /// That median over the protocol's own failure-free median.
@@ -157,6 +165,7 @@ pub struct BenchReport {
 /// median.
 fn failure_figures(
     kills: &[KillSpec],
+    warnings: &[WarnSpec],
     failed: &mut Vec<RunSummary>,
     free: &[RunSummary],
     free_median: f64,
@@ -178,6 +187,7 @@ fn failure_figures(
     let (cpu_failed, cpu_free) = (cpu(failed), cpu(free));
     Some(FailureFigures {
         kills: kills.iter().map(ToString::to_string).collect(),
+        warnings: warnings.iter().map(ToString::to_string).collect(),
         median_wall_s: m,
         ratio_to_failure_free: m / free_median,
         paired_ratio_to_failure_free: median(&each),
@@ -408,6 +418,8 @@ pub enum BenchEvent<'a> {
         protocol: ProtocolKind,
         /// Whether it runs with the bench's failure scenario.
         with_failure: bool,
+        /// Whether it runs with the bench's warnings too (001).
+        with_warnings: bool,
         /// Whether it records its timeline.
         traced: bool,
     },
@@ -417,7 +429,10 @@ pub enum BenchEvent<'a> {
 
 /// Run `app` under each protocol `reps` times, alternating; with `traced`,
 /// each run is followed or preceded (alternately) by the same run with its
-/// timeline recorded. `on_event` sees every run start and end.
+/// timeline recorded. `on_event` sees every run start and end. The
+/// warnings of `base` (001) are not part of the failure-free runs: with a
+/// `failure` scenario, each recovering protocol runs it once reactively
+/// (the kills alone) and once proactively (the warnings, then the kills).
 #[allow(clippy::too_many_arguments)]
 pub fn bench(
     app: AppKind,
@@ -440,13 +455,29 @@ pub fn bench(
     for &p in protocols {
         base.clone().compared_under(p).validate()?;
     }
+    let warnings = base.warnings.clone();
+    if !warnings.is_empty() && failure.is_empty() {
+        return Err(Error::config(
+            "warnings",
+            "a bench compares a warned failure with an unwarned one: give the kills with \
+             --failure too",
+        ));
+    }
+    let base = &Config {
+        warnings: Vec::new(),
+        ..base.clone()
+    };
     let mut runs: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut failed: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
+    let mut warned: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let mut with_trace: Vec<Vec<RunSummary>> = vec![Vec::new(); protocols.len()];
     let with_failure = |p: ProtocolKind| !failure.is_empty() && p.replaces_failed_ranks();
     let of = reps
         * (protocols.iter())
-            .map(|&p| 1 + usize::from(traced) + usize::from(with_failure(p)))
+            .map(|&p| {
+                1 + usize::from(traced)
+                    + usize::from(with_failure(p)) * (1 + usize::from(!warnings.is_empty()))
+            })
             .sum::<usize>();
     let mut done = 0;
     let mut run_one = |cfg: &Config, with_failure| {
@@ -455,6 +486,7 @@ pub fn bench(
             of,
             protocol: cfg.protocol,
             with_failure,
+            with_warnings: !cfg.warnings.is_empty(),
             traced: cfg.trace.is_some(),
         });
         let run = run_app(app, params, cfg);
@@ -486,7 +518,22 @@ pub fn bench(
             if with_failure(p) {
                 let mut cfg = cfg.clone();
                 cfg.kills = failure.to_vec();
-                failed[i].push(run_one(&cfg, true));
+                // Reactive and proactive take turns going first.
+                let proactive_first = rep % 2 == 1;
+                for proactive in [proactive_first, !proactive_first] {
+                    if proactive && warnings.is_empty() {
+                        continue;
+                    }
+                    if proactive {
+                        let cfg = Config {
+                            warnings: warnings.clone(),
+                            ..cfg.clone()
+                        };
+                        warned[i].push(run_one(&cfg, true));
+                    } else {
+                        failed[i].push(run_one(&cfg, true));
+                    }
+                }
             }
         }
     }
@@ -525,7 +572,8 @@ pub fn bench(
                 .map(|r| r.result.clone())
                 .unwrap_or_default(),
             metrics,
-            failure: failure_figures(failure, &mut failed[i], &runs[i], m),
+            failure: failure_figures(failure, &[], &mut failed[i], &runs[i], m),
+            proactive: failure_figures(failure, &warnings, &mut warned[i], &runs[i], m),
             traced: trace_figures(&mut with_trace[i], &runs[i]),
             runs: std::mem::take(&mut runs[i]),
         });
