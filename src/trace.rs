@@ -56,11 +56,14 @@ pub enum Activity {
     /// rank has caught up: receptions forced by logged determinants,
     /// messages receivers already have, collectives answered from a log.
     Replay,
+    /// Moving to another worker (001): packing the rank's state and its
+    /// transfer, until it resumes there.
+    Migration,
 }
 
 impl Activity {
     /// Every activity, in lane-legend order.
-    pub const ALL: [Activity; 11] = [
+    pub const ALL: [Activity; 12] = [
         Activity::Compute,
         Activity::Send,
         Activity::Receive,
@@ -72,6 +75,7 @@ impl Activity {
         Activity::Recovery,
         Activity::Restore,
         Activity::Replay,
+        Activity::Migration,
     ];
 
     /// Whether spans of this kind are few (one per checkpoint or
@@ -86,6 +90,7 @@ impl Activity {
                 | Activity::Recovery
                 | Activity::Restore
                 | Activity::Replay
+                | Activity::Migration
         )
     }
 
@@ -103,6 +108,7 @@ impl Activity {
             Activity::Recovery => "recovery",
             Activity::Restore => "restore",
             Activity::Replay => "replay",
+            Activity::Migration => "migration",
         }
     }
 

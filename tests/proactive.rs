@@ -195,6 +195,20 @@ fn fig5_evacuation_slows_balancing_recovers_the_lost_capacity_share() {
 }
 
 #[test]
+fn a_migration_is_on_the_timeline() {
+    let cfg = base(ProtocolKind::Coordinated)
+        .warn("node:1@40%".parse().expect("warning"))
+        .traced();
+    let r = run_app(AppKind::Cg, &common::class('S'), &cfg);
+    assert!(r.outcome.expect("verifies").verified);
+    let trace = r.stats.trace.expect("a timeline");
+    let json = trace.to_chrome("cg").to_string();
+    // Node 1's two ranks moved (a span each, named and categorised).
+    let migrations = json.matches("\"migration\"").count();
+    assert!(migrations >= 4, "{migrations} mentions of migration spans");
+}
+
+#[test]
 fn warnings_are_deterministic_by_seed() {
     let run = |seed| {
         let cfg = base(ProtocolKind::Coordinated)

@@ -1994,7 +1994,7 @@ impl Engine {
             });
         }
         if self.ep.migration_due(self.safe_points) {
-            self.migrate_here(serialize)?;
+            self.traced(Activity::Migration, |e| e.migrate_here(serialize))?;
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ fn colour(a: Activity) -> &'static str {
         Activity::Recovery => "#e15759",
         Activity::Restore => "#ff9da7",
         Activity::Replay => "#9c755f",
+        Activity::Migration => "#17becf",
     }
 }
 
