@@ -541,6 +541,7 @@ fn mpi_launch_spec(cfg: &Config) -> crate::driver::mpi::launch::LaunchSpec {
         args,
         ranks: cfg.ranks,
         protocol: cfg.protocol.name().into(),
+        protocol_settings: launcher::ProtocolSettings::of(cfg),
         kills: (cfg.kills.iter())
             .map(ToString::to_string)
             .collect::<Vec<_>>()
@@ -661,12 +662,7 @@ fn launch_spec(cfg: &Config) -> launcher::LaunchSpec {
         call,
         protocol: cfg.protocol.name().into(),
         protocol_override: Some(cfg.protocol),
-        protocol_settings: launcher::ProtocolSettings {
-            log_budget: cfg.log_budget,
-            sets: cfg.sets,
-            checkpoint_scheme: cfg.checkpoint_scheme,
-            rma_log: cfg.rma_log,
-        },
+        protocol_settings: launcher::ProtocolSettings::of(cfg),
         quiet_stdout: cfg.worker_args.is_some(),
         progress_bar: cfg.progress_bar,
         earlier,
@@ -694,19 +690,18 @@ where
 {
     // The launcher decides the job's shape and failures, and the protocol
     // with its settings when it imposes one.
-    let imposed = env.protocol.map(|_| env.protocol_settings);
+    let cfg = match env.protocol {
+        Some(_) => env.protocol_settings.impose(cfg.clone()),
+        None => cfg.clone(),
+    };
     let cfg = Config {
         backend: Backend::Processes,
         protocol: env.protocol.unwrap_or(cfg.protocol),
-        log_budget: imposed.map_or(cfg.log_budget, |s| s.log_budget),
-        sets: imposed.map_or(cfg.sets, |s| s.sets),
-        checkpoint_scheme: imposed.map_or(cfg.checkpoint_scheme, |s| s.checkpoint_scheme),
-        rma_log: imposed.map_or(cfg.rma_log, |s| s.rma_log),
         ranks: env.size,
         nodes: env.nodes,
         kills: env.kills.clone(),
         restart_generation: env.restart_generation,
-        ..cfg.clone()
+        ..cfg
     };
     let outcome = cfg
         .placement()

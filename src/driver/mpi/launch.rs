@@ -202,6 +202,10 @@ pub(crate) struct LaunchSpec {
     pub ranks: usize,
     /// The protocol of this call (imposed on the ranks).
     pub protocol: String,
+    /// The settings that go with it (imposed too: a rank of `lazarus
+    /// bench` runs the program's call made for the first protocol
+    /// compared).
+    pub protocol_settings: crate::driver::processes::launcher::ProtocolSettings,
     /// The kills of this call, comma-separated (imposed on the ranks).
     pub kills: String,
     /// A test harness: which keyed call is the rank, and what the
@@ -251,6 +255,7 @@ fn launch_in(spec: &LaunchSpec, dir: &Path) -> Result<JobOutcome> {
                 .env("LAZARUS_LAUNCHER_PID", std::process::id().to_string())
                 .env(var::REPORT, &report)
                 .env(var::PROTOCOL, &spec.protocol)
+                .envs(spec.protocol_settings.to_env())
                 .env(var::KILLS, &spec.kills);
             if let Some(k) = spec.call {
                 cmd.env(var::CALL, k.to_string())

@@ -32,6 +32,7 @@ use self::endpoint::{FailureEvent, MpiEndpoint, Peer, Resume};
 use self::transport::{TAG_FRAME, TAG_REPORT, Transport};
 use crate::config::{Backend, Config};
 use crate::driver::Stat;
+use crate::driver::processes::launcher::ProtocolSettings;
 use crate::driver::processes::wire::{RemoteError, WireMsg};
 use crate::driver::shared::{Finals, StatsBook, rank_body};
 use crate::fault::FaultPlan;
@@ -88,6 +89,8 @@ pub(crate) struct MpiLaunch {
     pub resume: bool,
     pub attempts: launch::Attempts,
     pub protocol: Option<crate::ProtocolKind>,
+    /// The settings that go with the imposed protocol.
+    pub protocol_settings: Option<ProtocolSettings>,
     pub kills: Option<Vec<crate::KillSpec>>,
     pub call: Option<usize>,
     pub earlier: Option<PathBuf>,
@@ -123,6 +126,10 @@ impl MpiLaunch {
                 protocol: match std::env::var(var::PROTOCOL) {
                     Ok(p) => Some(p.parse()?),
                     Err(_) => None,
+                },
+                protocol_settings: match std::env::var_os(var::PROTOCOL) {
+                    Some(_) => Some(ProtocolSettings::from_env()?),
+                    None => None,
                 },
                 kills: match std::env::var(var::KILLS) {
                     Ok(k) => Some(
@@ -215,12 +222,19 @@ where
 /// The job's configuration as this rank runs it: the MPI job decides the
 /// shape (and `mpiexec -n`), the launcher the protocol and the kills.
 fn job_config(env: &MpiLaunch, cfg: &Config, size: usize) -> Config {
+    // The settings that go with an imposed protocol (`lazarus bench`'s
+    // ranks run the call made for the first protocol compared, whose
+    // settings `Config::compared_under` cleared for the others).
+    let cfg = match env.protocol_settings {
+        Some(s) => s.impose(cfg.clone()),
+        None => cfg.clone(),
+    };
     let mut cfg = Config {
         backend: Backend::Mpi,
         ranks: size,
         protocol: env.protocol.unwrap_or(cfg.protocol),
         kills: env.kills.clone().unwrap_or_else(|| cfg.kills.clone()),
-        ..cfg.clone()
+        ..cfg
     };
     cfg.nodes = cfg.nodes.min(size).max(1);
     cfg

@@ -70,6 +70,72 @@ pub struct ProtocolSettings {
     pub rma_log: crate::protocol::rma::AccessLogging,
 }
 
+impl ProtocolSettings {
+    /// The settings of `cfg`.
+    pub fn of(cfg: &crate::Config) -> Self {
+        ProtocolSettings {
+            log_budget: cfg.log_budget,
+            sets: cfg.sets,
+            checkpoint_scheme: cfg.checkpoint_scheme,
+            rma_log: cfg.rma_log,
+        }
+    }
+
+    /// `cfg` with these settings.
+    pub fn impose(&self, cfg: crate::Config) -> crate::Config {
+        crate::Config {
+            log_budget: self.log_budget,
+            sets: self.sets,
+            checkpoint_scheme: self.checkpoint_scheme,
+            rma_log: self.rma_log,
+            ..cfg
+        }
+    }
+
+    /// The environment variables that carry them to a rank process (the
+    /// processes and the mpi backends' launchers both use them).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if let Some(b) = self.log_budget {
+            env.push((super::var::LOG_BUDGET, b.to_string()));
+        }
+        if let crate::protocol::correlated::SetRule::Consecutive(n) = self.sets {
+            env.push((super::var::SETS, n.to_string()));
+        }
+        env.push((
+            super::var::CHECKPOINT_SCHEME,
+            self.checkpoint_scheme.name().into(),
+        ));
+        env.push((super::var::RMA_LOG, self.rma_log.name().into()));
+        env
+    }
+
+    /// What [`ProtocolSettings::to_env`] set in this process's environment
+    /// (each missing one at its default).
+    pub fn from_env() -> Result<Self> {
+        let num = |v: &str| -> Option<usize> { std::env::var(v).ok()?.parse().ok() };
+        Ok(ProtocolSettings {
+            log_budget: num(super::var::LOG_BUDGET),
+            sets: match num(super::var::SETS) {
+                Some(n) => crate::protocol::correlated::SetRule::Consecutive(n),
+                None => Default::default(),
+            },
+            checkpoint_scheme: match std::env::var(super::var::CHECKPOINT_SCHEME) {
+                Ok(s) => {
+                    (s.parse()).map_err(|e| Error::config(super::var::CHECKPOINT_SCHEME, e))?
+                }
+                Err(_) => Default::default(),
+            },
+            rma_log: match std::env::var(super::var::RMA_LOG) {
+                Ok(s) => s
+                    .parse()
+                    .map_err(|e| Error::config(super::var::RMA_LOG, e))?,
+                Err(_) => Default::default(),
+            },
+        })
+    }
+}
+
 /// How to start a job's rank processes.
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -808,20 +874,7 @@ impl<'a> Launcher<'a> {
         }
         if let Some(p) = s.protocol_override {
             env.push((var::PROTOCOL, p.name().into()));
-            let ProtocolSettings {
-                log_budget,
-                sets,
-                checkpoint_scheme,
-                rma_log,
-            } = s.protocol_settings;
-            if let Some(b) = log_budget {
-                env.push((var::LOG_BUDGET, b.to_string()));
-            }
-            if let crate::protocol::correlated::SetRule::Consecutive(n) = sets {
-                env.push((var::SETS, n.to_string()));
-            }
-            env.push((var::CHECKPOINT_SCHEME, checkpoint_scheme.name().into()));
-            env.push((var::RMA_LOG, rma_log.name().into()));
+            env.extend(s.protocol_settings.to_env());
         }
         // Ranks sharing this rank's host: every rank here, or those of its
         // failure domain when an agent per node starts them (a rank moved

@@ -215,23 +215,7 @@ impl LaunchEnv {
                 Ok(p) => Some(p.parse()?),
                 Err(_) => None,
             },
-            protocol_settings: launcher::ProtocolSettings {
-                log_budget: num(var::LOG_BUDGET).ok(),
-                sets: match num(var::SETS) {
-                    Ok(n) => crate::protocol::correlated::SetRule::Consecutive(n),
-                    Err(_) => Default::default(),
-                },
-                checkpoint_scheme: match std::env::var(var::CHECKPOINT_SCHEME) {
-                    Ok(s) => s
-                        .parse()
-                        .map_err(|e| Error::config(var::CHECKPOINT_SCHEME, e))?,
-                    Err(_) => Default::default(),
-                },
-                rma_log: match std::env::var(var::RMA_LOG) {
-                    Ok(s) => s.parse().map_err(|e| Error::config(var::RMA_LOG, e))?,
-                    Err(_) => Default::default(),
-                },
-            },
+            protocol_settings: launcher::ProtocolSettings::from_env()?,
         })
     }
 }
