@@ -217,6 +217,41 @@ fn a_user_launched_job_survives_rank_0_on_ulfm() {
 /// What the mpi backend cannot do without ULFM is a usage error naming
 /// the option.
 #[cfg(not(feature = "ulfm"))]
+/// `lazarus bench` compares protocols on one program, whose ranks run the
+/// call made for the first protocol compared (`none`, without a log
+/// budget): the launcher imposes each protocol with its settings. A
+/// pessimistic log bounded by `--log-budget` spills on MPI ranks exactly
+/// as on rank processes.
+#[test]
+fn bench_imposes_a_protocols_settings_on_mpi_ranks_as_on_processes() {
+    let bin = env!("CARGO_BIN_EXE_lazarus");
+    let dir = common::temp_dir("bench-settings");
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let spilled = |backend: &str| -> u64 {
+        let json = dir.join(format!("{backend}.json"));
+        let out = Command::new(bin)
+            .args(["bench", "cg", "--class", "S", "--ranks", "2", "--reps", "1"])
+            .args(["--backend", backend, "--protocols", "none,pessimistic"])
+            .args(["--log-budget", "64KiB", "--json"])
+            .arg(&json)
+            .output()
+            .expect("run lazarus bench");
+        assert!(
+            out.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("the report")).expect("JSON");
+        v["protocols"][1]["runs"][0]["spilled_log_bytes"]
+            .as_u64()
+            .expect("spilled_log_bytes")
+    };
+    let on_mpi = spilled("mpi");
+    assert!(on_mpi > 0, "the log budget did not reach the MPI ranks");
+    assert_eq!(on_mpi, spilled("processes"));
+}
+
 #[test]
 fn kills_without_a_disk_level_are_refused() {
     let bin = env!("CARGO_BIN_EXE_lazarus");
