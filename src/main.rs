@@ -719,6 +719,10 @@ struct SimArgs {
     /// Allreduce length, f64 elements.
     #[arg(long, default_value_t = 1)]
     reduce_len: usize,
+    /// Protected state of each rank beyond its counters: bytes, or with a
+    /// unit (32MiB); checkpointed, restored and moved with the rank.
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    state_bytes: usize,
     /// Load imbalance: odd ranks compute this many times --compute-s per
     /// iteration (2: twice the work).
     #[arg(long, default_value_t = 1.0)]
@@ -2187,6 +2191,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         halo_bytes: args.halo_bytes,
         reduce_len: args.reduce_len,
         imbalance: args.imbalance,
+        state_bytes: args.state_bytes,
     };
     let counts: Vec<usize> = args
         .ranks

@@ -194,6 +194,48 @@ fn fig5_evacuation_slows_balancing_recovers_the_lost_capacity_share() {
     assert!(off.phases().2.is_none());
 }
 
+/// 001 Fig. 4a's point: evacuation time grows with the state moved, and
+/// is dominated by the time the bytes take over the warned node's link.
+#[test]
+fn evacuation_time_follows_the_bytes_moved() {
+    let evacuate = |state_bytes: usize| {
+        let cfg = Config::new(16)
+            .backend(Backend::Sim)
+            .nodes(4)
+            .workers(8)
+            .checkpoint_every(0)
+            .iterations(10)
+            .warn("node:1@30%".parse().expect("warning"));
+        let p = PatternParams {
+            iterations: 10,
+            state_bytes,
+            ..PatternParams::default()
+        };
+        let r = run_pattern(Pattern::Stencil, &p, &cfg);
+        let v = r.outcome.expect("the pattern runs");
+        // Every rank's data came through its move intact.
+        assert!(v[0].verified, "{}", v[0].detail);
+        let m = r.stats.migration.expect("a migration report");
+        m.evacuations[0].clone()
+    };
+    let small = evacuate(2 << 20);
+    let large = evacuate(32 << 20);
+    assert_eq!(large.ranks, 4);
+    // Node 1's four ranks carry their 32 MiB each, and a little more.
+    assert!(large.bytes >= 4 * (32 << 20), "{large:?}");
+    let (s, l) = (
+        small.seconds.expect("finished"),
+        large.seconds.expect("finished"),
+    );
+    assert!(l > 4.0 * s, "16x the state: {s} s -> {l} s");
+    // At 128 MiB a node, waiting for the next safe point is a small part.
+    assert!(
+        l <= 1.5 * large.link_s,
+        "{l} s against {} s over the link",
+        large.link_s
+    );
+}
+
 #[test]
 fn a_migration_is_on_the_timeline() {
     let cfg = base(ProtocolKind::Coordinated)

@@ -92,6 +92,10 @@ pub struct PatternParams {
     /// iteration (1: balanced), so ranks reach safe points at different
     /// times.
     pub imbalance: f64,
+    /// Bytes of protected state per rank beyond the counters (a rank's
+    /// data, as an application's arrays: checkpointed, restored, and moved
+    /// with the rank; 001 Fig. 4a's rank state). Checked at the end.
+    pub state_bytes: usize,
 }
 
 impl Default for PatternParams {
@@ -104,9 +108,13 @@ impl Default for PatternParams {
             halo_bytes: 8 << 10,
             reduce_len: 1,
             imbalance: 1.0,
+            state_bytes: 0,
         }
     }
 }
+
+/// Largest protected state per rank (`--state-bytes`).
+pub const MAX_STATE_BYTES: usize = 1 << 30;
 
 /// Largest value an allreduce element may reach while staying exact in `f64`.
 const F64_EXACT: u128 = 1 << 53;
@@ -137,6 +145,15 @@ impl PatternParams {
                 format!(
                     "odd ranks' compute factor must be in [1, 1000], not {}",
                     self.imbalance
+                ),
+            ));
+        }
+        if self.state_bytes > MAX_STATE_BYTES {
+            return Err(Error::config(
+                "state_bytes",
+                format!(
+                    "a rank's state is at most {MAX_STATE_BYTES} bytes, not {}",
+                    self.state_bytes
                 ),
             ));
         }
@@ -193,12 +210,21 @@ pub fn grid(ranks: usize) -> (usize, usize) {
 }
 
 /// Protected state of a pattern rank.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct State {
     /// Iterations done.
     it: u64,
     /// Running checksum of received data (wrapping).
     checksum: u64,
+    /// The rank's data (`state_bytes`), every byte its rank's number mod
+    /// 251: whatever restores or moves the state must keep it.
+    #[serde(with = "crate::api::datatype::bulk")]
+    data: Vec<u8>,
+}
+
+/// What every byte of rank `rank`'s data holds.
+fn data_byte(rank: usize) -> u8 {
+    (rank % 251) as u8
 }
 
 /// Tags by direction of travel.
@@ -287,7 +313,10 @@ pub fn rank_main(
     let world = ctx.world();
     let (rank, size) = (world.rank(), world.size());
     p.validate(pattern, size)?;
-    let mut st: State = ctx.restore_or_else(State::default)?;
+    let mut st: State = ctx.restore_or_else(|| State {
+        data: vec![data_byte(rank); p.state_bytes],
+        ..State::default()
+    })?;
     let (px, py) = grid(size);
     let compute_s = if rank % 2 == 1 {
         p.compute_s * p.imbalance
@@ -353,12 +382,15 @@ pub fn rank_main(
     }
     let total = world.all_reduce(st.checksum, ReduceOp::Sum)?;
     let reference = expected(pattern, size, p);
-    let verified = total == reference;
+    // The data came through every restore and move intact.
+    let data_ok = st.data.len() == p.state_bytes && st.data.iter().all(|&b| b == data_byte(rank));
+    let damaged = world.all_reduce(u64::from(!data_ok), ReduceOp::Sum)?;
+    let verified = total == reference && damaged == 0;
     // Only rank 0's verification is reported: the others stay small.
     let (detail, metrics) = if rank == 0 {
         (
             format!(
-                "{pattern} pattern on {size} ranks ({px} x {py} grid): checksum {total} vs closed form {reference}"
+                "{pattern} pattern on {size} ranks ({px} x {py} grid): checksum {total} vs closed form {reference}; {damaged} rank(s) with damaged data"
             ),
             serde_json::json!({
                 "pattern": pattern.name(),
@@ -369,6 +401,8 @@ pub fn rank_main(
                 "halo_bytes": p.halo_bytes,
                 "reduce_len": p.reduce_len,
                 "imbalance": p.imbalance,
+                "state_bytes": p.state_bytes,
+                "damaged_ranks": damaged,
                 "checksum": total,
                 "expected": reference,
             }),
@@ -535,6 +569,7 @@ mod tests {
             halo_bytes: 64,
             reduce_len: 4,
             imbalance: 2.0,
+            state_bytes: 4096,
         };
         for pat in Pattern::ALL {
             for b in [Backend::Threads, Backend::Sim] {

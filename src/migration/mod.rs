@@ -39,6 +39,11 @@ pub struct Evacuation {
     pub ranks: u64,
     /// Their packed state, bytes.
     pub bytes: u64,
+    /// Those bytes over the bandwidth of the links they left by, seconds:
+    /// the least an evacuation can take (001 §4.1: "dominated by the time
+    /// to transmit the data out").
+    #[serde(default)]
+    pub link_s: f64,
     /// 001 §4.1's processor evacuation time: from the warning to the last
     /// of its ranks resumed elsewhere, seconds (`None`: not finished when
     /// the job ended, or cut short by the node's death).

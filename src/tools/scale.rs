@@ -293,8 +293,16 @@ pub fn describe_migration(
         m.routing_updates,
     );
     for e in &m.evacuations {
+        let link = match e.seconds {
+            Some(s) if e.link_s > 0.0 => format!(
+                " ({:.2}x the {:.3} ms its bytes take over the link)",
+                s / e.link_s,
+                e.link_s * 1e3
+            ),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "  warning {} (workers {:?}) at {:.3} ms: {} ranks, {} moved; evacuation time {}\n",
+            "  warning {} (workers {:?}) at {:.3} ms: {} ranks, {} moved; evacuation time {}{link}\n",
             e.warning,
             e.workers,
             e.at_s * 1e3,

@@ -878,10 +878,7 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
                         Ev::Locate { to: w, msg },
                     );
                 }
-                (
-                    to,
-                    m.hop_ns(from, to, usize::try_from(bytes).unwrap_or(usize::MAX)),
-                )
+                (to, m.transfer_ns(self.rank, now, (from, to), bytes))
             });
             s.mig = Some(m);
             match moving {

@@ -71,6 +71,9 @@ pub(super) struct Proactive {
     residence: Vec<Worker>,
     /// When each worker's CPU is free again.
     cpu_free: Vec<u64>,
+    /// When each node's link is free again for a moving rank's state (a
+    /// node's ranks leave one after another through it).
+    link_free: Vec<u64>,
     warnings: Vec<(WarnSpec, bool)>,
     /// Ranks to move at their next safe point: to the balancer's choice,
     /// or (`None`) to their home over the valid workers.
@@ -123,6 +126,7 @@ impl Proactive {
             valid: vec![true; workers],
             residence: (0..cfg.ranks).map(|r| layout.worker_of(r)).collect(),
             cpu_free: vec![0; workers],
+            link_free: vec![0; cfg.nodes.max(1)],
             warnings: cfg.warnings.iter().map(|&w| (w, false)).collect(),
             due: BTreeMap::new(),
             seq_out: HashMap::new(),
@@ -308,6 +312,7 @@ impl Proactive {
             at_s: now as f64 * 1e-9,
             ranks: 0,
             bytes: 0,
+            link_s: 0.0,
             seconds: (ranks == 0).then_some(0.0),
         });
         self.report.warned_iteration.get_or_insert(iteration);
@@ -360,6 +365,28 @@ impl Proactive {
             self.report.balanced_iteration = Some(index);
         }
         self.compute_ns.iter_mut().for_each(|c| *c = 0);
+    }
+
+    /// Nanoseconds from `now` until `bytes` of `rank`'s state sent from
+    /// worker `from` to worker `to` have arrived: they wait for the source
+    /// node's link, then take its latency plus the bytes over its
+    /// bandwidth.
+    pub(super) fn transfer_ns(
+        &mut self,
+        rank: Rank,
+        now: u64,
+        (from, to): (Worker, Worker),
+        bytes: u64,
+    ) -> u64 {
+        let (lat, bw) = self.link(from, to);
+        let node = self.node_of_worker(from);
+        let start = now.max(self.link_free[node]);
+        let busy = (bytes as f64 / bw * 1e9) as u64;
+        self.link_free[node] = start + busy;
+        if let Some(&e) = self.evacuating.get(&rank) {
+            self.report.evacuations[e].link_s += busy as f64 * 1e-9;
+        }
+        start + busy + super::nanos(lat) - now
     }
 
     /// `rank` departs now: from where, to where, and the location messages
