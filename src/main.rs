@@ -736,21 +736,8 @@ struct SimArgs {
     /// Failure to inject (repeatable).
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
-    /// Fault warning (repeatable): W@P%, W@iI for worker W, or node:K@P%,
-    /// node:K@iI. The warned workers' ranks move to other workers at their
-    /// next safe point, with no rollback (001); the rows then give time
-    /// per iteration before, after the evacuation and after balancing.
-    #[arg(long = "warn", value_name = "SPEC")]
-    warnings: Vec<String>,
-    /// Workers hosting the ranks (default one a rank): ranks in equal
-    /// blocks over the workers, the workers in equal blocks over the nodes;
-    /// a worker's ranks share its CPU.
-    #[arg(long, value_name = "W")]
-    workers: Option<usize>,
-    /// After an evacuation, reassign ranks over the remaining workers by
-    /// their measured load (001 §4.2): greedy, refine or off.
-    #[arg(long, default_value = "greedy")]
-    balance: String,
+    #[command(flatten)]
+    proactive: ProactiveArgs,
     /// Seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -842,6 +829,44 @@ struct AppArgs {
     transpose: Option<String>,
 }
 
+/// Proactive fault tolerance (001), for `run`, `bench` and `sim` (backend
+/// sim so far).
+#[derive(Args, Debug, Clone, Default)]
+struct ProactiveArgs {
+    /// Fault warning (repeatable): W@P%, W@iI for worker W, or node:K@P%,
+    /// node:K@iI. The warned workers' ranks move to other workers at their
+    /// next safe point, with no rollback (001); the summary gives the
+    /// evacuation time and the time per iteration before, after the
+    /// evacuation and after balancing.
+    #[arg(long = "warn", value_name = "SPEC")]
+    warnings: Vec<String>,
+    /// Workers hosting the ranks (default one a rank): ranks in equal
+    /// blocks over the workers, the workers in equal blocks over --nodes;
+    /// a worker's ranks share its CPU.
+    #[arg(long, value_name = "W")]
+    workers: Option<usize>,
+    /// After an evacuation, reassign ranks over the remaining workers by
+    /// their measured load (001 §4.2): greedy, refine or off.
+    #[arg(long, default_value = "greedy")]
+    balance: String,
+}
+
+impl ProactiveArgs {
+    /// `cfg` with these workers, warnings and balancing.
+    fn apply(&self, cfg: Config) -> anyhow::Result<Config> {
+        let warnings = (self.warnings.iter())
+            .map(|w| w.parse())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(usage)?;
+        let balance =
+            (self.balance.parse()).map_err(|e| usage(lazarus::Error::config("--balance", e)))?;
+        Ok(cfg
+            .warnings(warnings)
+            .workers(self.workers)
+            .balance(balance))
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 struct JobArgs {
     #[command(flatten)]
@@ -881,20 +906,8 @@ struct JobArgs {
     /// are still moving), R@finalize.
     #[arg(long = "kill", value_name = "SPEC")]
     kills: Vec<String>,
-    /// Fault warning (repeatable; backend sim): W@P%, W@iI for worker W, or
-    /// node:K@P%, node:K@iI. The warned workers' ranks move to other
-    /// workers at their next safe point, with no rollback (001).
-    #[arg(long = "warn", value_name = "SPEC")]
-    warnings: Vec<String>,
-    /// Workers hosting the ranks (backend sim; default one a rank): ranks
-    /// in equal blocks over the workers, the workers in equal blocks over
-    /// --nodes. A worker's ranks share its CPU.
-    #[arg(long, value_name = "W")]
-    workers: Option<usize>,
-    /// After an evacuation, reassign ranks over the remaining workers by
-    /// their measured load (001 §4.2): greedy, refine or off.
-    #[arg(long, default_value = "greedy")]
-    balance: String,
+    #[command(flatten)]
+    proactive: ProactiveArgs,
     /// Checkpoint every N safe points (0: never, as 002 Fig. 6 measures logging
     /// overhead), or every P% of the run ("10%"). With
     /// `--checkpoint-interval daly`, the first interval only.
@@ -1153,18 +1166,6 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
         .protocol(protocol)
         .nodes(job.nodes)
         .kills(kills)
-        .warnings(
-            (job.warnings.iter())
-                .map(|w| w.parse())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(usage)?,
-        )
-        .workers(job.workers)
-        .balance(
-            job.balance
-                .parse()
-                .map_err(|e| usage(lazarus::Error::config("--balance", e)))?,
-        )
         .checkpoint_every(every)
         .mtbf(mtbf)
         .checkpoint_scheme(
@@ -1219,6 +1220,7 @@ fn build(job: &JobArgs, protocol: ProtocolKind) -> anyhow::Result<(AppKind, AppP
             "adversarial schedules are the simulator's (--backend sim)",
         )));
     }
+    let cfg = job.proactive.apply(cfg)?;
     let cfg = if backend == Backend::Sim {
         let mut net = cfg.get_network();
         net.straggle = job.straggle;
@@ -2056,9 +2058,10 @@ fn cmd_chaos(args: &ChaosArgs) -> anyhow::Result<bool> {
         heartbeat_timeout: Config::default().get_heartbeat_timeout(),
         max_frame: lazarus::config::DEFAULT_MAX_FRAME,
         kills: Vec::new(),
-        warnings: Vec::new(),
-        workers: None,
-        balance: "greedy".into(),
+        proactive: ProactiveArgs {
+            balance: "greedy".into(),
+            ..ProactiveArgs::default()
+        },
         checkpoint_every: args.checkpoint_every.clone(),
         checkpoint_interval: "fixed".into(),
         mtbf: None,
@@ -2212,12 +2215,6 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
         )));
     }
     let kills = parse_kills(&args.kills)?;
-    let warnings = (args.warnings.iter())
-        .map(|w| w.parse())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
-    let balance =
-        (args.balance.parse()).map_err(|e| usage(lazarus::Error::config("--balance", e)))?;
     let configs = counts
         .iter()
         .map(|&ranks| {
@@ -2228,12 +2225,10 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
                 .backend(Backend::Sim)
                 .nodes(nodes)
                 .kills(kills.clone())
-                .warnings(warnings.clone())
-                .workers(args.workers)
-                .balance(balance)
                 .checkpoint_every(checkpoint_every(&args.checkpoint_every, args.iterations)?)
                 .seed(args.seed)
                 .iterations(args.iterations);
+            let cfg = args.proactive.apply(cfg)?;
             cfg.validate().map_err(usage)?;
             Ok(cfg)
         })
@@ -2273,7 +2268,7 @@ fn cmd_sim(args: &SimArgs) -> anyhow::Result<bool> {
     }
     if let Some(path) = &args.plot {
         // With warnings, 001 Fig. 5; otherwise the scale study.
-        if warnings.is_empty() {
+        if args.proactive.warnings.is_empty() {
             plot_svg(&rows, path)?;
         } else {
             plot_iterations(&rows, path)?;

@@ -294,12 +294,19 @@ pub fn describe_migration(
     );
     for e in &m.evacuations {
         let link = match e.seconds {
-            Some(s) if e.link_s > 0.0 => format!(
+            // 001 Fig. 4a's ratio, where the bytes are a part of it worth
+            // the name.
+            Some(s) if e.link_s * 10.0 >= s && e.link_s > 0.0 => format!(
                 " ({:.2}x the {:.3} ms its bytes take over the link)",
                 s / e.link_s,
                 e.link_s * 1e3
             ),
-            _ => String::new(),
+            Some(_) => format!(
+                " (its bytes take {:.3} ms over the link: waiting for the ranks' safe points \
+                 dominates)",
+                e.link_s * 1e3
+            ),
+            None => String::new(),
         };
         out.push_str(&format!(
             "  warning {} (workers {:?}) at {:.3} ms: {} ranks, {} moved; evacuation time {}{link}\n",
