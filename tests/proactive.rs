@@ -133,6 +133,94 @@ fn ft_survives_warnings() {
     check(AppKind::Ft, &common::class('S'));
 }
 
+/// Warnings and kills drawn from a seed (warned nodes that die later or
+/// mid-evacuation, other nodes and ranks dying, kills during recovery,
+/// simultaneous warnings, every balancing), on 16 ranks over 8 and over 4
+/// workers, under every recovering protocol: never a different answer.
+#[test]
+fn seeded_warnings_and_kills_never_change_the_answer() {
+    let reference: Vec<_> = [AppKind::Cg, AppKind::Stencil]
+        .into_iter()
+        .map(|app| {
+            let params = common::class('S');
+            let cfg = Config::new(16).backend(Backend::Sim).nodes(4);
+            common::run(app, &params, &cfg).0.value
+        })
+        .collect();
+    let protocols = [
+        ProtocolKind::Coordinated,
+        ProtocolKind::Pessimistic,
+        ProtocolKind::Ulml,
+        ProtocolKind::Correlated,
+    ];
+    for seed in 0..48u64 {
+        let (app, want) = if seed % 2 == 0 {
+            (AppKind::Cg, &reference[0])
+        } else {
+            (AppKind::Stencil, &reference[1])
+        };
+        let workers: usize = if seed % 3 == 0 { 4 } else { 8 };
+        let (w, k) = (seed % 4, (seed / 4) % 4);
+        let at = 10 + (seed * 7) % 60;
+        let later = (at + (seed * 3) % 30).max(1);
+        let (warnings, kills): (Vec<String>, Vec<String>) = match seed % 6 {
+            0 => (
+                vec![format!("node:{w}@{at}%")],
+                vec![format!("node:{k}@{later}%")],
+            ),
+            1 => (
+                vec![format!("node:{w}@{at}%")],
+                vec![format!("node:{w}@evacuation")],
+            ),
+            2 => (
+                vec![
+                    format!("{}@{at}%", seed as usize % workers),
+                    format!("node:{k}@{later}%"),
+                ],
+                vec![format!("node:{w}@{}%", (later + 5).min(95))],
+            ),
+            3 => (
+                vec![format!("node:{w}@{at}%")],
+                vec![
+                    format!("{}@{later}%", seed % 16),
+                    format!("{}@recovery", (seed + 3) % 16),
+                ],
+            ),
+            4 => (
+                vec![format!("node:{w}@{at}%"), format!("node:{k}@{at}%")],
+                vec![format!("node:{w}@{}%", (at + 20).min(95))],
+            ),
+            _ => (vec![format!("node:{w}@i2")], vec![format!("node:{w}@i2")]),
+        };
+        let mut cfg = Config::new(16)
+            .backend(Backend::Sim)
+            .nodes(4)
+            .workers(workers)
+            .protocol(protocols[(seed % 4) as usize])
+            .checkpoint_every(2)
+            .seed(seed)
+            .balance(
+                ["greedy", "refine", "off"][(seed % 3) as usize]
+                    .parse()
+                    .expect("strategy"),
+            );
+        for x in &warnings {
+            cfg = cfg.warn(x.parse().expect("warning"));
+        }
+        for x in &kills {
+            cfg = cfg.kill(x.parse().expect("kill"));
+        }
+        let what = format!(
+            "seed {seed}: {app} under {} on {workers} workers, warnings {warnings:?}, kills {kills:?}",
+            cfg.get_protocol()
+        );
+        let r = run_app(app, &common::class('S'), &cfg);
+        let v = r.outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(v.verified, "{what}: {}", v.detail);
+        assert_eq!(&v.value, want, "{what}");
+    }
+}
+
 /// 16 ranks of the stencil pattern on 8 workers over 4 nodes, 1 ms of
 /// compute an iteration, node 0 warned at 30% under `protocol`.
 fn fig5(protocol: ProtocolKind, balance: &str) -> lazarus::migration::MigrationReport {
