@@ -273,9 +273,9 @@ pub struct FaultPoint {
     pub checkpoint: Option<u64>,
     /// This rank's function has returned and it enters finalize.
     pub finalizing: bool,
-    /// `Some(n)` while the n-th evacuation is in progress (001; set by
-    /// drivers that move ranks).
-    pub evacuation: Option<u64>,
+    /// The evacuations in progress (001; set by drivers that move ranks):
+    /// bit n − 1 while the n-th is (the first 64).
+    pub evacuations: u64,
 }
 
 #[derive(Debug)]
@@ -352,7 +352,7 @@ impl FaultPlan {
                 Moment::Recovery(n) => at.recovery == Some(n),
                 Moment::Checkpoint(n) => at.checkpoint == Some(n),
                 Moment::Finalize => at.finalizing,
-                Moment::Evacuation(n) => at.evacuation == Some(n),
+                Moment::Evacuation(n) => n <= 64 && at.evacuations & (1 << (n - 1)) != 0,
             };
             if !due {
                 continue;
@@ -522,7 +522,7 @@ mod tests {
             recovery: None,
             checkpoint: None,
             finalizing: false,
-            evacuation: None,
+            evacuations: 0,
         };
         assert_eq!(plan.check(2, &early), None);
         let late = FaultPoint {

@@ -218,7 +218,63 @@ fn seeded_warnings_and_kills_never_change_the_answer() {
         let v = r.outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(v.verified, "{what}: {}", v.detail);
         assert_eq!(&v.value, want, "{what}");
+        // No rank restarted from scratch while a copy of its checkpoint
+        // lived: moves never put a rank beside its only copy.
+        assert_eq!(r.stats.needless_restarts, 0, "{what}");
     }
+}
+
+/// A warned node's ranks do not land beside their checkpoint copies: a
+/// later death of another node is an ordinary failure, not the loss of
+/// every copy (which would restart ranks from the beginning).
+#[test]
+fn an_evacuation_keeps_ranks_apart_from_their_copies() {
+    for protocol in [ProtocolKind::Coordinated, ProtocolKind::Pessimistic] {
+        for dies in [0, 2, 3] {
+            let cfg = base(protocol)
+                .warn("node:1@30%".parse().expect("warning"))
+                .kill(format!("node:{dies}@70%").parse().expect("kill"));
+            let (v, st) = common::run(AppKind::Cg, &common::class('S'), &cfg);
+            let what = format!("{protocol}, node {dies} dies");
+            assert!(v.verified, "{what}: {}", v.detail);
+            assert_eq!(st.ranks_restarted_from_scratch, 0, "{what}");
+            if protocol == ProtocolKind::Coordinated {
+                // Node 1's two ranks went to node 3 (node 0 holds the ranks
+                // whose copies they keep, node 2 their copies). Under a
+                // logging protocol a second copy sits on a third node, no
+                // node is free of them, and the ranks go to their homes:
+                // one copy survives any one node's death.
+                let killed = if dies == 3 { 4 } else { 2 };
+                assert_eq!(st.ranks_killed, killed, "{what}");
+            }
+        }
+    }
+}
+
+/// A node that dies mid-evacuation leaves its replacements piled on the
+/// other workers; the balancer still spreads them once the evacuation is
+/// over.
+#[test]
+fn balancing_follows_an_evacuation_cut_short() {
+    let cfg = Config::new(16)
+        .backend(Backend::Sim)
+        .nodes(4)
+        .workers(8)
+        .protocol(ProtocolKind::Coordinated)
+        .checkpoint_every(5)
+        .iterations(30)
+        .warn("node:1@i5".parse().expect("warning"))
+        .kill("node:1@evacuation".parse().expect("kill"));
+    let p = PatternParams {
+        iterations: 30,
+        ..PatternParams::default()
+    };
+    let r = run_pattern(Pattern::Stencil, &p, &cfg);
+    assert!(r.outcome.expect("runs")[0].verified);
+    let m = r.stats.migration.expect("a report");
+    assert_eq!(m.evacuations[0].seconds, None, "cut short");
+    assert!(m.balance_moves > 0, "{m:?}");
+    assert!(m.balanced_iteration.is_some());
 }
 
 /// 16 ranks of the stencil pattern on 8 workers over 4 nodes, 1 ms of

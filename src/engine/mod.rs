@@ -911,7 +911,7 @@ impl Engine {
             recovery: self.recovering.then_some(self.epoch).or(self.serving),
             checkpoint: self.in_checkpoint.or(self.in_wave),
             finalizing: self.finalizing,
-            evacuation: None,
+            evacuations: 0,
         };
         let r = self.ep.fault_point(&at);
         if r.is_err() {

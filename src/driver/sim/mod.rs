@@ -833,7 +833,7 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
             self.world.warn(&mut s, self.rank, at);
         }
         let at = &FaultPoint {
-            evacuation: s.mig.as_ref().and_then(|m| m.evacuation_in_progress()),
+            evacuations: s.mig.as_ref().map_or(0, |m| m.evacuations_in_progress()),
             ..*at
         };
         if let Some((i, victims)) = s.plan.check_indexed(self.rank, at) {
@@ -871,15 +871,17 @@ impl<T: Send + 'static> Endpoint for SimEndpoint<T> {
                 return Ok(());
             };
             let now = s.now;
-            let moving = m.depart(self.rank).map(|(from, to, msgs)| {
-                for (w, msg) in msgs {
-                    s.push(
-                        now + m.hop_ns(from, w, LOCATION_MSG_BYTES),
-                        Ev::Locate { to: w, msg },
-                    );
-                }
-                (to, m.transfer_ns(self.rank, now, (from, to), bytes))
-            });
+            let moving = m
+                .depart(self.rank, now, self.safe_point)
+                .map(|(from, to, msgs)| {
+                    for (w, msg) in msgs {
+                        s.push(
+                            now + m.hop_ns(from, w, LOCATION_MSG_BYTES),
+                            Ev::Locate { to: w, msg },
+                        );
+                    }
+                    (to, m.transfer_ns(self.rank, now, (from, to), bytes))
+                });
             s.mig = Some(m);
             match moving {
                 Some(x) => x,

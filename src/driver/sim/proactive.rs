@@ -26,7 +26,7 @@ use crate::engine::frame::Incoming;
 use crate::fault::{FaultPoint, WarnSpec, Warned};
 use crate::migration::balancer::{self, RankLoad, Strategy};
 use crate::migration::location::{
-    Arrival, BlockLayout, Envelope, LocationMsg, LocationService, Worker, index_to_home,
+    Arrival, BlockLayout, Envelope, LocationMsg, LocationService, Worker,
 };
 use crate::migration::{Evacuation, MigrationReport};
 use crate::network::NetworkModel;
@@ -84,8 +84,21 @@ pub(super) struct Proactive {
     held: HashMap<(Worker, Rank), Vec<Routed>>,
     /// Ranks on their way, with their destination.
     transit: HashMap<Rank, Worker>,
+    /// Evacuations a death cut short: they never finish.
+    cut_short: BTreeSet<usize>,
     /// Ranks an evacuation still has to move, with the evacuation.
     evacuating: BTreeMap<Rank, usize>,
+    /// Ranks on their way to a worker warned since they left, with that
+    /// warning's evacuation: it must move them on once they arrive (001
+    /// §3.1: "H can of course deal with these by forwarding them").
+    onward: BTreeMap<Rank, usize>,
+    /// The evacuation that warned each worker.
+    warned_by: BTreeMap<Worker, usize>,
+    /// Checkpoint holders of each rank (`Placement::partner` and
+    /// `second_partner`): a rank is not moved onto a node where its holders
+    /// or the ranks whose pieces it holds reside, so that one node's death
+    /// cannot take a rank with its copies.
+    holders: Vec<[Option<Rank>; 2]>,
     balance: Strategy,
     /// The safe point at which the balancer decides, once an evacuation
     /// finished.
@@ -134,7 +147,19 @@ impl Proactive {
             early: HashMap::new(),
             held: HashMap::new(),
             transit: HashMap::new(),
+            cut_short: BTreeSet::new(),
             evacuating: BTreeMap::new(),
+            onward: BTreeMap::new(),
+            warned_by: BTreeMap::new(),
+            holders: {
+                // The second copy is kept by the logging protocols only
+                // (`shared::new_engine`).
+                let pl = cfg.placement()?;
+                let second = cfg.protocol.logs_messages();
+                (0..cfg.ranks)
+                    .map(|r| [pl.partner(r), pl.second_partner(r).filter(|_| second)])
+                    .collect()
+            },
             balance: cfg.balance,
             balance_at: None,
             balancing: BTreeSet::new(),
@@ -263,10 +288,13 @@ impl Proactive {
         fired
     }
 
-    /// The evacuation in progress (1-based; the earliest when several are):
-    /// one with a rank that has not yet resumed elsewhere.
-    pub(super) fn evacuation_in_progress(&self) -> Option<u64> {
-        self.evacuating.values().min().map(|&e| e as u64 + 1)
+    /// The evacuations in progress, as `FaultPoint::evacuations` has them:
+    /// bit n − 1 for the n-th (the first 64), while some rank of it has not
+    /// yet resumed elsewhere.
+    pub(super) fn evacuations_in_progress(&self) -> u64 {
+        (self.evacuating.values().chain(self.onward.values()))
+            .filter(|&&e| e < 64)
+            .fold(0, |bits, &e| bits | 1 << e)
     }
 
     /// Whether a warning is still to fire (the fault point's hot path
@@ -291,18 +319,37 @@ impl Proactive {
         };
         let evacuation = self.report.evacuations.len();
         let mut out = Vec::new();
+        let workers: Vec<Worker> = workers.into_iter().filter(|&w| self.valid[w]).collect();
+        // Workers warned together know it at once (one monitor, one node):
+        // none sends its ranks to another.
+        for &w in &workers {
+            self.valid[w] = false;
+            self.warned_by.insert(w, evacuation);
+            for &x in &workers {
+                if x != w {
+                    let _ = self.svc[w].on_update(LocationMsg::Evacuation {
+                        worker: x,
+                        broadcasts: None,
+                    });
+                }
+            }
+        }
         let mut ranks = 0;
         for &w in &workers {
-            if !self.valid[w] {
-                continue;
-            }
-            self.valid[w] = false;
             for (to, msg) in self.svc[w].warn(None).unwrap_or_default() {
                 out.push((w, to, msg));
             }
             for r in self.svc[w].residents() {
                 self.due.insert(r, None);
                 self.evacuating.insert(r, evacuation);
+                ranks += 1;
+            }
+        }
+        // Ranks on their way to a warned worker move on when they arrive:
+        // this evacuation lasts until they have.
+        for (&r, &to) in &self.transit {
+            if workers.contains(&to) {
+                self.onward.insert(r, evacuation);
                 ranks += 1;
             }
         }
@@ -392,21 +439,59 @@ impl Proactive {
     /// `rank` departs now: from where, to where, and the location messages
     /// (from the source). `None`: it stays (no valid worker to go to, or it
     /// is where it should be).
-    pub(super) fn depart(&mut self, rank: Rank) -> Option<(Worker, Worker, Outbox)> {
+    pub(super) fn depart(
+        &mut self,
+        rank: Rank,
+        now: u64,
+        iteration: u64,
+    ) -> Option<(Worker, Worker, Outbox)> {
         let from = self.residence[rank];
         let chosen = self.due.remove(&rank)?;
         let to = match chosen {
             Some(w) if self.valid[w] && self.svc[from].is_valid(w) => w,
-            _ => self.svc[from].destination(rank).ok()?,
+            // The balancer's choice was warned meanwhile: stay, if here is
+            // still valid.
+            Some(_) if self.valid[from] => from,
+            _ => self.destination(rank, from)?,
         };
         if to == from {
-            self.finish_move(rank, 0, None);
+            self.finish_move(rank, 0, Some((now, iteration)));
             return None;
         }
         let msgs = self.svc[from].depart(rank, to).unwrap_or_default();
         self.svc[to].expect(rank);
         self.transit.insert(rank, to);
         Some((from, to, msgs))
+    }
+
+    /// Where `rank`, leaving `from`, goes: the first valid worker from its
+    /// home on (001 §3.1's home over the workers `from` believes valid)
+    /// that is on neither `from`'s node nor a node where one of its
+    /// checkpoint holders, or a rank whose piece it holds, resides (else
+    /// one node's death could take a rank with its only copy: DESIGN's "no
+    /// lost data"); the home itself when no worker is.
+    fn destination(&mut self, rank: Rank, from: Worker) -> Option<Worker> {
+        let home = self.svc[from].destination(rank).ok()?;
+        let mut related: BTreeSet<usize> = BTreeSet::new();
+        related.insert(self.node_of_worker(from));
+        for h in self.holders[rank].into_iter().flatten() {
+            related.insert(self.node_of_worker(self.residence[h]));
+        }
+        for (q, hs) in self.holders.iter().enumerate() {
+            if hs.contains(&Some(rank)) {
+                related.insert(self.node_of_worker(self.residence[q]));
+            }
+        }
+        let n = self.valid.len();
+        let fits = |w: Worker| {
+            self.valid[w] && self.svc[from].is_valid(w) && !related.contains(&(w / self.per_node))
+        };
+        Some(
+            (0..n)
+                .map(|k| (home + k) % n)
+                .find(|&w| fits(w))
+                .unwrap_or(home),
+        )
     }
 
     /// `rank` arrived at `to` with `bytes` of state at `now` (iteration
@@ -429,28 +514,39 @@ impl Proactive {
         self.finish_move(rank, bytes, Some((now, iteration)));
         if onward {
             self.due.insert(rank, None);
+            let e = (self.onward.remove(&rank)).or_else(|| self.warned_by.get(&to).copied());
+            if let Some(e) = e {
+                self.evacuating.insert(rank, e);
+            }
         }
         (held, onward)
     }
 
     /// Book a finished move of `rank` (`at`: when and in which iteration it
-    /// resumed; `None` when it did not have to move).
+    /// resumed; `None`: it died instead, which cuts its evacuation short).
     fn finish_move(&mut self, rank: Rank, bytes: u64, at: Option<(u64, u64)>) {
-        let (now, iteration) = at.unwrap_or((0, 0));
         if let Some(e) = self.evacuating.remove(&rank) {
             let ev = &mut self.report.evacuations[e];
-            ev.ranks += 1;
-            ev.bytes += bytes;
-            if !self.evacuating.values().any(|&x| x == e) {
-                ev.seconds = Some((now as f64 * 1e-9 - ev.at_s).max(0.0));
-                self.report.evacuated_iteration = Some(iteration);
+            let done = !(self.evacuating.values().chain(self.onward.values())).any(|&x| x == e);
+            if let Some((now, iteration)) = at {
+                ev.ranks += 1;
+                ev.bytes += bytes;
+                if done && ev.seconds.is_none() && !self.cut_short.contains(&e) {
+                    ev.seconds = Some((now as f64 * 1e-9 - ev.at_s).max(0.0));
+                    self.report.evacuated_iteration = Some(iteration);
+                }
+            } else {
+                self.cut_short.insert(e);
             }
-            if self.evacuating.is_empty() && self.balance != Strategy::Off {
+            if self.evacuating.is_empty() && self.onward.is_empty() && self.balance != Strategy::Off
+            {
                 let highest = self.safe_points.iter().copied().max().unwrap_or(0);
                 self.balance_at = Some(highest + 1);
             }
         }
-        if self.balancing.remove(&rank) {
+        if let Some((_, iteration)) = at
+            && self.balancing.remove(&rank)
+        {
             self.report.balance_moves += 1;
             self.report.balance_bytes += bytes;
             if self.balancing.is_empty() {
@@ -460,8 +556,8 @@ impl Proactive {
     }
 
     /// Node `k` died at once: its workers are invalid everywhere, and the
-    /// ranks residing there (none after a finished evacuation) die. Each
-    /// victim's replacement resides at its home over the valid workers.
+    /// ranks residing there (none after a finished evacuation), or on
+    /// their way there, die.
     pub(super) fn node_died(&mut self, k: usize) -> Vec<Rank> {
         let workers: Vec<Worker> = (k * self.per_node..(k + 1) * self.per_node).collect();
         for &w in &workers {
@@ -476,45 +572,54 @@ impl Proactive {
             }
         }
         let victims: Vec<Rank> = (0..self.residence.len())
-            .filter(|&r| workers.contains(&self.residence[r]))
+            .filter(|r| {
+                workers.contains(&self.residence[*r])
+                    || self.transit.get(r).is_some_and(|to| workers.contains(to))
+            })
             .collect();
         if victims.is_empty() {
             self.report.empty_node_deaths += 1;
         }
         for &v in &victims {
-            self.due.remove(&v);
-            self.evacuating.remove(&v);
-            self.balancing.remove(&v);
-            if self.transit.contains_key(&v) {
-                // Died on its way out: the replacement starts where it was
-                // going.
-                self.rank_died(v);
-                continue;
-            }
-            let from = self.residence[v];
-            let Ok(home) = index_to_home(v, &self.valid, self.per_node) else {
-                continue; // no valid node: it stays, and so does the job's fate
-            };
-            let ups = self.svc[from].depart(v, home).unwrap_or_default();
-            for (w, msg) in ups {
-                let _ = self.svc[w].on_update(msg);
-            }
-            self.svc[home].expect(v);
-            self.svc[home].arrive(v);
-            self.residence[v] = home;
-            self.held.retain(|&(_, r), _| r != v);
+            self.rank_died(v);
         }
         victims
     }
 
-    /// `rank` died (a kill of it, or of its node): if it was on its way
-    /// somewhere, its replacement resides there, and what was held for the
-    /// dead incarnation is dropped.
+    /// `rank` died (a kill of it, or of its node). Its replacement resides
+    /// where it was, or where it was going, while that worker is valid,
+    /// and else at its destination over the valid workers; a move it was
+    /// due is dropped (the replacement may be due again: its worker was
+    /// warned), and so is what was held for the dead incarnation.
     pub(super) fn rank_died(&mut self, rank: Rank) {
-        if let Some(to) = self.transit.remove(&rank) {
-            self.svc[to].arrive(rank);
+        let at = match self.transit.remove(&rank) {
+            Some(to) => {
+                let _ = self.svc[to].arrive(rank);
+                self.held.remove(&(to, rank));
+                to
+            }
+            None => self.residence[rank],
+        };
+        self.residence[rank] = at;
+        self.due.remove(&rank);
+        self.onward.remove(&rank);
+        self.finish_move(rank, 0, None);
+        if self.balancing.remove(&rank) && self.balancing.is_empty() {
+            self.report.balanced_iteration = self.safe_points.iter().copied().max();
+        }
+        if self.valid[at] {
+            return;
+        }
+        let Some(to) = self.destination(rank, at) else {
+            return; // no valid worker: it stays, and so does the job's fate
+        };
+        if to != at {
+            for (w, msg) in self.svc[at].depart(rank, to).unwrap_or_default() {
+                let _ = self.svc[w].on_update(msg);
+            }
+            self.svc[to].expect(rank);
+            let _ = self.svc[to].arrive(rank);
             self.residence[rank] = to;
-            self.held.remove(&(to, rank));
         }
     }
 
@@ -529,5 +634,110 @@ impl Proactive {
             })
             .collect();
         self.report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Backend, ProtocolKind};
+
+    /// 16 ranks on 8 workers over 4 nodes under `coordinated`.
+    fn proactive(warns: &[&str]) -> Box<Proactive> {
+        let mut cfg = Config::new(16)
+            .backend(Backend::Sim)
+            .nodes(4)
+            .workers(8)
+            .protocol(ProtocolKind::Coordinated);
+        for w in warns {
+            cfg = cfg.warn(w.parse().expect("warning"));
+        }
+        Proactive::new(&cfg).expect("valid").expect("workers")
+    }
+
+    #[test]
+    fn a_rank_on_its_way_to_a_node_that_dies_dies_with_it() {
+        let mut m = proactive(&[]);
+        m.due.insert(0, Some(4)); // a balancer's move, to node 2
+        let (from, to, _) = m.depart(0, 1, 1).expect("moves");
+        assert_eq!((from, to), (0, 4));
+        let victims = m.node_died(2);
+        assert!(victims.contains(&0), "{victims:?}");
+        // Its replacement resides on a valid worker.
+        assert!(m.valid[m.residence(0)]);
+    }
+
+    #[test]
+    fn a_replacement_of_a_rank_that_died_moving_to_a_warned_worker_moves_on() {
+        let mut m = proactive(&["node:0@i1", "node:1@i1"]);
+        let _ = m.warn(0, 0, 1);
+        let (_, to, _) = m.depart(0, 1, 1).expect("moves");
+        let _ = m.warn(1, 10, 1);
+        let victims = m.node_died(0); // dies in transit
+        assert!(victims.contains(&0));
+        // Wherever the replacement is, it is not on a warned worker.
+        assert!(
+            m.valid[m.residence(0)],
+            "rank 0 on {} (was going to {to})",
+            m.residence(0)
+        );
+        assert!(!m.node_died(1).contains(&0));
+    }
+
+    #[test]
+    fn ranks_on_their_way_to_a_warned_worker_belong_to_its_evacuation() {
+        let mut m = proactive(&["node:0@i1", "node:1@i1"]);
+        let _ = m.warn(0, 0, 1);
+        let moving: Vec<(Rank, Worker)> = (0..4)
+            .map(|r| {
+                let (_, to, _) = m.depart(r, 1, 1).expect("moves");
+                (r, to)
+            })
+            .collect();
+        let _ = m.warn(1, 10, 1);
+        for &(r, to) in &moving {
+            let (_, onward) = m.arrive(r, to, 100, 20, 1);
+            // Only those that went to node 1 move on.
+            assert_eq!(onward, !m.valid[to], "rank {r} to {to}");
+        }
+        assert_ne!(m.evacuations_in_progress(), 0);
+        // Everything due moves; then node 1 dies empty.
+        let due: Vec<Rank> = m.due.keys().copied().collect();
+        for r in due {
+            if let Some((_, to, _)) = m.depart(r, 30, 2) {
+                m.arrive(r, to, 100, 40, 2);
+            }
+        }
+        assert_eq!(m.evacuations_in_progress(), 0);
+        assert!(m.report.evacuations.iter().all(|e| e.seconds.is_some()));
+        assert!(m.node_died(1).is_empty());
+        assert!(m.node_died(0).is_empty());
+    }
+
+    #[test]
+    fn a_balancer_move_to_a_worker_warned_since_stays_and_books_its_iteration() {
+        let mut m = proactive(&[]);
+        m.balancing.insert(0);
+        m.due.insert(0, Some(3));
+        m.valid[3] = false;
+        let _ = m.svc[0].on_update(LocationMsg::Evacuation {
+            worker: 3,
+            broadcasts: None,
+        });
+        assert!(m.depart(0, 5, 7).is_none(), "stays on its valid worker");
+        assert_eq!(m.residence(0), 0);
+        assert_eq!(m.report.balanced_iteration, Some(7));
+    }
+
+    #[test]
+    fn an_evacuated_rank_avoids_the_nodes_of_its_checkpoint_holders() {
+        // Ranks 4..8 on node 1; their partners are ranks 8..12 on node 2,
+        // and they hold the pieces of ranks 0..4 on node 0.
+        let mut m = proactive(&["node:1@i1"]);
+        let _ = m.warn(0, 0, 1);
+        for r in 4..8 {
+            let (_, to, _) = m.depart(r, 1, 1).expect("moves");
+            assert_eq!(to / 2, 3, "rank {r} sent to worker {to}");
+        }
     }
 }
