@@ -214,9 +214,6 @@ fn a_user_launched_job_survives_rank_0_on_ulfm() {
     assert!(stdout.contains("job restarts 0"), "{stdout}");
 }
 
-/// What the mpi backend cannot do without ULFM is a usage error naming
-/// the option.
-#[cfg(not(feature = "ulfm"))]
 /// `lazarus bench` compares protocols on one program, whose ranks run the
 /// call made for the first protocol compared (`none`, without a log
 /// budget): the launcher imposes each protocol with its settings. A
@@ -252,6 +249,9 @@ fn bench_imposes_a_protocols_settings_on_mpi_ranks_as_on_processes() {
     assert_eq!(on_mpi, spilled("processes"));
 }
 
+/// What the mpi backend cannot do without ULFM is a usage error naming
+/// the option.
+#[cfg(not(feature = "ulfm"))]
 #[test]
 fn kills_without_a_disk_level_are_refused() {
     let bin = env!("CARGO_BIN_EXE_lazarus");
