@@ -152,12 +152,21 @@ impl Proactive {
             onward: BTreeMap::new(),
             warned_by: BTreeMap::new(),
             holders: {
-                // The second copy is kept by the logging protocols only
+                // No copies without a recovering protocol; the second copy
+                // is kept by the logging protocols only
                 // (`shared::new_engine`).
                 let pl = cfg.placement()?;
-                let second = cfg.protocol.logs_messages();
+                let (first, second) = (
+                    cfg.protocol.replaces_failed_ranks(),
+                    cfg.protocol.logs_messages(),
+                );
                 (0..cfg.ranks)
-                    .map(|r| [pl.partner(r), pl.second_partner(r).filter(|_| second)])
+                    .map(|r| {
+                        [
+                            pl.partner(r).filter(|_| first),
+                            pl.second_partner(r).filter(|_| second),
+                        ]
+                    })
                     .collect()
             },
             balance: cfg.balance,
