@@ -473,12 +473,13 @@ impl Proactive {
         Some((from, to, msgs))
     }
 
-    /// Where `rank`, leaving `from`, goes: the first valid worker from its
-    /// home on (001 §3.1's home over the workers `from` believes valid)
-    /// that is on neither `from`'s node nor a node where one of its
-    /// checkpoint holders, or a rank whose piece it holds, resides (else
-    /// one node's death could take a rank with its only copy: DESIGN's "no
-    /// lost data"); the home itself when no worker is.
+    /// Where `rank`, leaving `from`, goes: its home over the workers `from`
+    /// believes valid (001 §3.1), if that is on neither `from`'s node nor a
+    /// node where one of its checkpoint holders, or a rank whose piece it
+    /// holds, resides (else one node's death could take a rank with its
+    /// only copy: DESIGN's "no lost data"); otherwise the valid worker on
+    /// no such node that hosts the fewest ranks, the first from the home
+    /// among equals; the home itself when no worker fits.
     fn destination(&mut self, rank: Rank, from: Worker) -> Option<Worker> {
         let home = self.svc[from].destination(rank).ok()?;
         let mut related: BTreeSet<usize> = BTreeSet::new();
@@ -495,12 +496,21 @@ impl Proactive {
         let fits = |w: Worker| {
             self.valid[w] && self.svc[from].is_valid(w) && !related.contains(&(w / self.per_node))
         };
-        Some(
-            (0..n)
-                .map(|k| (home + k) % n)
-                .find(|&w| fits(w))
-                .unwrap_or(home),
-        )
+        if fits(home) {
+            return Some(home); // 001 §3.1
+        }
+        // Among those, the one hosting the fewest ranks (those on their
+        // way included), so that a node's ranks do not all pile onto the
+        // first that fits; the first from the home among equals.
+        let mut hosted = vec![0usize; n];
+        for (r, &w) in self.residence.iter().enumerate() {
+            hosted[self.transit.get(&r).copied().unwrap_or(w)] += 1;
+        }
+        let best = (0..n)
+            .map(|k| (home + k) % n)
+            .filter(|&w| fits(w))
+            .min_by_key(|&w| hosted[w]);
+        Some(best.unwrap_or(home))
     }
 
     /// `rank` arrived at `to` with `bytes` of state at `now` (iteration
