@@ -601,22 +601,24 @@ fn whole_job_restart_after_everything_was_killed() {
 /// the job is not disturbed.
 #[test]
 fn an_unauthenticated_connection_is_refused() {
-    let (want, _) = reference(&["dht"]);
-    let child = start_job(&["dht"], "none", &["--iterations", "40"]);
+    // Long enough (seconds, where class S took 0.2 s) that the job is
+    // still running when the stranger knocks: it read rank 2's environment
+    // once after the job had ended, and found none.
+    let long = ["dht", "--size", "262144"];
+    let (want, _) = reference(&long);
+    let child = start_job(&long, "none", &[]);
     let launcher = child.id();
     let ranks = wait_for_ranks(launcher, 4, Duration::from_secs(common::HANG_S));
     let pid = *ranks.get(&2).expect("rank 2 up");
-    let env = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
-    let dir = env
-        .split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(b"LAZARUS_DIR="))
-        .map(|d| PathBuf::from(String::from_utf8_lossy(d).to_string()))
-        .expect("job directory");
+    // Its environment, from the same reading that found it.
+    let vars = (job_processes().into_iter())
+        .find(|p| p.pid == pid)
+        .map(|p| p.vars)
+        .expect("rank 2's environment");
+    let dir = PathBuf::from(vars.get("LAZARUS_DIR").expect("job directory"));
     // A stranger: well-formed frames, the right job id even, but no secret.
-    let job = env
-        .split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(b"LAZARUS_JOB="))
-        .map(|j| u64::from_str_radix(&String::from_utf8_lossy(j), 16).expect("hex"))
+    let job = (vars.get("LAZARUS_JOB"))
+        .map(|j| u64::from_str_radix(j, 16).expect("hex"))
         .expect("job id");
     // The process exists before its socket does: wait for the socket.
     let sock = dir.join("r2.0.sock");
